@@ -1,0 +1,422 @@
+/*
+ * tidepool.h -- the whole public API of tidepool, a GPU device-memory manager
+ * for long-running inference servers.
+ *
+ * Concepts
+ *   tp_device  an opened device: the simulated device ("sim", the default
+ *              everywhere) or a CUDA GPU ("cuda:0", driver loaded at run time).
+ *   tp_stream  an ordered queue of device work. On CUDA it is the caller's
+ *              CUstream cast to tp_stream; TP_STREAM_DEFAULT is the default
+ *              stream. On the simulated device, tp_stream_create makes one.
+ *   tp_pool    hands out device memory. Two kinds: a VMM pool (one address
+ *              reservation, physical pages mapped on demand and unmapped when
+ *              idle) and a segment pool (plain device allocations split and
+ *              coalesced), both stream-ordered and both with the same
+ *              out-of-memory ladder.
+ *   tp_graph_cache  a bounded cache of instantiated graph executables.
+ *
+ * Conventions
+ *   - Every function that can fail returns a tp_status; tp_status_name()
+ *     gives its name. Nothing in the library aborts, exits or prints: runtime
+ *     conditions come back as statuses and, with details, through the log
+ *     callback in tp_device_config.
+ *   - Config structs: zero means default for every field; units are in names.
+ *   - Handles are opaque; every create/open call has its destroy/close.
+ *
+ * Thread-safety contract
+ *   - tp_device: every function may be called from several threads at once,
+ *     except tp_device_close, which must not race with any other use of the
+ *     device or of pools and caches created on it.
+ *   - tp_pool: alloc, free, trim, tick, stats, pin/unpin and capture calls may
+ *     come from several threads at once (an internal lock serialises them).
+ *     tp_pool_destroy must not race with any other call on that pool.
+ *     Reclaim callbacks run on the thread whose allocation ran out of memory,
+ *     with the pool's lock released, so they may call back into the pool.
+ *   - tp_graph_cache: all calls are thread-safe except destroy.
+ *   - Streams given to a pool must stay valid until tp_pool_forget_stream
+ *     or tp_pool_destroy.
+ *   - Stream order is the caller's promise, as with cudaFree on a stream:
+ *     tp_pool_free(p, ptr, s) means "free once the work already queued on s
+ *     is done". Memory freed on s is handed out again at once on s, and on
+ *     another stream only after the free has been observed complete or after
+ *     that stream has been made to wait on an event recorded on s.
+ */
+#ifndef TIDEPOOL_H
+#define TIDEPOOL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TP_VERSION_MAJOR 0
+#define TP_VERSION_MINOR 1
+#define TP_VERSION_PATCH 0
+
+/* ------------------------------------------------------------------ status */
+
+/* X(name, description). The order gives the numeric values (TP_OK == 0). */
+#define TP_STATUS_LIST(X)                                                        \
+    X(TP_OK, "success")                                                          \
+    X(TP_NOT_READY, "queued work has not completed yet (not an error)")          \
+    X(TP_ERR_INVALID_ARGUMENT, "invalid argument")                               \
+    X(TP_ERR_OUT_OF_MEMORY, "out of device memory (pool limit or device full)")  \
+    X(TP_ERR_HOST_OUT_OF_MEMORY, "out of host memory for bookkeeping")           \
+    X(TP_ERR_NOT_OWNED, "pointer was not allocated by this pool")                \
+    X(TP_ERR_DOUBLE_FREE, "pointer was already freed")                           \
+    X(TP_ERR_NOT_BLOCK_START, "pointer is inside a live block, not its start")   \
+    X(TP_ERR_BAD_SPEC, "device spec string could not be parsed")                 \
+    X(TP_ERR_NO_DEVICE, "no such device, or its driver could not be loaded")     \
+    X(TP_ERR_UNSUPPORTED, "operation not supported by this device or backend")   \
+    X(TP_ERR_DEVICE, "the device or driver reported an error")                   \
+    X(TP_ERR_BUSY, "object still in use")                                        \
+    X(TP_ERR_RUN_EAGER, "graph could not be instantiated: run the work eagerly") \
+    X(TP_ERR_TOPOLOGY_MISMATCH, "graph topology differs from the executable")   \
+    X(TP_ERR_CAPTURE, "invalid stream-capture state")
+
+typedef enum tp_status {
+#define TP_STATUS_ENUM_(name, description) name,
+    TP_STATUS_LIST(TP_STATUS_ENUM_)
+#undef TP_STATUS_ENUM_
+    TP_STATUS_COUNT_
+} tp_status;
+
+/* "TP_ERR_OUT_OF_MEMORY"; "TP_UNKNOWN_STATUS" for values outside the list. */
+const char *tp_status_name(tp_status status);
+/* A sentence describing the status. */
+const char *tp_status_describe(tp_status status);
+
+/* ------------------------------------------------------------- host hooks */
+
+typedef enum tp_log_level {
+    TP_LOG_DEBUG = 0,
+    TP_LOG_INFO = 1,
+    TP_LOG_WARN = 2,
+    TP_LOG_ERROR = 3
+} tp_log_level;
+
+/* Receives everything the library has to say (hazards found by the simulated
+ * device, driver error names, out-of-memory reports). May be called with
+ * internal locks held: do not call back into tidepool from it. */
+typedef void (*tp_log_fn)(void *user, tp_log_level level, const char *message);
+
+/* Host memory for bookkeeping. All three or none (zero = libc). */
+typedef struct tp_host_allocator {
+    void *(*alloc)(void *user, size_t bytes);
+    void *(*realloc)(void *user, void *ptr, size_t old_bytes, size_t new_bytes);
+    void (*free)(void *user, void *ptr, size_t bytes);
+    void *user;
+} tp_host_allocator;
+
+/* ------------------------------------------------------------------ device */
+
+typedef struct tp_device tp_device;
+typedef struct tp_stream_opaque *tp_stream;
+typedef struct tp_event_opaque *tp_event;
+/* A graph template: a captured CUgraph cast to tp_graph on CUDA, or one made
+ * by tp_sim_graph_create on the simulated device. */
+typedef struct tp_graph_opaque *tp_graph;
+#define TP_STREAM_DEFAULT ((tp_stream)0)
+
+typedef struct tp_device_config {
+    tp_log_fn log;          /* NULL: messages are dropped */
+    void *log_user;
+    tp_log_level log_level; /* messages below this level are not produced */
+    tp_host_allocator host; /* zero: libc malloc/realloc/free */
+} tp_device_config;
+
+/* Opens a device from a spec string:
+ *   "sim"                      simulated device, 16 GiB, VMM, 2 MiB granularity
+ *   "sim:6GiB"                 with that capacity (B, KiB, MiB, GiB, TiB; KB..TB
+ *                              are decimal)
+ *   "sim:6GiB,novmm"           without virtual memory management
+ *   options after commas:      novmm, gran=2MiB, nocheck (hazard checker off),
+ *                              graph_node_bytes=10KiB, seed=N
+ *   "cuda:0"                   CUDA device 0 through the driver API
+ *   "cuda:0,novmm"             ... with VMM disabled (segment pools only)
+ * config may be NULL. */
+tp_status tp_device_open(const char *spec, const tp_device_config *config, tp_device **out_device);
+/* Closes the device. Pools and graph caches created on it must be destroyed
+ * first (TP_ERR_BUSY otherwise, and nothing is closed). */
+tp_status tp_device_close(tp_device *device);
+
+typedef struct tp_device_info {
+    char name[96];              /* "simulated device", "NVIDIA H200", ... */
+    char backend[16];           /* "sim" or "cuda" */
+    int ordinal;                /* device number for cuda, 0 for sim */
+    uint64_t capacity_bytes;    /* total device memory */
+    uint64_t granularity_bytes; /* physical page size for VMM mappings */
+    bool vmm_supported;         /* hardware/driver supports VMM */
+    bool vmm_enabled;           /* ... and the spec did not say novmm */
+} tp_device_info;
+
+tp_status tp_device_get_info(const tp_device *device, tp_device_info *out_info);
+/* Free and total device memory as the driver (or simulator) sees it. */
+tp_status tp_device_mem_info(tp_device *device, uint64_t *out_free_bytes, uint64_t *out_total_bytes);
+tp_status tp_device_synchronize(tp_device *device);
+
+tp_status tp_stream_create(tp_device *device, tp_stream *out_stream);
+tp_status tp_stream_destroy(tp_device *device, tp_stream stream);
+tp_status tp_stream_synchronize(tp_device *device, tp_stream stream);
+tp_status tp_stream_wait_event(tp_device *device, tp_stream stream, tp_event event);
+
+tp_status tp_event_create(tp_device *device, tp_event *out_event);
+tp_status tp_event_destroy(tp_device *device, tp_event event);
+tp_status tp_event_record(tp_device *device, tp_event event, tp_stream stream);
+/* TP_OK when complete, TP_NOT_READY when not yet. */
+tp_status tp_event_query(tp_device *device, tp_event event);
+tp_status tp_event_synchronize(tp_device *device, tp_event event);
+
+/* ------------------------------------------------------- simulated device */
+
+/* A device address range: [address, address + bytes). */
+typedef struct tp_range {
+    uint64_t address;
+    uint64_t bytes;
+} tp_range;
+
+/* Operation kinds for counters and fault injection. */
+#define TP_SIM_OP_LIST(X)                                                         \
+    X(TP_SIM_OP_VA_RESERVE, "va_reserve")                                         \
+    X(TP_SIM_OP_VA_RELEASE, "va_release")                                         \
+    X(TP_SIM_OP_MAP, "map")                                                       \
+    X(TP_SIM_OP_UNMAP, "unmap")                                                   \
+    X(TP_SIM_OP_MALLOC, "malloc")                                                 \
+    X(TP_SIM_OP_FREE, "free")                                                     \
+    X(TP_SIM_OP_EVENT, "event")                                                   \
+    X(TP_SIM_OP_SYNC, "sync")                                                     \
+    X(TP_SIM_OP_GRAPH_INSTANTIATE, "graph_instantiate")                           \
+    X(TP_SIM_OP_GRAPH_UPDATE, "graph_update")                                     \
+    X(TP_SIM_OP_GRAPH_LAUNCH, "graph_launch")                                     \
+    X(TP_SIM_OP_ANY, "any")
+
+typedef enum tp_sim_op {
+#define TP_SIM_OP_ENUM_(name, label) name,
+    TP_SIM_OP_LIST(TP_SIM_OP_ENUM_)
+#undef TP_SIM_OP_ENUM_
+    TP_SIM_OP_COUNT_
+} tp_sim_op;
+
+const char *tp_sim_op_name(tp_sim_op op);
+
+typedef struct tp_sim_counters {
+    uint64_t calls[TP_SIM_OP_COUNT_];  /* successful + failed calls per kind (ANY: all) */
+    uint64_t faults_injected;
+    uint64_t hazards;                  /* all hazards below together */
+    uint64_t hazards_handout;          /* memory handed out while other-stream work still touches it */
+    uint64_t hazards_unmap;            /* unmapped while queued work touches it */
+    uint64_t hazards_free;             /* freed to the device while queued work touches it */
+    uint64_t invalid_accesses;         /* work launched on unmapped / unallocated memory */
+    uint64_t physical_used_bytes;      /* mapped + allocated + graph + occupied */
+    uint64_t physical_peak_bytes;
+    uint64_t graph_exec_bytes;         /* device memory held by graph executables */
+    uint64_t graph_execs;
+    uint64_t pending_kernels;          /* launched work not yet complete */
+    uint64_t now_ns;                   /* virtual clock */
+} tp_sim_counters;
+
+/* Simulated-device calls return TP_ERR_UNSUPPORTED on other backends. */
+
+/* Queues a kernel of the given duration on stream; it touches ranges. It
+ * starts when the stream's earlier work and waited-on events are done. */
+tp_status tp_sim_launch(tp_device *device, tp_stream stream, uint64_t duration_ns,
+                        const tp_range *ranges, size_t range_count);
+/* Advances the virtual clock. Host-side calls take no virtual time. */
+tp_status tp_sim_advance(tp_device *device, uint64_t ns);
+tp_status tp_sim_now(tp_device *device, uint64_t *out_now_ns);
+/* After `after_successes` further successful calls of kind op, the next
+ * `fail_count` calls fail with `status` (0 = TP_ERR_DEVICE; map and malloc
+ * usually want TP_ERR_OUT_OF_MEMORY). TP_SIM_OP_ANY counts every call. */
+tp_status tp_sim_inject_fault(tp_device *device, tp_sim_op op, uint64_t after_successes,
+                              uint64_t fail_count, tp_status status);
+tp_status tp_sim_clear_faults(tp_device *device);
+tp_status tp_sim_get_counters(tp_device *device, tp_sim_counters *out_counters);
+/* Another tenant takes (bytes > 0) or gives back (bytes == 0: all) device
+ * memory, for "only 100 MiB free" scenarios. */
+tp_status tp_sim_occupy(tp_device *device, uint64_t bytes);
+
+/* A simulated graph template: node_count kernels (an executable costs
+ * node_count x graph_node_bytes of device memory), a topology identity
+ * (executables update in place only to a template of the same topology),
+ * the run time of one launch and the ranges its kernels touch. */
+typedef struct tp_sim_graph_desc {
+    uint32_t node_count;
+    uint64_t topology_id;
+    uint64_t duration_ns;
+    const tp_range *ranges;
+    size_t range_count;
+} tp_sim_graph_desc;
+
+tp_status tp_sim_graph_create(tp_device *device, const tp_sim_graph_desc *desc, tp_graph *out_graph);
+tp_status tp_sim_graph_destroy(tp_device *device, tp_graph graph);
+
+/* ------------------------------------------------------------------- pool */
+
+typedef struct tp_pool tp_pool;
+
+typedef enum tp_pool_kind {
+    TP_POOL_AUTO = 0, /* VMM where the device has it enabled, else segment */
+    TP_POOL_VMM = 1,
+    TP_POOL_SEGMENT = 2
+} tp_pool_kind;
+
+#define TP_BYTES_UNLIMITED UINT64_MAX
+#define TP_NS_NEVER UINT64_MAX
+
+/* Run the invariant checker after every operation (slow; for tests). */
+#define TP_POOL_FLAG_CHECK_INVARIANTS 0x1u
+
+typedef struct tp_pool_config {
+    tp_pool_kind kind;
+    /* Most device memory the pool may hold. 0: the device's capacity. */
+    uint64_t limit_bytes;
+    /* Idle device memory the pool keeps cached for reuse. Idle memory above
+     * this is released once it has been idle for idle_release_ns, and before
+     * the pool grows. 0: 64 MiB. TP_BYTES_UNLIMITED: keep all (release only
+     * under memory pressure or on trim). */
+    uint64_t release_threshold_bytes;
+    /* How long memory above the threshold stays cached before release.
+     * 0: 2 s. TP_NS_NEVER: only under pressure or on trim. */
+    uint64_t idle_release_ns;
+    /* VMM: physical page size (0: the device's granularity) and the largest
+     * single mapping (0: 64 MiB); bigger requests map several. */
+    uint64_t page_bytes;
+    uint64_t max_map_bytes;
+    /* VMM: address space reserved once at creation. 0: 2 x limit. */
+    uint64_t va_reserve_bytes;
+    /* Segment pool: segment sizes. Requests up to 1 MiB come from segments
+     * of small_segment_bytes (0: 2 MiB), up to 10 MiB from
+     * medium_segment_bytes (0: 20 MiB); larger ones get their own segment,
+     * rounded up to a geometric size ladder (growth_step_percent) so that a
+     * growing request allocates O(log n) segments. */
+    uint64_t small_segment_bytes;
+    uint64_t medium_segment_bytes;
+    uint32_t growth_step_percent; /* 0: 6 (each ladder step is 6% larger) */
+    /* Alignment of every block, a power of two >= 256. 0: 256. */
+    uint64_t alignment_bytes;
+    uint32_t flags;
+} tp_pool_config;
+
+tp_status tp_pool_create(tp_device *device, const tp_pool_config *config, tp_pool **out_pool);
+/* Waits for queued work on every stream the pool has seen, then returns all
+ * device memory. Blocks still live are released too; their count is logged. */
+tp_status tp_pool_destroy(tp_pool *pool);
+
+/* bytes > 0. On TP_ERR_OUT_OF_MEMORY *out_ptr is NULL and
+ * tp_pool_last_oom_report() says why. */
+tp_status tp_pool_alloc(tp_pool *pool, size_t bytes, tp_stream stream, void **out_ptr);
+tp_status tp_pool_free(tp_pool *pool, void *ptr, tp_stream stream);
+/* Requested size of a live block (TP_ERR_NOT_OWNED if none starts at ptr). */
+tp_status tp_pool_block_size(tp_pool *pool, const void *ptr, size_t *out_bytes);
+
+/* A pool remembers every stream it has seen (it records events on them and
+ * waits for them in trim and destroy). Before destroying a stream the pool
+ * has seen, forget it here: this waits for the stream's queued work and
+ * drops the pool's reference. Unknown streams are ignored. */
+tp_status tp_pool_forget_stream(tp_pool *pool, tp_stream stream);
+
+/* Releases idle memory until the pool holds at most target_reserved_bytes,
+ * oldest idle first, waiting for queued work where it must. Memory in use or
+ * pinned is never released. */
+tp_status tp_pool_trim(tp_pool *pool, uint64_t target_reserved_bytes, uint64_t *out_released_bytes);
+/* Time-driven upkeep for hosts that may go quiet: releases memory idle
+ * longer than idle_release_ns above the threshold. Cheap; call it now and
+ * then (e.g. once a second). */
+tp_status tp_pool_tick(tp_pool *pool);
+
+/* A callback the out-of-memory ladder calls when releasing the pool's own
+ * idle memory was not enough. It should release what it can (graph
+ * executables, pins, other caches) and return the bytes it believes it
+ * freed. Runs without the pool lock held. */
+typedef uint64_t (*tp_reclaim_fn)(void *user, tp_pool *pool, uint64_t bytes_needed);
+tp_status tp_pool_add_reclaim_callback(tp_pool *pool, tp_reclaim_fn fn, void *user);
+tp_status tp_pool_remove_reclaim_callback(tp_pool *pool, tp_reclaim_fn fn, void *user);
+
+/* Pins keep memory out of reach: a block with pins is not reused, unmapped
+ * or returned to the device until every pin is gone, even after it is freed.
+ * Pinning [ptr, ptr+bytes) pins every live block that overlaps it. */
+tp_status tp_pool_pin(tp_pool *pool, const void *ptr, size_t bytes);
+tp_status tp_pool_unpin(tp_pool *pool, const void *ptr, size_t bytes);
+
+/* Capture tracking: between begin and end, blocks allocated on `stream` are
+ * recorded. end returns them as ranges (the caller owns the array, free it
+ * with tp_pool_free_ranges) so that a graph cache can pin them. */
+tp_status tp_pool_capture_begin(tp_pool *pool, tp_stream stream);
+tp_status tp_pool_capture_end(tp_pool *pool, tp_stream stream, tp_range **out_ranges, size_t *out_count);
+void tp_pool_free_ranges(tp_pool *pool, tp_range *ranges);
+
+/* current / peak (since creation or the last reset) / total (cumulative). */
+typedef struct tp_stat {
+    uint64_t current;
+    uint64_t peak;
+    uint64_t total;
+} tp_stat;
+
+typedef struct tp_pool_stats {
+    tp_pool_kind kind;
+    tp_stat requested_bytes; /* live bytes as the callers asked for them */
+    tp_stat allocated_bytes; /* live bytes after rounding to the alignment */
+    tp_stat reserved_bytes;  /* device memory held (mapped pages or segments) */
+    tp_stat cached_bytes;    /* reserved but not allocated (idle in the pool) */
+    tp_stat pinned_bytes;    /* bytes kept by pins */
+    uint64_t limit_bytes;
+    uint64_t allocs;
+    uint64_t frees;
+    uint64_t cache_hits;          /* allocations served without a device call */
+    uint64_t device_calls;        /* map/unmap/malloc/free/reserve calls */
+    uint64_t device_allocs;       /* maps (VMM) or mallocs (segment) */
+    uint64_t device_frees;        /* unmaps or frees */
+    uint64_t oom_retries;         /* out-of-memory ladder steps taken */
+    uint64_t ooms;                /* allocations that failed for lack of memory */
+    uint64_t synchronizations;    /* host waits on device work */
+    uint64_t events_recorded;
+    uint64_t cross_stream_waits;  /* stream-wait-event instead of a host wait */
+    uint64_t hazards;             /* hazards the device's checker reported */
+    uint64_t device_errors;       /* device calls that failed */
+    uint64_t reclaim_calls;       /* reclaim callbacks invoked */
+    uint64_t streams;             /* streams the pool has seen */
+    uint64_t free_ranges;         /* free ranges inside reserved memory */
+    uint64_t largest_free_bytes;  /* largest of them */
+    double fragmentation;         /* 1 - largest free / total free (0 if none) */
+} tp_pool_stats;
+
+/* Full statistics; walks the pool's metadata for the free-range figures. */
+tp_status tp_pool_get_stats(tp_pool *pool, tp_pool_stats *out_stats);
+/* Sets every peak to its current value. */
+tp_status tp_pool_reset_peaks(tp_pool *pool);
+/* Writes the stats as one JSON object into buf (always NUL-terminated when
+ * capacity > 0); *out_length (optional) gets the full length. Returns
+ * TP_ERR_INVALID_ARGUMENT if it did not fit. */
+tp_status tp_pool_stats_json(tp_pool *pool, char *buf, size_t capacity, size_t *out_length);
+
+typedef struct tp_oom_report {
+    uint64_t request_bytes;
+    uint64_t limit_bytes;
+    uint64_t capacity_bytes;      /* device total */
+    uint64_t device_free_bytes;   /* device free at the time */
+    uint64_t allocated_bytes;     /* in use by callers */
+    uint64_t reserved_bytes;
+    uint64_t cached_bytes;
+    uint64_t pinned_bytes;
+    uint64_t largest_free_bytes;
+    double fragmentation;
+    tp_status device_status;      /* what the last device call said */
+    char message[320];            /* one readable line with all of the above */
+} tp_oom_report;
+
+/* The report of the most recent failed allocation (TP_ERR_INVALID_ARGUMENT
+ * if there was none). */
+tp_status tp_pool_last_oom_report(tp_pool *pool, tp_oom_report *out_report);
+
+/* Validates every invariant of the pool and its range allocator. On failure
+ * returns TP_ERR_INVALID_ARGUMENT and describes the first violation in msg. */
+tp_status tp_pool_check(tp_pool *pool, char *msg, size_t msg_capacity);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TIDEPOOL_H */

@@ -1,0 +1,187 @@
+/*
+ * device.c -- opening devices from spec strings and the public stream/event
+ * calls, which dispatch to the backend's table of operations.
+ *
+ * Spec grammar: BACKEND[:ARG][,OPTION]... where BACKEND is "sim" (ARG: a
+ * capacity such as 6GiB) or "cuda" (ARG: the ordinal). Unknown options are
+ * an error, never silently ignored.
+ */
+#include "internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static tp_status parse_option(tp_device_options *options, const char *option, const tp_logger *logger) {
+    const char *eq = strchr(option, '=');
+    size_t key_len = eq ? (size_t)(eq - option) : strlen(option);
+    const char *value = eq ? eq + 1 : NULL;
+#define KEY_IS(k) (key_len == strlen(k) && strncmp(option, k, key_len) == 0)
+    if (KEY_IS("novmm") && !value) {
+        options->novmm = true;
+    } else if (KEY_IS("nocheck") && !value) {
+        options->nocheck = true;
+    } else if (KEY_IS("gran") && value) {
+        if (!tp_parse_bytes(value, &options->granularity_bytes) || !tp_is_pow2(options->granularity_bytes))
+            goto bad;
+    } else if (KEY_IS("graph_node_bytes") && value) {
+        if (!tp_parse_bytes(value, &options->graph_node_bytes)) goto bad;
+    } else if (KEY_IS("seed") && value) {
+        char *end;
+        options->seed = strtoull(value, &end, 10);
+        if (*end || end == value) goto bad;
+    } else {
+        goto bad;
+    }
+#undef KEY_IS
+    return TP_OK;
+bad:
+    tp_logf(logger, TP_LOG_ERROR, "device spec: bad option '%s' (known: novmm, nocheck, gran=SIZE, "
+            "graph_node_bytes=SIZE, seed=N)", option);
+    return TP_ERR_BAD_SPEC;
+}
+
+tp_status tp_device_open(const char *spec, const tp_device_config *config, tp_device **out_device) {
+    if (!out_device) return TP_ERR_INVALID_ARGUMENT;
+    *out_device = NULL;
+    if (!spec) spec = "sim";
+    tp_device_config defaults = {0};
+    if (!config) config = &defaults;
+    tp_logger logger = {config->log, config->log_user, config->log_level};
+
+    char buf[256];
+    if (strlen(spec) >= sizeof buf) {
+        tp_logf(&logger, TP_LOG_ERROR, "device spec too long");
+        return TP_ERR_BAD_SPEC;
+    }
+    strcpy(buf, spec);
+
+    tp_device_options options = {0};
+    char *save = NULL;
+    char *head = strtok_r(buf, ",", &save);
+    if (!head) {
+        tp_logf(&logger, TP_LOG_ERROR, "empty device spec (try \"sim\", \"sim:6GiB,novmm\" or \"cuda:0\")");
+        return TP_ERR_BAD_SPEC;
+    }
+    char *colon = strchr(head, ':');
+    char *arg = NULL;
+    if (colon) {
+        *colon = '\0';
+        arg = colon + 1;
+    }
+    bool is_sim = strcmp(head, "sim") == 0;
+    bool is_cuda = strcmp(head, "cuda") == 0;
+    if (!is_sim && !is_cuda) {
+        tp_logf(&logger, TP_LOG_ERROR, "device spec '%s': unknown backend '%s' (use sim or cuda)", spec, head);
+        return TP_ERR_BAD_SPEC;
+    }
+    if (arg) {
+        if (is_sim) {
+            if (!tp_parse_bytes(arg, &options.capacity_bytes) || options.capacity_bytes == 0) {
+                tp_logf(&logger, TP_LOG_ERROR, "device spec '%s': bad capacity '%s'", spec, arg);
+                return TP_ERR_BAD_SPEC;
+            }
+        } else {
+            char *end;
+            long ordinal = strtol(arg, &end, 10);
+            if (*end || end == arg || ordinal < 0 || ordinal > 1024) {
+                tp_logf(&logger, TP_LOG_ERROR, "device spec '%s': bad device ordinal '%s'", spec, arg);
+                return TP_ERR_BAD_SPEC;
+            }
+            options.ordinal = (int)ordinal;
+        }
+    }
+    for (char *opt = strtok_r(NULL, ",", &save); opt; opt = strtok_r(NULL, ",", &save)) {
+        tp_status st = parse_option(&options, opt, &logger);
+        if (st != TP_OK) return st;
+    }
+
+    tp_host host;
+    tp_host_init(&host, &config->host);
+    tp_device *device = tp_host_calloc(&host, 1, sizeof *device);
+    if (!device) return TP_ERR_HOST_OUT_OF_MEMORY;
+    device->host = host;
+    device->logger = logger;
+    atomic_init(&device->users, 0);
+    tp_status st = is_sim ? tp_sim_device_create(device, &options) : tp_cuda_device_create(device, &options);
+    if (st != TP_OK) {
+        tp_host_free(&host, device, sizeof *device);
+        return st;
+    }
+    *out_device = device;
+    return TP_OK;
+}
+
+tp_status tp_device_close(tp_device *device) {
+    if (!device) return TP_ERR_INVALID_ARGUMENT;
+    int users = atomic_load(&device->users);
+    if (users != 0) {
+        tp_logf(&device->logger, TP_LOG_ERROR, "tp_device_close: %d pools or caches still open", users);
+        return TP_ERR_BUSY;
+    }
+    device->ops->close(device);
+    tp_host host = device->host;
+    tp_host_free(&host, device, sizeof *device);
+    return TP_OK;
+}
+
+tp_status tp_device_get_info(const tp_device *device, tp_device_info *out_info) {
+    if (!device || !out_info) return TP_ERR_INVALID_ARGUMENT;
+    *out_info = device->info;
+    return TP_OK;
+}
+
+tp_status tp_device_mem_info(tp_device *device, uint64_t *out_free_bytes, uint64_t *out_total_bytes) {
+    if (!device || !out_free_bytes || !out_total_bytes) return TP_ERR_INVALID_ARGUMENT;
+    return device->ops->mem_info(device, out_free_bytes, out_total_bytes);
+}
+
+tp_status tp_device_synchronize(tp_device *device) {
+    if (!device) return TP_ERR_INVALID_ARGUMENT;
+    return device->ops->device_synchronize(device);
+}
+
+tp_status tp_stream_create(tp_device *device, tp_stream *out_stream) {
+    if (!device || !out_stream) return TP_ERR_INVALID_ARGUMENT;
+    return device->ops->stream_create(device, out_stream);
+}
+
+tp_status tp_stream_destroy(tp_device *device, tp_stream stream) {
+    if (!device || stream == TP_STREAM_DEFAULT) return TP_ERR_INVALID_ARGUMENT;
+    return device->ops->stream_destroy(device, stream);
+}
+
+tp_status tp_stream_synchronize(tp_device *device, tp_stream stream) {
+    if (!device) return TP_ERR_INVALID_ARGUMENT;
+    return device->ops->stream_synchronize(device, stream);
+}
+
+tp_status tp_stream_wait_event(tp_device *device, tp_stream stream, tp_event event) {
+    if (!device || !event) return TP_ERR_INVALID_ARGUMENT;
+    return device->ops->stream_wait_event(device, stream, event);
+}
+
+tp_status tp_event_create(tp_device *device, tp_event *out_event) {
+    if (!device || !out_event) return TP_ERR_INVALID_ARGUMENT;
+    return device->ops->event_create(device, out_event);
+}
+
+tp_status tp_event_destroy(tp_device *device, tp_event event) {
+    if (!device || !event) return TP_ERR_INVALID_ARGUMENT;
+    return device->ops->event_destroy(device, event);
+}
+
+tp_status tp_event_record(tp_device *device, tp_event event, tp_stream stream) {
+    if (!device || !event) return TP_ERR_INVALID_ARGUMENT;
+    return device->ops->event_record(device, event, stream);
+}
+
+tp_status tp_event_query(tp_device *device, tp_event event) {
+    if (!device || !event) return TP_ERR_INVALID_ARGUMENT;
+    return device->ops->event_query(device, event);
+}
+
+tp_status tp_event_synchronize(tp_device *device, tp_event event) {
+    if (!device || !event) return TP_ERR_INVALID_ARGUMENT;
+    return device->ops->event_synchronize(device, event);
+}

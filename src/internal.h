@@ -1,0 +1,136 @@
+/*
+ * internal.h -- what the library's components share and the public header
+ * does not show: host-memory and logging helpers, the device object and the
+ * table of operations each backend fills in.
+ *
+ * Device addresses travel as uint64_t inside the library; the public API
+ * turns them into pointers at its edge.
+ */
+#ifndef TIDEPOOL_INTERNAL_H
+#define TIDEPOOL_INTERNAL_H
+
+#include "tidepool.h"
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+
+#define TP_KiB (1024ull)
+#define TP_MiB (1024ull * 1024ull)
+#define TP_GiB (1024ull * 1024ull * 1024ull)
+
+#define TP_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define TP_MAX(a, b) ((a) > (b) ? (a) : (b))
+
+static inline uint64_t tp_align_up(uint64_t value, uint64_t alignment) {
+    return (value + alignment - 1) & ~(alignment - 1);
+}
+static inline uint64_t tp_align_down(uint64_t value, uint64_t alignment) {
+    return value & ~(alignment - 1);
+}
+static inline bool tp_is_pow2(uint64_t value) { return value && !(value & (value - 1)); }
+
+/* ------------------------------------------------------------ host memory */
+
+typedef struct tp_host {
+    tp_host_allocator allocator; /* always complete (libc filled in) */
+} tp_host;
+
+void tp_host_init(tp_host *host, const tp_host_allocator *user_allocator);
+void *tp_host_alloc(const tp_host *host, size_t bytes);
+void *tp_host_calloc(const tp_host *host, size_t count, size_t size);
+void *tp_host_realloc(const tp_host *host, void *ptr, size_t old_bytes, size_t new_bytes);
+void tp_host_free(const tp_host *host, void *ptr, size_t bytes);
+/* Grows *array (element size elem) to hold at least need elements, doubling.
+ * Returns false (array untouched) when host memory runs out. */
+bool tp_host_grow(const tp_host *host, void **array, size_t elem, size_t *capacity, size_t need);
+
+/* ---------------------------------------------------------------- logging */
+
+typedef struct tp_logger {
+    tp_log_fn fn;
+    void *user;
+    tp_log_level min_level;
+} tp_logger;
+
+void tp_logf(const tp_logger *logger, tp_log_level level, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* "1.50 GiB" style rendering of a byte count into buf. */
+const char *tp_format_bytes(uint64_t bytes, char *buf, size_t capacity);
+/* Parses "6GiB", "512MiB", "1.5G", "4096", "10KB". Binary units for K/M/G/T
+ * with or without "iB"; decimal for KB/MB/GB/TB. Returns false on junk. */
+bool tp_parse_bytes(const char *text, uint64_t *out_bytes);
+
+/* ----------------------------------------------------------------- device */
+
+/* An instantiated graph executable as the backend sees it. */
+typedef struct tp_graph_exec_opaque *tp_graph_exec;
+
+typedef struct tp_device_ops {
+    const char *backend;
+    void (*close)(tp_device *device);
+    tp_status (*mem_info)(tp_device *device, uint64_t *out_free_bytes, uint64_t *out_total_bytes);
+
+    /* VMM: address reservation, and physical memory created + mapped +
+     * made accessible in one call (unmap undoes all three). */
+    tp_status (*va_reserve)(tp_device *device, uint64_t bytes, uint64_t alignment, uint64_t *out_va);
+    tp_status (*va_release)(tp_device *device, uint64_t va, uint64_t bytes);
+    tp_status (*map)(tp_device *device, uint64_t va, uint64_t bytes, uint64_t *out_handle);
+    tp_status (*unmap)(tp_device *device, uint64_t va, uint64_t bytes, uint64_t handle);
+
+    /* Plain device memory (no VMM). */
+    tp_status (*mem_alloc)(tp_device *device, uint64_t bytes, uint64_t *out_address);
+    tp_status (*mem_free)(tp_device *device, uint64_t address, uint64_t bytes);
+
+    tp_status (*stream_create)(tp_device *device, tp_stream *out_stream);
+    tp_status (*stream_destroy)(tp_device *device, tp_stream stream);
+    tp_status (*stream_synchronize)(tp_device *device, tp_stream stream);
+    tp_status (*stream_wait_event)(tp_device *device, tp_stream stream, tp_event event);
+    tp_status (*event_create)(tp_device *device, tp_event *out_event);
+    tp_status (*event_destroy)(tp_device *device, tp_event event);
+    tp_status (*event_record)(tp_device *device, tp_event event, tp_stream stream);
+    tp_status (*event_query)(tp_device *device, tp_event event);
+    tp_status (*event_synchronize)(tp_device *device, tp_event event);
+    tp_status (*device_synchronize)(tp_device *device);
+
+    /* Monotonic time in ns: the virtual clock on the simulator. */
+    uint64_t (*now_ns)(tp_device *device);
+
+    /* Optional (NULL when absent): the hazard checker's view of a block the
+     * pool hands out on stream. Returns the number of hazards found. */
+    uint64_t (*check_handout)(tp_device *device, uint64_t address, uint64_t bytes, tp_stream stream);
+
+    /* Graph executables. instantiate reports the device bytes it cost. */
+    tp_status (*graph_instantiate)(tp_device *device, tp_graph graph, tp_graph_exec *out_exec,
+                                   uint64_t *out_bytes);
+    tp_status (*graph_update)(tp_device *device, tp_graph_exec exec, tp_graph graph);
+    tp_status (*graph_launch)(tp_device *device, tp_graph_exec exec, tp_stream stream);
+    tp_status (*graph_destroy)(tp_device *device, tp_graph_exec exec);
+} tp_device_ops;
+
+struct tp_device {
+    const tp_device_ops *ops;
+    void *impl;
+    tp_host host;
+    tp_logger logger;
+    tp_device_info info;
+    bool hazard_checker; /* check_handout is worth calling */
+    atomic_int users;    /* pools and caches open on this device */
+};
+
+/* Backend constructors, called by tp_device_open with the options parsed. */
+typedef struct tp_device_options {
+    uint64_t capacity_bytes;    /* 0: backend default */
+    uint64_t granularity_bytes; /* 0: backend default */
+    uint64_t graph_node_bytes;  /* sim: device bytes per graph node */
+    uint64_t seed;
+    int ordinal;
+    bool novmm;
+    bool nocheck;
+} tp_device_options;
+
+tp_status tp_sim_device_create(tp_device *device, const tp_device_options *options);
+tp_status tp_cuda_device_create(tp_device *device, const tp_device_options *options);
+
+#endif /* TIDEPOOL_INTERNAL_H */

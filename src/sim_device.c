@@ -1,0 +1,892 @@
+/*
+ * sim_device.c -- the simulated device: the default backend everywhere.
+ *
+ * Memory: addresses are fake 64-bit numbers; what is mapped or allocated is a
+ * sorted array of resident ranges, so host memory grows with the number of
+ * mappings, never with the device's size. Physical use (maps + mallocs +
+ * graph executables + memory another tenant occupies) never exceeds the
+ * capacity: a call that would exceed it fails with TP_ERR_OUT_OF_MEMORY.
+ *
+ * Time: a virtual clock that only tp_sim_advance and host waits move. A
+ * kernel launched on a stream starts when the stream's earlier work and the
+ * events it waits on are done (start = max(now, stream tail, wait floor)) and
+ * completes at start + duration. Events capture the stream's tail.
+ *
+ * Ordering: each stream carries a vector clock: vc[s] is the number of
+ * kernels of stream s that work queued next on this stream is ordered after
+ * (its own count for itself; others through stream-wait-event). The hazard
+ * checker flags
+ *   - handing out memory on stream T that an incomplete kernel K touches,
+ *     unless K ran on T or T.vc[K.stream] >= K.seq;
+ *   - unmapping or freeing memory that any incomplete kernel touches;
+ *   - launching work on memory that is not mapped or allocated.
+ * Each is counted and reported through the log callback.
+ *
+ * Faults: per operation kind, after N further successes the next M calls
+ * fail with a chosen status; TP_SIM_OP_ANY counts every call.
+ *
+ * Invariants: resident ranges are sorted and disjoint; every map lies inside
+ * a reservation; physical_used_bytes equals the sum of what is held.
+ * One mutex guards the whole device; no call blocks on the host.
+ */
+#include "internal.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#define SIM_MAX_STREAMS 64
+#define SIM_VA_BASE (1ull << 60)
+#define SIM_MALLOC_BASE (1ull << 44)
+
+typedef struct sim_stream {
+    bool in_use;
+    uint64_t tail_ns;       /* completion time of the last queued work */
+    uint64_t wait_floor_ns; /* latest completion of waited-on events */
+    uint64_t seq;           /* kernels launched so far */
+    uint64_t vc[SIM_MAX_STREAMS];
+} sim_stream;
+
+typedef struct sim_event {
+    bool recorded;
+    uint64_t time_ns;
+    uint64_t vc[SIM_MAX_STREAMS];
+} sim_event;
+
+typedef struct sim_kernel {
+    uint64_t end_ns;
+    uint32_t stream;
+    uint64_t seq;
+    size_t range_count;
+    tp_range *ranges;
+} sim_kernel;
+
+enum { RESIDENT_MAP = 1, RESIDENT_ALLOC = 2 };
+
+typedef struct sim_resident {
+    uint64_t start;
+    uint64_t bytes;
+    uint64_t handle;
+    int kind;
+} sim_resident;
+
+typedef struct sim_reservation {
+    uint64_t va;
+    uint64_t bytes;
+} sim_reservation;
+
+typedef struct sim_fault {
+    bool armed;
+    uint64_t skip;
+    uint64_t fail;
+    tp_status status;
+} sim_fault;
+
+typedef struct sim_graph {
+    uint32_t node_count;
+    uint64_t topology_id;
+    uint64_t duration_ns;
+    size_t range_count;
+    tp_range *ranges;
+} sim_graph;
+
+typedef struct sim_exec {
+    sim_graph shape; /* a copy of the template it was made from */
+    uint64_t bytes;
+} sim_exec;
+
+typedef struct sim_device {
+    pthread_mutex_t lock;
+    tp_device *device;
+    uint64_t capacity_bytes;
+    uint64_t granularity_bytes;
+    uint64_t graph_node_bytes;
+    bool vmm;
+    bool check;
+    uint64_t now_ns;
+
+    sim_stream streams[SIM_MAX_STREAMS];
+
+    sim_kernel *kernels;
+    size_t kernel_count, kernel_capacity;
+
+    sim_resident *resident;
+    size_t resident_count, resident_capacity;
+    sim_reservation *reservations;
+    size_t reservation_count, reservation_capacity;
+    uint64_t next_va, next_malloc, next_handle;
+
+    uint64_t mapped_bytes, allocated_bytes, graph_bytes, occupied_bytes;
+    sim_fault faults[TP_SIM_OP_COUNT_];
+    tp_sim_counters counters;
+} sim_device;
+
+static const char *const sim_op_names[] = {
+#define TP_SIM_OP_NAME_(name, label) label,
+    TP_SIM_OP_LIST(TP_SIM_OP_NAME_)
+#undef TP_SIM_OP_NAME_
+};
+
+const char *tp_sim_op_name(tp_sim_op op) {
+    if ((unsigned)op >= (unsigned)TP_SIM_OP_COUNT_) return "unknown";
+    return sim_op_names[op];
+}
+
+static sim_device *sim_of(tp_device *device) { return (sim_device *)device->impl; }
+
+static bool is_sim(tp_device *device) {
+    return device && device->ops && strcmp(device->ops->backend, "sim") == 0;
+}
+
+static uint64_t physical_used(const sim_device *sim) {
+    return sim->mapped_bytes + sim->allocated_bytes + sim->graph_bytes + sim->occupied_bytes;
+}
+
+static void note_physical(sim_device *sim) {
+    sim->counters.physical_used_bytes = physical_used(sim);
+    if (sim->counters.physical_used_bytes > sim->counters.physical_peak_bytes)
+        sim->counters.physical_peak_bytes = sim->counters.physical_used_bytes;
+}
+
+/* Counts a call of kind op and decides whether an injected fault fails it. */
+static tp_status sim_enter(sim_device *sim, tp_sim_op op) {
+    sim->counters.calls[op]++;
+    sim->counters.calls[TP_SIM_OP_ANY]++;
+    tp_sim_op kinds[2] = {op, TP_SIM_OP_ANY};
+    tp_status result = TP_OK;
+    for (int i = 0; i < 2; i++) {
+        sim_fault *f = &sim->faults[kinds[i]];
+        if (!f->armed) continue;
+        if (f->skip > 0) {
+            f->skip--;
+        } else if (f->fail > 0) {
+            f->fail--;
+            if (f->fail == 0) f->armed = false;
+            if (result == TP_OK) result = f->status;
+        }
+    }
+    if (result != TP_OK) sim->counters.faults_injected++;
+    return result;
+}
+
+/* ----------------------------------------------------------- resident map */
+
+/* Index of the first resident range whose end is above address. */
+static size_t resident_lower_bound(const sim_device *sim, uint64_t address) {
+    size_t lo = 0, hi = sim->resident_count;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (sim->resident[mid].start + sim->resident[mid].bytes <= address)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+static bool resident_overlaps(const sim_device *sim, uint64_t start, uint64_t bytes) {
+    size_t i = resident_lower_bound(sim, start);
+    return i < sim->resident_count && sim->resident[i].start < start + bytes;
+}
+
+/* True when [start, start+bytes) is wholly covered by resident ranges. */
+static bool resident_covers(const sim_device *sim, uint64_t start, uint64_t bytes) {
+    uint64_t cursor = start, end = start + bytes;
+    size_t i = resident_lower_bound(sim, start);
+    while (cursor < end) {
+        if (i >= sim->resident_count || sim->resident[i].start > cursor) return false;
+        cursor = sim->resident[i].start + sim->resident[i].bytes;
+        i++;
+    }
+    return true;
+}
+
+static tp_status resident_insert(sim_device *sim, sim_resident entry) {
+    if (!tp_host_grow(&sim->device->host, (void **)&sim->resident, sizeof *sim->resident,
+                      &sim->resident_capacity, sim->resident_count + 1))
+        return TP_ERR_HOST_OUT_OF_MEMORY;
+    size_t i = resident_lower_bound(sim, entry.start);
+    memmove(&sim->resident[i + 1], &sim->resident[i], (sim->resident_count - i) * sizeof *sim->resident);
+    sim->resident[i] = entry;
+    sim->resident_count++;
+    return TP_OK;
+}
+
+/* Finds the resident range starting exactly at start with that kind. */
+static bool resident_find_exact(const sim_device *sim, uint64_t start, int kind, size_t *out_index) {
+    size_t i = resident_lower_bound(sim, start);
+    if (i < sim->resident_count && sim->resident[i].start == start && sim->resident[i].kind == kind) {
+        *out_index = i;
+        return true;
+    }
+    return false;
+}
+
+static void resident_remove(sim_device *sim, size_t i) {
+    memmove(&sim->resident[i], &sim->resident[i + 1], (sim->resident_count - i - 1) * sizeof *sim->resident);
+    sim->resident_count--;
+}
+
+/* ---------------------------------------------------------------- kernels */
+
+static void prune_kernels(sim_device *sim) {
+    size_t kept = 0;
+    for (size_t i = 0; i < sim->kernel_count; i++) {
+        sim_kernel *k = &sim->kernels[i];
+        if (k->end_ns <= sim->now_ns) {
+            tp_host_free(&sim->device->host, k->ranges, k->range_count * sizeof *k->ranges);
+        } else {
+            sim->kernels[kept++] = *k;
+        }
+    }
+    sim->kernel_count = kept;
+    sim->counters.pending_kernels = kept;
+}
+
+static bool ranges_overlap(uint64_t a, uint64_t a_bytes, uint64_t b, uint64_t b_bytes) {
+    return a < b + b_bytes && b < a + a_bytes;
+}
+
+/* Counts incomplete kernels touching [address, +bytes) that are not ordered
+ * before future work on `stream` (stream < 0: ordered before nothing). */
+static uint64_t count_conflicts(sim_device *sim, uint64_t address, uint64_t bytes, int stream,
+                                const char *what) {
+    prune_kernels(sim);
+    uint64_t found = 0;
+    for (size_t i = 0; i < sim->kernel_count; i++) {
+        const sim_kernel *k = &sim->kernels[i];
+        if (stream >= 0 && ((int)k->stream == stream || sim->streams[stream].vc[k->stream] >= k->seq)) continue;
+        for (size_t r = 0; r < k->range_count; r++) {
+            if (!ranges_overlap(address, bytes, k->ranges[r].address, k->ranges[r].bytes)) continue;
+            found++;
+            tp_logf(&sim->device->logger, TP_LOG_WARN,
+                    "sim hazard: %s of [0x%llx, +%llu) while kernel #%llu on stream %u (ends at %llu ns, now %llu ns) "
+                    "still touches [0x%llx, +%llu)",
+                    what, (unsigned long long)address, (unsigned long long)bytes, (unsigned long long)k->seq,
+                    k->stream, (unsigned long long)k->end_ns, (unsigned long long)sim->now_ns,
+                    (unsigned long long)k->ranges[r].address, (unsigned long long)k->ranges[r].bytes);
+            break;
+        }
+    }
+    return found;
+}
+
+static bool stream_index(sim_device *sim, tp_stream stream, uint32_t *out_index) {
+    uintptr_t index = (uintptr_t)stream;
+    if (index >= SIM_MAX_STREAMS || !sim->streams[index].in_use) return false;
+    *out_index = (uint32_t)index;
+    return true;
+}
+
+/* Queues work touching ranges on stream s; the caller holds the lock. */
+static tp_status queue_work(sim_device *sim, uint32_t s, uint64_t duration_ns, const tp_range *ranges,
+                            size_t range_count) {
+    for (size_t r = 0; r < range_count; r++) {
+        if (ranges[r].bytes && !resident_covers(sim, ranges[r].address, ranges[r].bytes)) {
+            sim->counters.invalid_accesses++;
+            tp_logf(&sim->device->logger, TP_LOG_WARN,
+                    "sim invalid access: work on stream %u touches [0x%llx, +%llu), which is not mapped or allocated",
+                    s, (unsigned long long)ranges[r].address, (unsigned long long)ranges[r].bytes);
+        }
+    }
+    if (!tp_host_grow(&sim->device->host, (void **)&sim->kernels, sizeof *sim->kernels, &sim->kernel_capacity,
+                      sim->kernel_count + 1))
+        return TP_ERR_HOST_OUT_OF_MEMORY;
+    tp_range *copy = NULL;
+    if (range_count) {
+        copy = tp_host_alloc(&sim->device->host, range_count * sizeof *copy);
+        if (!copy) return TP_ERR_HOST_OUT_OF_MEMORY;
+        memcpy(copy, ranges, range_count * sizeof *copy);
+    }
+    sim_stream *st = &sim->streams[s];
+    uint64_t start = TP_MAX(sim->now_ns, TP_MAX(st->tail_ns, st->wait_floor_ns));
+    st->tail_ns = start + duration_ns;
+    st->seq++;
+    st->vc[s] = st->seq;
+    sim->kernels[sim->kernel_count++] =
+        (sim_kernel){.end_ns = st->tail_ns, .stream = s, .seq = st->seq, .range_count = range_count, .ranges = copy};
+    sim->counters.pending_kernels = sim->kernel_count;
+    return TP_OK;
+}
+
+/* ------------------------------------------------------------------- ops */
+
+/* Runs the statements with the device lock held. */
+#define SIM_LOCKED(sim, ...)                \
+    do {                                    \
+        pthread_mutex_lock(&(sim)->lock);   \
+        __VA_ARGS__;                        \
+        pthread_mutex_unlock(&(sim)->lock); \
+    } while (0)
+
+static void sim_close(tp_device *device) {
+    sim_device *sim = sim_of(device);
+    const tp_host *host = &device->host;
+    for (size_t i = 0; i < sim->kernel_count; i++)
+        tp_host_free(host, sim->kernels[i].ranges, sim->kernels[i].range_count * sizeof(tp_range));
+    tp_host_free(host, sim->kernels, sim->kernel_capacity * sizeof *sim->kernels);
+    tp_host_free(host, sim->resident, sim->resident_capacity * sizeof *sim->resident);
+    tp_host_free(host, sim->reservations, sim->reservation_capacity * sizeof *sim->reservations);
+    pthread_mutex_destroy(&sim->lock);
+    tp_host_free(host, sim, sizeof *sim);
+}
+
+static tp_status sim_mem_info(tp_device *device, uint64_t *out_free, uint64_t *out_total) {
+    sim_device *sim = sim_of(device);
+    SIM_LOCKED(sim, {
+        *out_total = sim->capacity_bytes;
+        *out_free = sim->capacity_bytes - physical_used(sim);
+    });
+    return TP_OK;
+}
+
+static tp_status sim_va_reserve(tp_device *device, uint64_t bytes, uint64_t alignment, uint64_t *out_va) {
+    sim_device *sim = sim_of(device);
+    tp_status st;
+    SIM_LOCKED(sim, {
+        st = sim_enter(sim, TP_SIM_OP_VA_RESERVE);
+        if (st == TP_OK && (!sim->vmm || bytes == 0 || bytes % sim->granularity_bytes)) st = TP_ERR_INVALID_ARGUMENT;
+        if (st == TP_OK && !tp_host_grow(&device->host, (void **)&sim->reservations, sizeof *sim->reservations,
+                                         &sim->reservation_capacity, sim->reservation_count + 1))
+            st = TP_ERR_HOST_OUT_OF_MEMORY;
+        if (st == TP_OK) {
+            uint64_t align = TP_MAX(alignment, sim->granularity_bytes);
+            uint64_t va = tp_align_up(sim->next_va, align);
+            sim->next_va = va + bytes + sim->granularity_bytes; /* a guard gap between reservations */
+            sim->reservations[sim->reservation_count++] = (sim_reservation){va, bytes};
+            *out_va = va;
+        }
+    });
+    return st;
+}
+
+static tp_status sim_va_release(tp_device *device, uint64_t va, uint64_t bytes) {
+    sim_device *sim = sim_of(device);
+    tp_status st;
+    SIM_LOCKED(sim, {
+        st = sim_enter(sim, TP_SIM_OP_VA_RELEASE);
+        if (st == TP_OK) {
+            st = TP_ERR_INVALID_ARGUMENT;
+            for (size_t i = 0; i < sim->reservation_count; i++) {
+                if (sim->reservations[i].va != va || sim->reservations[i].bytes != bytes) continue;
+                if (resident_overlaps(sim, va, bytes)) break; /* still mapped inside: refuse like the driver */
+                sim->reservations[i] = sim->reservations[--sim->reservation_count];
+                st = TP_OK;
+                break;
+            }
+        }
+    });
+    return st;
+}
+
+static bool inside_reservation(const sim_device *sim, uint64_t va, uint64_t bytes) {
+    for (size_t i = 0; i < sim->reservation_count; i++) {
+        const sim_reservation *r = &sim->reservations[i];
+        if (va >= r->va && va + bytes <= r->va + r->bytes) return true;
+    }
+    return false;
+}
+
+static tp_status sim_map(tp_device *device, uint64_t va, uint64_t bytes, uint64_t *out_handle) {
+    sim_device *sim = sim_of(device);
+    tp_status st;
+    SIM_LOCKED(sim, {
+        st = sim_enter(sim, TP_SIM_OP_MAP);
+        if (st == TP_OK && (bytes == 0 || va % sim->granularity_bytes || bytes % sim->granularity_bytes ||
+                            !inside_reservation(sim, va, bytes) || resident_overlaps(sim, va, bytes)))
+            st = TP_ERR_INVALID_ARGUMENT;
+        if (st == TP_OK && physical_used(sim) + bytes > sim->capacity_bytes) st = TP_ERR_OUT_OF_MEMORY;
+        if (st == TP_OK) {
+            uint64_t handle = ++sim->next_handle;
+            st = resident_insert(sim, (sim_resident){va, bytes, handle, RESIDENT_MAP});
+            if (st == TP_OK) {
+                sim->mapped_bytes += bytes;
+                note_physical(sim);
+                *out_handle = handle;
+            }
+        }
+    });
+    return st;
+}
+
+static tp_status sim_unmap(tp_device *device, uint64_t va, uint64_t bytes, uint64_t handle) {
+    sim_device *sim = sim_of(device);
+    tp_status st;
+    SIM_LOCKED(sim, {
+        st = sim_enter(sim, TP_SIM_OP_UNMAP);
+        size_t i;
+        if (st == TP_OK && (!resident_find_exact(sim, va, RESIDENT_MAP, &i) || sim->resident[i].bytes != bytes ||
+                            sim->resident[i].handle != handle))
+            st = TP_ERR_INVALID_ARGUMENT;
+        if (st == TP_OK) {
+            if (sim->check) {
+                uint64_t n = count_conflicts(sim, va, bytes, -1, "unmap");
+                sim->counters.hazards_unmap += n;
+                sim->counters.hazards += n;
+            }
+            resident_remove(sim, i);
+            sim->mapped_bytes -= bytes;
+            note_physical(sim);
+        }
+    });
+    return st;
+}
+
+static tp_status sim_mem_alloc(tp_device *device, uint64_t bytes, uint64_t *out_address) {
+    sim_device *sim = sim_of(device);
+    tp_status st;
+    SIM_LOCKED(sim, {
+        st = sim_enter(sim, TP_SIM_OP_MALLOC);
+        if (st == TP_OK && bytes == 0) st = TP_ERR_INVALID_ARGUMENT;
+        if (st == TP_OK && physical_used(sim) + bytes > sim->capacity_bytes) st = TP_ERR_OUT_OF_MEMORY;
+        if (st == TP_OK) {
+            uint64_t address = sim->next_malloc;
+            /* Like cudaMalloc: 512-byte aligned, and never adjacent to the
+             * previous allocation, so segments cannot silently merge. */
+            sim->next_malloc = tp_align_up(address + bytes, 2 * TP_MiB) + 2 * TP_MiB;
+            st = resident_insert(sim, (sim_resident){address, bytes, 0, RESIDENT_ALLOC});
+            if (st == TP_OK) {
+                sim->allocated_bytes += bytes;
+                note_physical(sim);
+                *out_address = address;
+            }
+        }
+    });
+    return st;
+}
+
+static tp_status sim_mem_free(tp_device *device, uint64_t address, uint64_t bytes) {
+    sim_device *sim = sim_of(device);
+    tp_status st;
+    SIM_LOCKED(sim, {
+        st = sim_enter(sim, TP_SIM_OP_FREE);
+        size_t i;
+        if (st == TP_OK && (!resident_find_exact(sim, address, RESIDENT_ALLOC, &i) || sim->resident[i].bytes != bytes))
+            st = TP_ERR_INVALID_ARGUMENT;
+        if (st == TP_OK) {
+            if (sim->check) {
+                uint64_t n = count_conflicts(sim, address, bytes, -1, "device free");
+                sim->counters.hazards_free += n;
+                sim->counters.hazards += n;
+            }
+            resident_remove(sim, i);
+            sim->allocated_bytes -= bytes;
+            note_physical(sim);
+        }
+    });
+    return st;
+}
+
+static tp_status sim_stream_create(tp_device *device, tp_stream *out_stream) {
+    sim_device *sim = sim_of(device);
+    tp_status st = TP_ERR_HOST_OUT_OF_MEMORY;
+    SIM_LOCKED(sim, {
+        for (uint32_t i = 1; i < SIM_MAX_STREAMS; i++) {
+            if (sim->streams[i].in_use) continue;
+            sim_stream *s = &sim->streams[i];
+            uint64_t seq = s->seq; /* keep counting so old kernels stay distinguishable */
+            memset(s, 0, sizeof *s);
+            s->in_use = true;
+            s->seq = seq;
+            s->vc[i] = seq;
+            *out_stream = (tp_stream)(uintptr_t)i;
+            st = TP_OK;
+            break;
+        }
+    });
+    return st;
+}
+
+static tp_status sim_stream_destroy(tp_device *device, tp_stream stream) {
+    sim_device *sim = sim_of(device);
+    tp_status st = TP_ERR_INVALID_ARGUMENT;
+    SIM_LOCKED(sim, {
+        uint32_t s;
+        if (stream_index(sim, stream, &s) && s != 0) {
+            sim->streams[s].in_use = false;
+            st = TP_OK;
+        }
+    });
+    return st;
+}
+
+static tp_status sim_stream_synchronize(tp_device *device, tp_stream stream) {
+    sim_device *sim = sim_of(device);
+    tp_status st;
+    SIM_LOCKED(sim, {
+        uint32_t s;
+        st = sim_enter(sim, TP_SIM_OP_SYNC);
+        if (st == TP_OK && !stream_index(sim, stream, &s)) st = TP_ERR_INVALID_ARGUMENT;
+        if (st == TP_OK) sim->now_ns = TP_MAX(sim->now_ns, sim->streams[s].tail_ns);
+    });
+    return st;
+}
+
+static tp_status sim_stream_wait_event(tp_device *device, tp_stream stream, tp_event event) {
+    sim_device *sim = sim_of(device);
+    tp_status st;
+    SIM_LOCKED(sim, {
+        uint32_t s;
+        st = sim_enter(sim, TP_SIM_OP_EVENT);
+        if (st == TP_OK && !stream_index(sim, stream, &s)) st = TP_ERR_INVALID_ARGUMENT;
+        if (st == TP_OK) {
+            const sim_event *e = (const sim_event *)event;
+            if (e->recorded) {
+                sim_stream *target = &sim->streams[s];
+                target->wait_floor_ns = TP_MAX(target->wait_floor_ns, e->time_ns);
+                for (int i = 0; i < SIM_MAX_STREAMS; i++) target->vc[i] = TP_MAX(target->vc[i], e->vc[i]);
+            }
+        }
+    });
+    return st;
+}
+
+static tp_status sim_event_create(tp_device *device, tp_event *out_event) {
+    sim_device *sim = sim_of(device);
+    tp_status st;
+    SIM_LOCKED(sim, { st = sim_enter(sim, TP_SIM_OP_EVENT); });
+    if (st != TP_OK) return st;
+    sim_event *e = tp_host_calloc(&device->host, 1, sizeof *e);
+    if (!e) return TP_ERR_HOST_OUT_OF_MEMORY;
+    *out_event = (tp_event)e;
+    return TP_OK;
+}
+
+static tp_status sim_event_destroy(tp_device *device, tp_event event) {
+    tp_host_free(&device->host, event, sizeof(sim_event));
+    return TP_OK;
+}
+
+static tp_status sim_event_record(tp_device *device, tp_event event, tp_stream stream) {
+    sim_device *sim = sim_of(device);
+    tp_status st;
+    SIM_LOCKED(sim, {
+        uint32_t s;
+        st = sim_enter(sim, TP_SIM_OP_EVENT);
+        if (st == TP_OK && !stream_index(sim, stream, &s)) st = TP_ERR_INVALID_ARGUMENT;
+        if (st == TP_OK) {
+            sim_event *e = (sim_event *)event;
+            const sim_stream *src = &sim->streams[s];
+            e->recorded = true;
+            e->time_ns = TP_MAX(src->tail_ns, src->wait_floor_ns);
+            memcpy(e->vc, src->vc, sizeof e->vc);
+        }
+    });
+    return st;
+}
+
+static tp_status sim_event_query(tp_device *device, tp_event event) {
+    sim_device *sim = sim_of(device);
+    tp_status st;
+    SIM_LOCKED(sim, {
+        const sim_event *e = (const sim_event *)event;
+        st = sim_enter(sim, TP_SIM_OP_EVENT);
+        if (st == TP_OK) st = (!e->recorded || e->time_ns <= sim->now_ns) ? TP_OK : TP_NOT_READY;
+    });
+    return st;
+}
+
+static tp_status sim_event_synchronize(tp_device *device, tp_event event) {
+    sim_device *sim = sim_of(device);
+    tp_status st;
+    SIM_LOCKED(sim, {
+        const sim_event *e = (const sim_event *)event;
+        st = sim_enter(sim, TP_SIM_OP_SYNC);
+        if (st == TP_OK && e->recorded) sim->now_ns = TP_MAX(sim->now_ns, e->time_ns);
+    });
+    return st;
+}
+
+static tp_status sim_device_synchronize(tp_device *device) {
+    sim_device *sim = sim_of(device);
+    tp_status st;
+    SIM_LOCKED(sim, {
+        st = sim_enter(sim, TP_SIM_OP_SYNC);
+        if (st == TP_OK) {
+            for (int i = 0; i < SIM_MAX_STREAMS; i++)
+                if (sim->streams[i].in_use) sim->now_ns = TP_MAX(sim->now_ns, sim->streams[i].tail_ns);
+        }
+    });
+    return st;
+}
+
+static uint64_t sim_now_ns(tp_device *device) {
+    sim_device *sim = sim_of(device);
+    uint64_t now;
+    SIM_LOCKED(sim, { now = sim->now_ns; });
+    return now;
+}
+
+static uint64_t sim_check_handout(tp_device *device, uint64_t address, uint64_t bytes, tp_stream stream) {
+    sim_device *sim = sim_of(device);
+    uint64_t found = 0;
+    SIM_LOCKED(sim, {
+        uint32_t s;
+        if (sim->check && sim->kernel_count && stream_index(sim, stream, &s)) {
+            found = count_conflicts(sim, address, bytes, (int)s, "hand-out");
+            sim->counters.hazards_handout += found;
+            sim->counters.hazards += found;
+        }
+    });
+    return found;
+}
+
+/* ----------------------------------------------------------------- graphs */
+
+static void free_graph_shape(const tp_host *host, sim_graph *g) {
+    tp_host_free(host, g->ranges, g->range_count * sizeof *g->ranges);
+    g->ranges = NULL;
+    g->range_count = 0;
+}
+
+static tp_status copy_graph_shape(const tp_host *host, sim_graph *dst, const sim_graph *src) {
+    tp_range *ranges = NULL;
+    if (src->range_count) {
+        ranges = tp_host_alloc(host, src->range_count * sizeof *ranges);
+        if (!ranges) return TP_ERR_HOST_OUT_OF_MEMORY;
+        memcpy(ranges, src->ranges, src->range_count * sizeof *ranges);
+    }
+    *dst = *src;
+    dst->ranges = ranges;
+    return TP_OK;
+}
+
+static tp_status sim_graph_instantiate(tp_device *device, tp_graph graph, tp_graph_exec *out_exec,
+                                       uint64_t *out_bytes) {
+    sim_device *sim = sim_of(device);
+    const sim_graph *g = (const sim_graph *)graph;
+    sim_exec *exec = tp_host_calloc(&device->host, 1, sizeof *exec);
+    if (!exec) return TP_ERR_HOST_OUT_OF_MEMORY;
+    tp_status st = copy_graph_shape(&device->host, &exec->shape, g);
+    if (st != TP_OK) {
+        tp_host_free(&device->host, exec, sizeof *exec);
+        return st;
+    }
+    exec->bytes = (uint64_t)g->node_count * sim->graph_node_bytes;
+    SIM_LOCKED(sim, {
+        st = sim_enter(sim, TP_SIM_OP_GRAPH_INSTANTIATE);
+        if (st == TP_OK && physical_used(sim) + exec->bytes > sim->capacity_bytes) st = TP_ERR_OUT_OF_MEMORY;
+        if (st == TP_OK) {
+            sim->graph_bytes += exec->bytes;
+            sim->counters.graph_exec_bytes = sim->graph_bytes;
+            sim->counters.graph_execs++;
+            note_physical(sim);
+        }
+    });
+    if (st != TP_OK) {
+        free_graph_shape(&device->host, &exec->shape);
+        tp_host_free(&device->host, exec, sizeof *exec);
+        return st;
+    }
+    *out_exec = (tp_graph_exec)exec;
+    *out_bytes = exec->bytes;
+    return TP_OK;
+}
+
+static tp_status sim_graph_update(tp_device *device, tp_graph_exec exec_handle, tp_graph graph) {
+    sim_device *sim = sim_of(device);
+    sim_exec *exec = (sim_exec *)exec_handle;
+    const sim_graph *g = (const sim_graph *)graph;
+    tp_status st;
+    SIM_LOCKED(sim, { st = sim_enter(sim, TP_SIM_OP_GRAPH_UPDATE); });
+    if (st != TP_OK) return st;
+    if (g->topology_id != exec->shape.topology_id || g->node_count != exec->shape.node_count)
+        return TP_ERR_TOPOLOGY_MISMATCH;
+    sim_graph updated;
+    st = copy_graph_shape(&device->host, &updated, g);
+    if (st != TP_OK) return st;
+    free_graph_shape(&device->host, &exec->shape);
+    exec->shape = updated;
+    return TP_OK;
+}
+
+static tp_status sim_graph_launch(tp_device *device, tp_graph_exec exec_handle, tp_stream stream) {
+    sim_device *sim = sim_of(device);
+    const sim_exec *exec = (const sim_exec *)exec_handle;
+    tp_status st;
+    SIM_LOCKED(sim, {
+        uint32_t s;
+        st = sim_enter(sim, TP_SIM_OP_GRAPH_LAUNCH);
+        if (st == TP_OK && !stream_index(sim, stream, &s)) st = TP_ERR_INVALID_ARGUMENT;
+        if (st == TP_OK) st = queue_work(sim, s, exec->shape.duration_ns, exec->shape.ranges, exec->shape.range_count);
+    });
+    return st;
+}
+
+static tp_status sim_graph_destroy(tp_device *device, tp_graph_exec exec_handle) {
+    sim_device *sim = sim_of(device);
+    sim_exec *exec = (sim_exec *)exec_handle;
+    SIM_LOCKED(sim, {
+        sim->graph_bytes -= exec->bytes;
+        sim->counters.graph_exec_bytes = sim->graph_bytes;
+        sim->counters.graph_execs--;
+        note_physical(sim);
+    });
+    free_graph_shape(&device->host, &exec->shape);
+    tp_host_free(&device->host, exec, sizeof *exec);
+    return TP_OK;
+}
+
+static const tp_device_ops sim_ops = {
+    .backend = "sim",
+    .close = sim_close,
+    .mem_info = sim_mem_info,
+    .va_reserve = sim_va_reserve,
+    .va_release = sim_va_release,
+    .map = sim_map,
+    .unmap = sim_unmap,
+    .mem_alloc = sim_mem_alloc,
+    .mem_free = sim_mem_free,
+    .stream_create = sim_stream_create,
+    .stream_destroy = sim_stream_destroy,
+    .stream_synchronize = sim_stream_synchronize,
+    .stream_wait_event = sim_stream_wait_event,
+    .event_create = sim_event_create,
+    .event_destroy = sim_event_destroy,
+    .event_record = sim_event_record,
+    .event_query = sim_event_query,
+    .event_synchronize = sim_event_synchronize,
+    .device_synchronize = sim_device_synchronize,
+    .now_ns = sim_now_ns,
+    .check_handout = sim_check_handout,
+    .graph_instantiate = sim_graph_instantiate,
+    .graph_update = sim_graph_update,
+    .graph_launch = sim_graph_launch,
+    .graph_destroy = sim_graph_destroy,
+};
+
+tp_status tp_sim_device_create(tp_device *device, const tp_device_options *options) {
+    sim_device *sim = tp_host_calloc(&device->host, 1, sizeof *sim);
+    if (!sim) return TP_ERR_HOST_OUT_OF_MEMORY;
+    if (pthread_mutex_init(&sim->lock, NULL) != 0) {
+        tp_host_free(&device->host, sim, sizeof *sim);
+        return TP_ERR_HOST_OUT_OF_MEMORY;
+    }
+    sim->device = device;
+    sim->capacity_bytes = options->capacity_bytes ? options->capacity_bytes : 16 * TP_GiB;
+    sim->granularity_bytes = options->granularity_bytes ? options->granularity_bytes : 2 * TP_MiB;
+    sim->graph_node_bytes = options->graph_node_bytes ? options->graph_node_bytes : 10 * TP_KiB;
+    sim->vmm = !options->novmm;
+    sim->check = !options->nocheck;
+    sim->streams[0].in_use = true; /* the default stream */
+    sim->next_va = SIM_VA_BASE;
+    sim->next_malloc = SIM_MALLOC_BASE;
+
+    device->impl = sim;
+    device->ops = &sim_ops;
+    device->hazard_checker = sim->check;
+    tp_device_info *info = &device->info;
+    snprintf(info->name, sizeof info->name, "simulated device");
+    snprintf(info->backend, sizeof info->backend, "sim");
+    info->ordinal = 0;
+    info->capacity_bytes = sim->capacity_bytes;
+    info->granularity_bytes = sim->granularity_bytes;
+    info->vmm_supported = sim->vmm;
+    info->vmm_enabled = sim->vmm;
+    return TP_OK;
+}
+
+/* ------------------------------------------------------- public sim calls */
+
+tp_status tp_sim_launch(tp_device *device, tp_stream stream, uint64_t duration_ns, const tp_range *ranges,
+                        size_t range_count) {
+    if (!is_sim(device)) return device ? TP_ERR_UNSUPPORTED : TP_ERR_INVALID_ARGUMENT;
+    if (range_count && !ranges) return TP_ERR_INVALID_ARGUMENT;
+    sim_device *sim = sim_of(device);
+    tp_status st;
+    SIM_LOCKED(sim, {
+        uint32_t s;
+        st = stream_index(sim, stream, &s) ? queue_work(sim, s, duration_ns, ranges, range_count)
+                                           : TP_ERR_INVALID_ARGUMENT;
+    });
+    return st;
+}
+
+tp_status tp_sim_advance(tp_device *device, uint64_t ns) {
+    if (!is_sim(device)) return device ? TP_ERR_UNSUPPORTED : TP_ERR_INVALID_ARGUMENT;
+    sim_device *sim = sim_of(device);
+    SIM_LOCKED(sim, {
+        sim->now_ns = ns > UINT64_MAX - sim->now_ns ? UINT64_MAX : sim->now_ns + ns;
+        prune_kernels(sim);
+    });
+    return TP_OK;
+}
+
+tp_status tp_sim_now(tp_device *device, uint64_t *out_now_ns) {
+    if (!is_sim(device) || !out_now_ns) return device ? TP_ERR_UNSUPPORTED : TP_ERR_INVALID_ARGUMENT;
+    *out_now_ns = sim_now_ns(device);
+    return TP_OK;
+}
+
+tp_status tp_sim_inject_fault(tp_device *device, tp_sim_op op, uint64_t after_successes, uint64_t fail_count,
+                              tp_status status) {
+    if (!is_sim(device)) return device ? TP_ERR_UNSUPPORTED : TP_ERR_INVALID_ARGUMENT;
+    if ((unsigned)op >= (unsigned)TP_SIM_OP_COUNT_ || (unsigned)status >= (unsigned)TP_STATUS_COUNT_)
+        return TP_ERR_INVALID_ARGUMENT;
+    sim_device *sim = sim_of(device);
+    SIM_LOCKED(sim, {
+        sim->faults[op] = (sim_fault){.armed = fail_count > 0, .skip = after_successes, .fail = fail_count,
+                                      .status = status == TP_OK ? TP_ERR_DEVICE : status};
+    });
+    return TP_OK;
+}
+
+tp_status tp_sim_clear_faults(tp_device *device) {
+    if (!is_sim(device)) return device ? TP_ERR_UNSUPPORTED : TP_ERR_INVALID_ARGUMENT;
+    sim_device *sim = sim_of(device);
+    SIM_LOCKED(sim, { memset(sim->faults, 0, sizeof sim->faults); });
+    return TP_OK;
+}
+
+tp_status tp_sim_get_counters(tp_device *device, tp_sim_counters *out_counters) {
+    if (!is_sim(device) || !out_counters) return device ? TP_ERR_UNSUPPORTED : TP_ERR_INVALID_ARGUMENT;
+    sim_device *sim = sim_of(device);
+    SIM_LOCKED(sim, {
+        prune_kernels(sim);
+        sim->counters.now_ns = sim->now_ns;
+        *out_counters = sim->counters;
+    });
+    return TP_OK;
+}
+
+tp_status tp_sim_occupy(tp_device *device, uint64_t bytes) {
+    if (!is_sim(device)) return device ? TP_ERR_UNSUPPORTED : TP_ERR_INVALID_ARGUMENT;
+    sim_device *sim = sim_of(device);
+    tp_status st = TP_OK;
+    SIM_LOCKED(sim, {
+        if (bytes == 0) {
+            sim->occupied_bytes = 0;
+        } else if (physical_used(sim) + bytes > sim->capacity_bytes) {
+            st = TP_ERR_OUT_OF_MEMORY;
+        } else {
+            sim->occupied_bytes += bytes;
+        }
+        note_physical(sim);
+    });
+    return st;
+}
+
+tp_status tp_sim_graph_create(tp_device *device, const tp_sim_graph_desc *desc, tp_graph *out_graph) {
+    if (!is_sim(device)) return device ? TP_ERR_UNSUPPORTED : TP_ERR_INVALID_ARGUMENT;
+    if (!desc || !out_graph || desc->node_count == 0 || (desc->range_count && !desc->ranges))
+        return TP_ERR_INVALID_ARGUMENT;
+    sim_graph *g = tp_host_calloc(&device->host, 1, sizeof *g);
+    if (!g) return TP_ERR_HOST_OUT_OF_MEMORY;
+    sim_graph shape = {desc->node_count, desc->topology_id, desc->duration_ns, desc->range_count,
+                       (tp_range *)desc->ranges};
+    tp_status st = copy_graph_shape(&device->host, g, &shape);
+    if (st != TP_OK) {
+        tp_host_free(&device->host, g, sizeof *g);
+        return st;
+    }
+    *out_graph = (tp_graph)g;
+    return TP_OK;
+}
+
+tp_status tp_sim_graph_destroy(tp_device *device, tp_graph graph) {
+    if (!is_sim(device)) return device ? TP_ERR_UNSUPPORTED : TP_ERR_INVALID_ARGUMENT;
+    if (!graph) return TP_ERR_INVALID_ARGUMENT;
+    sim_graph *g = (sim_graph *)graph;
+    free_graph_shape(&device->host, g);
+    tp_host_free(&device->host, g, sizeof *g);
+    return TP_OK;
+}

@@ -1,0 +1,331 @@
+/* Pools, both kinds: alloc/free, statistics and JSON, trim, idle release,
+ * bad input, pins and capture. */
+#include "check.h"
+
+#include <stdint.h>
+#include <string.h>
+
+typedef struct fixture {
+    tp_device *dev;
+    tp_pool *pool;
+    test_log log;
+} fixture;
+
+static void fixture_open(fixture *f, const char *spec, tp_pool_kind kind, const tp_pool_config *extra) {
+    memset(f, 0, sizeof *f);
+    tp_device_config cfg = {.log = test_log_fn, .log_user = &f->log};
+    REQUIRE(tp_device_open(spec, &cfg, &f->dev) == TP_OK);
+    tp_pool_config pc = extra ? *extra : (tp_pool_config){0};
+    pc.kind = kind;
+    pc.flags |= TP_POOL_FLAG_CHECK_INVARIANTS;
+    REQUIRE(tp_pool_create(f->dev, &pc, &f->pool) == TP_OK);
+}
+
+static void fixture_close(fixture *f) {
+    char msg[256] = "";
+    tp_status st = tp_pool_check(f->pool, msg, sizeof msg);
+    CHECK_MSG(st == TP_OK, "%s", msg);
+    CHECK(f->log.errors == 0);
+    CHECK_OK(tp_pool_destroy(f->pool));
+    tp_sim_counters c;
+    CHECK_OK(tp_sim_get_counters(f->dev, &c));
+    CHECK_MSG(c.physical_used_bytes == 0, "device memory leaked: %llu", (unsigned long long)c.physical_used_bytes);
+    CHECK(c.hazards == 0);
+    CHECK_OK(tp_device_close(f->dev));
+}
+
+static const char *kind_name(tp_pool_kind k) { return k == TP_POOL_VMM ? "vmm" : "segment"; }
+
+static void test_alloc_free(tp_pool_kind kind) {
+    fixture f;
+    fixture_open(&f, "sim:1GiB", kind, NULL);
+    void *a = NULL, *b = NULL, *c = NULL;
+    CHECK_OK(tp_pool_alloc(f.pool, 1000, TP_STREAM_DEFAULT, &a));
+    CHECK_OK(tp_pool_alloc(f.pool, 3 * TEST_MiB, TP_STREAM_DEFAULT, &b));
+    CHECK_OK(tp_pool_alloc(f.pool, 40 * TEST_MiB, TP_STREAM_DEFAULT, &c));
+    CHECK(a && b && c && a != b && b != c);
+    CHECK((uintptr_t)a % 256 == 0 && (uintptr_t)b % 256 == 0 && (uintptr_t)c % 256 == 0);
+    size_t size = 0;
+    CHECK_OK(tp_pool_block_size(f.pool, b, &size));
+    CHECK(size == 3 * TEST_MiB);
+    tp_pool_stats s;
+    CHECK_OK(tp_pool_get_stats(f.pool, &s));
+    CHECK(s.requested_bytes.current == 1000 + 43 * TEST_MiB);
+    CHECK(s.allocated_bytes.current == 1024 + 43 * TEST_MiB);
+    CHECK(s.reserved_bytes.current >= s.allocated_bytes.current);
+    CHECK(s.cached_bytes.current == s.reserved_bytes.current - s.allocated_bytes.current);
+    CHECK(s.allocs == 3 && s.device_allocs >= 1);
+    CHECK(s.kind == kind);
+    /* Free out of order (no LIFO rule). */
+    CHECK_OK(tp_pool_free(f.pool, b, TP_STREAM_DEFAULT));
+    CHECK_OK(tp_pool_free(f.pool, a, TP_STREAM_DEFAULT));
+    CHECK_OK(tp_pool_free(f.pool, c, TP_STREAM_DEFAULT));
+    CHECK_OK(tp_pool_get_stats(f.pool, &s));
+    CHECK(s.requested_bytes.current == 0 && s.allocated_bytes.current == 0);
+    CHECK(s.requested_bytes.peak == 1000 + 43 * TEST_MiB);
+    CHECK(s.frees == 3);
+    /* A second round reuses cached memory: no new device allocation. */
+    uint64_t device_allocs = s.device_allocs;
+    CHECK_OK(tp_pool_alloc(f.pool, 3 * TEST_MiB, TP_STREAM_DEFAULT, &b));
+    CHECK_OK(tp_pool_alloc(f.pool, 30 * TEST_MiB, TP_STREAM_DEFAULT, &c));
+    CHECK_OK(tp_pool_get_stats(f.pool, &s));
+    CHECK_MSG(s.device_allocs == device_allocs, "%s: %llu -> %llu", kind_name(kind),
+              (unsigned long long)device_allocs, (unsigned long long)s.device_allocs);
+    CHECK(s.cache_hits >= 2);
+    CHECK_OK(tp_pool_free(f.pool, b, TP_STREAM_DEFAULT));
+    CHECK_OK(tp_pool_free(f.pool, c, TP_STREAM_DEFAULT));
+    /* Trim gives everything idle back. */
+    uint64_t released = 0;
+    CHECK_OK(tp_pool_trim(f.pool, 0, &released));
+    CHECK_OK(tp_pool_get_stats(f.pool, &s));
+    CHECK(s.reserved_bytes.current == 0 && released > 0);
+    CHECK(s.reserved_bytes.peak >= 43 * TEST_MiB);
+    CHECK_OK(tp_pool_reset_peaks(f.pool));
+    CHECK_OK(tp_pool_get_stats(f.pool, &s));
+    CHECK(s.reserved_bytes.peak == 0 && s.requested_bytes.peak == 0);
+    fixture_close(&f);
+}
+
+static void test_json(tp_pool_kind kind) {
+    fixture f;
+    fixture_open(&f, "sim:1GiB", kind, NULL);
+    void *a;
+    CHECK_OK(tp_pool_alloc(f.pool, 12345, TP_STREAM_DEFAULT, &a));
+    char buf[2048];
+    size_t len = 0;
+    CHECK_OK(tp_pool_stats_json(f.pool, buf, sizeof buf, &len));
+    CHECK(len == strlen(buf));
+    CHECK(buf[0] == '{' && buf[len - 1] == '}');
+    CHECK(strstr(buf, "\"requested_bytes\":{\"current\":12345,\"peak\":12345,\"total\":12345}") != NULL);
+    CHECK(strstr(buf, kind == TP_POOL_VMM ? "\"kind\":\"vmm\"" : "\"kind\":\"segment\"") != NULL);
+    CHECK(strstr(buf, "\"fragmentation\":") != NULL);
+    char tiny[16];
+    size_t needed = 0;
+    CHECK_STATUS(tp_pool_stats_json(f.pool, tiny, sizeof tiny, &needed), TP_ERR_INVALID_ARGUMENT);
+    CHECK(needed == len && strlen(tiny) == sizeof tiny - 1);
+    CHECK_OK(tp_pool_free(f.pool, a, TP_STREAM_DEFAULT));
+    fixture_close(&f);
+}
+
+static void test_bad_input(tp_pool_kind kind) {
+    fixture f;
+    fixture_open(&f, "sim:1GiB", kind, NULL);
+    tp_pool *other_pool;
+    tp_pool_config other_config = {.kind = kind};
+    REQUIRE(tp_pool_create(f.dev, &other_config, &other_pool) == TP_OK);
+    void *p = (void *)1;
+    CHECK_STATUS(tp_pool_alloc(f.pool, 0, TP_STREAM_DEFAULT, &p), TP_ERR_INVALID_ARGUMENT);
+    CHECK(p == NULL);
+    CHECK_STATUS(tp_pool_alloc(f.pool, SIZE_MAX, TP_STREAM_DEFAULT, &p), TP_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(tp_pool_alloc(f.pool, SIZE_MAX / 2, TP_STREAM_DEFAULT, &p), TP_ERR_OUT_OF_MEMORY);
+    tp_oom_report r;
+    CHECK_OK(tp_pool_last_oom_report(f.pool, &r));
+    CHECK(r.request_bytes == SIZE_MAX / 2 && strstr(r.message, "out of memory") != NULL);
+    CHECK_STATUS(tp_pool_alloc(f.pool, 2 * TEST_GiB, TP_STREAM_DEFAULT, &p), TP_ERR_OUT_OF_MEMORY);
+    CHECK_STATUS(tp_pool_alloc(NULL, 16, TP_STREAM_DEFAULT, &p), TP_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(tp_pool_alloc(f.pool, 16, TP_STREAM_DEFAULT, NULL), TP_ERR_INVALID_ARGUMENT);
+
+    void *a, *b;
+    CHECK_OK(tp_pool_alloc(f.pool, 4096, TP_STREAM_DEFAULT, &a));
+    CHECK_OK(tp_pool_alloc(f.pool, 4096, TP_STREAM_DEFAULT, &b));
+    CHECK_OK(tp_pool_free(f.pool, a, TP_STREAM_DEFAULT));
+    CHECK_STATUS(tp_pool_free(f.pool, a, TP_STREAM_DEFAULT), TP_ERR_DOUBLE_FREE); /* parked in the tcache */
+    CHECK_STATUS(tp_pool_free(f.pool, (char *)b + 256, TP_STREAM_DEFAULT), TP_ERR_NOT_BLOCK_START);
+    CHECK_STATUS(tp_pool_free(f.pool, (void *)(uintptr_t)0xdead0000, TP_STREAM_DEFAULT), TP_ERR_NOT_OWNED);
+    void *foreign;
+    CHECK_OK(tp_pool_alloc(other_pool, 4096, TP_STREAM_DEFAULT, &foreign));
+    CHECK_STATUS(tp_pool_free(f.pool, foreign, TP_STREAM_DEFAULT), TP_ERR_NOT_OWNED);
+    CHECK_OK(tp_pool_free(f.pool, NULL, TP_STREAM_DEFAULT)); /* like free(NULL) */
+    CHECK_OK(tp_pool_free(f.pool, b, TP_STREAM_DEFAULT));
+    /* A block freed for real (large: bypasses the tcache) then freed again. */
+    void *big;
+    CHECK_OK(tp_pool_alloc(f.pool, 100 * TEST_MiB, TP_STREAM_DEFAULT, &big));
+    CHECK_OK(tp_pool_free(f.pool, big, TP_STREAM_DEFAULT));
+    CHECK_STATUS(tp_pool_free(f.pool, big, TP_STREAM_DEFAULT), TP_ERR_DOUBLE_FREE);
+    size_t size;
+    CHECK_STATUS(tp_pool_block_size(f.pool, big, &size), TP_ERR_NOT_OWNED);
+    CHECK_OK(tp_pool_free(other_pool, foreign, TP_STREAM_DEFAULT));
+    CHECK(f.log.errors == 5);
+    f.log.errors = 0;
+    /* Bad configs. */
+    tp_pool *bad = NULL;
+    tp_pool_config pc = {.kind = kind, .alignment_bytes = 100};
+    CHECK_STATUS(tp_pool_create(f.dev, &pc, &bad), TP_ERR_INVALID_ARGUMENT);
+    pc = (tp_pool_config){.kind = (tp_pool_kind)9};
+    CHECK_STATUS(tp_pool_create(f.dev, &pc, &bad), TP_ERR_INVALID_ARGUMENT);
+    CHECK(bad == NULL);
+    f.log.errors = 0;
+    /* A device with open pools does not close. */
+    CHECK_STATUS(tp_device_close(f.dev), TP_ERR_BUSY);
+    f.log.errors = 0;
+    CHECK_OK(tp_pool_destroy(other_pool));
+    fixture_close(&f);
+}
+
+static void test_novmm_refuses_vmm_pool(void) {
+    tp_device *dev;
+    REQUIRE(tp_device_open("sim:1GiB,novmm", NULL, &dev) == TP_OK);
+    tp_pool *pool = NULL;
+    tp_pool_config pc = {.kind = TP_POOL_VMM};
+    CHECK_STATUS(tp_pool_create(dev, &pc, &pool), TP_ERR_UNSUPPORTED);
+    pc.kind = TP_POOL_AUTO;
+    CHECK_OK(tp_pool_create(dev, &pc, &pool));
+    tp_pool_stats s;
+    CHECK_OK(tp_pool_get_stats(pool, &s));
+    CHECK(s.kind == TP_POOL_SEGMENT);
+    CHECK_OK(tp_pool_destroy(pool));
+    CHECK_OK(tp_device_close(dev));
+}
+
+static void test_idle_release(tp_pool_kind kind) {
+    /* Idle memory above the threshold goes back once it has been idle long
+     * enough, on a later free or on tick, without waiting on the host. */
+    tp_pool_config pc = {.release_threshold_bytes = 8 * TEST_MiB, .idle_release_ns = 1000000};
+    fixture f;
+    fixture_open(&f, "sim:1GiB", kind, &pc);
+    void *big, *small;
+    CHECK_OK(tp_pool_alloc(f.pool, 200 * TEST_MiB, TP_STREAM_DEFAULT, &big));
+    CHECK_OK(tp_pool_free(f.pool, big, TP_STREAM_DEFAULT));
+    tp_pool_stats s;
+    CHECK_OK(tp_pool_get_stats(f.pool, &s));
+    CHECK(s.reserved_bytes.current >= 200 * TEST_MiB); /* too fresh to release */
+    CHECK_OK(tp_sim_advance(f.dev, 2000000));
+    CHECK_OK(tp_pool_alloc(f.pool, TEST_MiB, TP_STREAM_DEFAULT, &small));
+    CHECK_OK(tp_pool_free(f.pool, small, TP_STREAM_DEFAULT));
+    CHECK_OK(tp_pool_tick(f.pool));
+    CHECK_OK(tp_pool_get_stats(f.pool, &s));
+    CHECK_MSG(s.reserved_bytes.current <= 8 * TEST_MiB + 64 * TEST_MiB, "%s reserved %llu", kind_name(kind),
+              (unsigned long long)s.reserved_bytes.current);
+    CHECK(s.synchronizations == 0);
+    CHECK(s.device_frees >= 1);
+    fixture_close(&f);
+}
+
+static void test_pins_and_capture(tp_pool_kind kind) {
+    fixture f;
+    fixture_open(&f, "sim:1GiB", kind, NULL);
+    void *a, *b, *c;
+    CHECK_OK(tp_pool_alloc(f.pool, 64 * TEST_MiB, TP_STREAM_DEFAULT, &a));
+    CHECK_OK(tp_pool_pin(f.pool, a, 64 * TEST_MiB));
+    CHECK_OK(tp_pool_free(f.pool, a, TP_STREAM_DEFAULT)); /* stays held by the pin */
+    CHECK_STATUS(tp_pool_free(f.pool, a, TP_STREAM_DEFAULT), TP_ERR_DOUBLE_FREE);
+    f.log.errors--;
+    uint64_t released;
+    CHECK_OK(tp_pool_trim(f.pool, 0, &released));
+    tp_pool_stats s;
+    CHECK_OK(tp_pool_get_stats(f.pool, &s));
+    CHECK(s.reserved_bytes.current >= 64 * TEST_MiB && s.pinned_bytes.current == 64 * TEST_MiB);
+    /* The pinned range is not handed out again. */
+    CHECK_OK(tp_pool_alloc(f.pool, 64 * TEST_MiB, TP_STREAM_DEFAULT, &b));
+    CHECK(b != a);
+    CHECK_OK(tp_pool_free(f.pool, b, TP_STREAM_DEFAULT));
+    CHECK_OK(tp_pool_unpin(f.pool, a, 64 * TEST_MiB));
+    CHECK_STATUS(tp_pool_unpin(f.pool, a, 64 * TEST_MiB), TP_ERR_INVALID_ARGUMENT); /* now free */
+    CHECK_OK(tp_pool_trim(f.pool, 0, &released));
+    CHECK_OK(tp_pool_get_stats(f.pool, &s));
+    CHECK(s.reserved_bytes.current == 0 && s.pinned_bytes.current == 0);
+
+    /* Capture: blocks allocated on the capturing stream come back pinned. */
+    tp_stream cs;
+    CHECK_OK(tp_stream_create(f.dev, &cs));
+    CHECK_OK(tp_pool_alloc(f.pool, 4096, cs, &c)); /* before capture */
+    CHECK_OK(tp_pool_capture_begin(f.pool, cs));
+    CHECK_STATUS(tp_pool_capture_begin(f.pool, cs), TP_ERR_CAPTURE);
+    void *t1, *t2, *other;
+    CHECK_OK(tp_pool_alloc(f.pool, TEST_MiB, cs, &t1));
+    CHECK_OK(tp_pool_alloc(f.pool, 5000, cs, &t2));
+    CHECK_OK(tp_pool_alloc(f.pool, 5000, TP_STREAM_DEFAULT, &other)); /* not the capturing stream */
+    CHECK_OK(tp_pool_free(f.pool, t2, cs)); /* freed inside the capture: kept for the graph */
+    tp_range *ranges = NULL;
+    size_t count = 0;
+    CHECK_OK(tp_pool_capture_end(f.pool, cs, &ranges, &count));
+    CHECK(count == 2);
+    CHECK(ranges[0].address == (uint64_t)(uintptr_t)t1 && ranges[0].bytes == TEST_MiB);
+    CHECK(ranges[1].address == (uint64_t)(uintptr_t)t2);
+    CHECK_STATUS(tp_pool_capture_end(f.pool, cs, &ranges, &count), TP_ERR_CAPTURE);
+    void *again;
+    CHECK_OK(tp_pool_alloc(f.pool, 5000, cs, &again));
+    CHECK(again != t2);
+    CHECK_OK(tp_pool_get_stats(f.pool, &s));
+    CHECK(s.pinned_bytes.current == TEST_MiB + 5120);
+    /* The caller owns one pin per captured block. */
+    CHECK_OK(tp_pool_capture_end(f.pool, cs, &ranges, &count) == TP_ERR_CAPTURE ? TP_OK : TP_ERR_DEVICE);
+    tp_range *owned = NULL;
+    CHECK_OK(tp_pool_capture_begin(f.pool, cs));
+    CHECK_OK(tp_pool_capture_end(f.pool, cs, &owned, &count));
+    CHECK(count == 0);
+    tp_pool_free_ranges(f.pool, owned);
+    CHECK_OK(tp_pool_unpin(f.pool, t1, TEST_MiB));
+    CHECK_OK(tp_pool_unpin(f.pool, t2, 5000));
+    CHECK_OK(tp_pool_free(f.pool, t1, cs));
+    CHECK_OK(tp_pool_free(f.pool, c, cs));
+    CHECK_OK(tp_pool_free(f.pool, again, cs));
+    CHECK_OK(tp_pool_free(f.pool, other, TP_STREAM_DEFAULT));
+    CHECK_OK(tp_pool_get_stats(f.pool, &s));
+    CHECK(s.pinned_bytes.current == 0 && s.allocated_bytes.current == 0);
+    /* Pinning a range that is not live is refused. */
+    CHECK_STATUS(tp_pool_pin(f.pool, t1, 16), TP_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(tp_pool_pin(f.pool, (void *)0x1000, 16), TP_ERR_NOT_OWNED);
+    CHECK_OK(tp_pool_forget_stream(f.pool, cs));
+    CHECK_OK(tp_stream_destroy(f.dev, cs));
+    /* A new stream may get the old handle value: it is a new stream. */
+    tp_stream cs2;
+    CHECK_OK(tp_stream_create(f.dev, &cs2));
+    void *fresh;
+    CHECK_OK(tp_pool_alloc(f.pool, 5000, cs2, &fresh));
+    CHECK_OK(tp_pool_free(f.pool, fresh, cs2));
+    CHECK_OK(tp_pool_forget_stream(f.pool, cs2));
+    CHECK_OK(tp_stream_destroy(f.dev, cs2));
+    fixture_close(&f);
+}
+
+static int reclaim_calls;
+static uint64_t reclaim_free_pinned(void *user, tp_pool *pool, uint64_t need) {
+    (void)need;
+    reclaim_calls++;
+    void **block = user;
+    if (*block) {
+        tp_pool_unpin(pool, *block, 1);
+        *block = NULL;
+        return 1;
+    }
+    return 0;
+}
+
+static void test_reclaim_callback(tp_pool_kind kind) {
+    /* The ladder's last resort: a callback that drops a pin. */
+    tp_pool_config pc = {.limit_bytes = 256 * TEST_MiB};
+    fixture f;
+    fixture_open(&f, "sim:1GiB", kind, &pc);
+    void *held;
+    CHECK_OK(tp_pool_alloc(f.pool, 200 * TEST_MiB, TP_STREAM_DEFAULT, &held));
+    CHECK_OK(tp_pool_pin(f.pool, held, 1));
+    CHECK_OK(tp_pool_free(f.pool, held, TP_STREAM_DEFAULT));
+    void *pinned_block = held;
+    CHECK_OK(tp_pool_add_reclaim_callback(f.pool, reclaim_free_pinned, &pinned_block));
+    void *p;
+    CHECK_OK(tp_pool_alloc(f.pool, 150 * TEST_MiB, TP_STREAM_DEFAULT, &p));
+    CHECK(reclaim_calls == 1 && pinned_block == NULL);
+    tp_pool_stats s;
+    CHECK_OK(tp_pool_get_stats(f.pool, &s));
+    CHECK(s.reclaim_calls == 1 && s.oom_retries >= 1);
+    CHECK_OK(tp_pool_remove_reclaim_callback(f.pool, reclaim_free_pinned, &pinned_block));
+    CHECK_STATUS(tp_pool_remove_reclaim_callback(f.pool, reclaim_free_pinned, &pinned_block), TP_ERR_INVALID_ARGUMENT);
+    CHECK_OK(tp_pool_free(f.pool, p, TP_STREAM_DEFAULT));
+    fixture_close(&f);
+}
+
+int main(void) {
+    tp_pool_kind kinds[] = {TP_POOL_VMM, TP_POOL_SEGMENT};
+    for (int i = 0; i < 2; i++) {
+        test_alloc_free(kinds[i]);
+        test_json(kinds[i]);
+        test_bad_input(kinds[i]);
+        test_idle_release(kinds[i]);
+        test_pins_and_capture(kinds[i]);
+        reclaim_calls = 0;
+        test_reclaim_callback(kinds[i]);
+    }
+    test_novmm_refuses_vmm_pool();
+    return check_report("test_pool_basic");
+}

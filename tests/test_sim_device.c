@@ -1,0 +1,272 @@
+/* Simulated device: spec parsing, capacity, VMM and plain memory, the
+ * virtual clock, events and ordering, the hazard checker, fault injection,
+ * occupancy and graph executables. */
+#include "check.h"
+#include "internal.h"
+
+#include <string.h>
+
+static tp_device *open_sim(const char *spec, test_log *log) {
+    tp_device_config cfg = {0};
+    cfg.log = test_log_fn;
+    cfg.log_user = log;
+    tp_device *dev = NULL;
+    REQUIRE(tp_device_open(spec, &cfg, &dev) == TP_OK);
+    return dev;
+}
+
+static void test_specs(void) {
+    tp_device *dev = NULL;
+    test_log log = {0};
+    tp_device_config cfg = {.log = test_log_fn, .log_user = &log};
+    CHECK_OK(tp_device_open("sim", NULL, &dev));
+    tp_device_info info;
+    CHECK_OK(tp_device_get_info(dev, &info));
+    CHECK(info.capacity_bytes == 16 * TEST_GiB && info.vmm_enabled && info.granularity_bytes == 2 * TEST_MiB);
+    CHECK(strcmp(info.backend, "sim") == 0);
+    CHECK_OK(tp_device_close(dev));
+
+    CHECK_OK(tp_device_open("sim:6GiB,novmm,gran=4MiB", NULL, &dev));
+    CHECK_OK(tp_device_get_info(dev, &info));
+    CHECK(info.capacity_bytes == 6 * TEST_GiB && !info.vmm_enabled && info.granularity_bytes == 4 * TEST_MiB);
+    CHECK_OK(tp_device_close(dev));
+
+    CHECK_OK(tp_device_open("sim:1.5GiB", NULL, &dev));
+    CHECK_OK(tp_device_get_info(dev, &info));
+    CHECK(info.capacity_bytes == 3 * TEST_GiB / 2);
+    CHECK_OK(tp_device_close(dev));
+
+    const char *bad[] = {"", "simx", "sim:", "sim:lots", "sim:6GiB,turbo", "sim:6GiB,gran=3MiB", "gpu:0",
+                         "cuda:x", "sim:0"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        dev = (tp_device *)0x1;
+        CHECK_STATUS(tp_device_open(bad[i], &cfg, &dev), TP_ERR_BAD_SPEC);
+        CHECK(dev == NULL);
+    }
+    CHECK(log.errors >= (int)(sizeof bad / sizeof *bad)); /* each one explained */
+    CHECK_STATUS(tp_device_open("sim", NULL, NULL), TP_ERR_INVALID_ARGUMENT);
+}
+
+static void test_status_names(void) {
+    CHECK(strcmp(tp_status_name(TP_OK), "TP_OK") == 0);
+    CHECK(strcmp(tp_status_name(TP_ERR_OUT_OF_MEMORY), "TP_ERR_OUT_OF_MEMORY") == 0);
+    CHECK(strcmp(tp_status_name((tp_status)999), "TP_UNKNOWN_STATUS") == 0);
+    for (int s = 0; s < TP_STATUS_COUNT_; s++) {
+        CHECK(strncmp(tp_status_name((tp_status)s), "TP_", 3) == 0);
+        CHECK(strlen(tp_status_describe((tp_status)s)) > 3);
+    }
+    uint64_t v;
+    CHECK(tp_parse_bytes("6GiB", &v) && v == 6 * TEST_GiB);
+    CHECK(tp_parse_bytes("512 MiB", &v) && v == 512 * TEST_MiB);
+    CHECK(tp_parse_bytes("10KB", &v) && v == 10000);
+    CHECK(tp_parse_bytes("4096", &v) && v == 4096);
+    CHECK(tp_parse_bytes("2g", &v) && v == 2 * TEST_GiB);
+    CHECK(!tp_parse_bytes("-1", &v));
+    CHECK(!tp_parse_bytes("12 parsecs", &v));
+    CHECK(!tp_parse_bytes("", &v));
+    CHECK(!tp_parse_bytes("1e30 TiB", &v));
+}
+
+static void test_memory(void) {
+    test_log log = {0};
+    tp_device *dev = open_sim("sim:64MiB", &log);
+    const tp_device_ops *ops = dev->ops;
+    uint64_t va = 0, handle = 0, handle2 = 0, free_bytes, total;
+    CHECK_OK(ops->va_reserve(dev, 256 * TEST_MiB, 0, &va)); /* address space may exceed capacity */
+    CHECK(va % (2 * TEST_MiB) == 0);
+    CHECK_OK(ops->map(dev, va, 32 * TEST_MiB, &handle));
+    CHECK_STATUS(ops->map(dev, va, 2 * TEST_MiB, &handle2), TP_ERR_INVALID_ARGUMENT);            /* overlap */
+    CHECK_STATUS(ops->map(dev, va + TEST_MiB, 2 * TEST_MiB, &handle2), TP_ERR_INVALID_ARGUMENT); /* unaligned */
+    CHECK_STATUS(ops->map(dev, va + 32 * TEST_MiB, 34 * TEST_MiB, &handle2), TP_ERR_OUT_OF_MEMORY);
+    CHECK_STATUS(ops->map(dev, va + 255 * TEST_MiB, 4 * TEST_MiB, &handle2), TP_ERR_INVALID_ARGUMENT); /* past end */
+    CHECK_OK(tp_device_mem_info(dev, &free_bytes, &total));
+    CHECK(total == 64 * TEST_MiB && free_bytes == 32 * TEST_MiB);
+    uint64_t ptr = 0;
+    CHECK_OK(ops->mem_alloc(dev, 1000, &ptr));
+    CHECK(ptr % 512 == 0);
+    CHECK_STATUS(ops->mem_free(dev, ptr + 256, 1000), TP_ERR_INVALID_ARGUMENT);
+    CHECK_OK(ops->mem_free(dev, ptr, 1000));
+    CHECK_STATUS(ops->mem_free(dev, ptr, 1000), TP_ERR_INVALID_ARGUMENT); /* double free */
+    CHECK_STATUS(ops->va_release(dev, va, 256 * TEST_MiB), TP_ERR_INVALID_ARGUMENT); /* still mapped */
+    CHECK_STATUS(ops->unmap(dev, va, 32 * TEST_MiB, handle + 1), TP_ERR_INVALID_ARGUMENT);
+    CHECK_OK(ops->unmap(dev, va, 32 * TEST_MiB, handle));
+    CHECK_OK(ops->va_release(dev, va, 256 * TEST_MiB));
+    tp_sim_counters c;
+    CHECK_OK(tp_sim_get_counters(dev, &c));
+    CHECK(c.physical_used_bytes == 0 && c.physical_peak_bytes == 32 * TEST_MiB + 1000);
+    CHECK(c.calls[TP_SIM_OP_MAP] == 5 && c.calls[TP_SIM_OP_MALLOC] == 1);
+    CHECK_OK(tp_device_close(dev));
+
+    /* No VMM: reservations are refused; host memory does not scale with
+     * the device (a 140 GiB device opens and runs). */
+    dev = open_sim("sim:140GiB,novmm", &log);
+    CHECK(dev->ops->va_reserve(dev, 2 * TEST_MiB, 0, &va) != TP_OK);
+    uint64_t big;
+    CHECK_OK(dev->ops->mem_alloc(dev, 100 * TEST_GiB, &big));
+    CHECK_OK(dev->ops->mem_free(dev, big, 100 * TEST_GiB));
+    CHECK_OK(tp_device_close(dev));
+}
+
+static void test_clock_events_hazards(void) {
+    test_log log = {0};
+    tp_device *dev = open_sim("sim:1GiB,novmm", &log);
+    const tp_device_ops *ops = dev->ops;
+    tp_stream s1, s2;
+    CHECK_OK(tp_stream_create(dev, &s1));
+    CHECK_OK(tp_stream_create(dev, &s2));
+    uint64_t buf = 0;
+    CHECK_OK(ops->mem_alloc(dev, TEST_MiB, &buf));
+    tp_range r = {buf, TEST_MiB};
+    CHECK_OK(tp_sim_launch(dev, s1, 1000, &r, 1)); /* 0..1000 */
+    CHECK_OK(tp_sim_launch(dev, s1, 500, &r, 1));  /* 1000..1500: stream order */
+    tp_event e;
+    CHECK_OK(tp_event_create(dev, &e));
+    CHECK_OK(tp_event_record(dev, e, s1));
+    CHECK_STATUS(tp_event_query(dev, e), TP_NOT_READY);
+    /* Handing the buffer out on s1 is fine (same stream), on s2 a hazard. */
+    CHECK(ops->check_handout(dev, buf, TEST_MiB, s1) == 0);
+    CHECK(ops->check_handout(dev, buf, TEST_MiB, s2) == 2);
+    /* After s2 waits on the event, it is ordered after both kernels. */
+    CHECK_OK(tp_stream_wait_event(dev, s2, e));
+    CHECK(ops->check_handout(dev, buf, TEST_MiB, s2) == 0);
+    /* s2's own work now starts after 1500. */
+    CHECK_OK(tp_sim_launch(dev, s2, 100, &r, 1));
+    tp_event e2;
+    CHECK_OK(tp_event_create(dev, &e2));
+    CHECK_OK(tp_event_record(dev, e2, s2));
+    CHECK_OK(tp_event_synchronize(dev, e2));
+    uint64_t now;
+    CHECK_OK(tp_sim_now(dev, &now));
+    CHECK(now == 1600);
+    CHECK_OK(tp_event_query(dev, e));
+    /* Everything has completed: no hazards anywhere. */
+    CHECK(ops->check_handout(dev, buf, TEST_MiB, TP_STREAM_DEFAULT) == 0);
+    /* Freeing memory a pending kernel uses is a hazard. */
+    CHECK_OK(tp_sim_launch(dev, TP_STREAM_DEFAULT, 50, &r, 1));
+    CHECK_OK(ops->mem_free(dev, buf, TEST_MiB));
+    tp_sim_counters c;
+    CHECK_OK(tp_sim_get_counters(dev, &c));
+    CHECK(c.hazards_handout == 2 && c.hazards_free == 1 && c.hazards == 3);
+    CHECK(c.pending_kernels == 1);
+    /* Work on memory that is not there. */
+    CHECK_OK(tp_sim_launch(dev, s1, 10, &r, 1));
+    CHECK_OK(tp_sim_get_counters(dev, &c));
+    CHECK(c.invalid_accesses == 1);
+    CHECK(log.warnings >= 4);
+    CHECK_OK(tp_sim_advance(dev, 1000000));
+    CHECK_OK(tp_sim_get_counters(dev, &c));
+    CHECK(c.pending_kernels == 0);
+    CHECK_OK(tp_device_synchronize(dev));
+    CHECK_OK(tp_event_destroy(dev, e));
+    CHECK_OK(tp_event_destroy(dev, e2));
+    CHECK_OK(tp_stream_destroy(dev, s1));
+    CHECK_STATUS(tp_stream_destroy(dev, s1), TP_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(tp_sim_launch(dev, s1, 1, NULL, 0), TP_ERR_INVALID_ARGUMENT);
+    CHECK_OK(tp_stream_destroy(dev, s2));
+    CHECK_OK(tp_device_close(dev));
+}
+
+static void test_transitive_order(void) {
+    /* s3 waits on s2, which waited on s1: s3 is ordered after s1's kernel. */
+    test_log log = {0};
+    tp_device *dev = open_sim("sim:1GiB,novmm", &log);
+    tp_stream s1, s2, s3;
+    CHECK_OK(tp_stream_create(dev, &s1));
+    CHECK_OK(tp_stream_create(dev, &s2));
+    CHECK_OK(tp_stream_create(dev, &s3));
+    uint64_t buf;
+    CHECK_OK(dev->ops->mem_alloc(dev, 4096, &buf));
+    tp_range r = {buf, 4096};
+    CHECK_OK(tp_sim_launch(dev, s1, 1000, &r, 1));
+    tp_event a, b;
+    CHECK_OK(tp_event_create(dev, &a));
+    CHECK_OK(tp_event_create(dev, &b));
+    CHECK_OK(tp_event_record(dev, a, s1));
+    CHECK_OK(tp_stream_wait_event(dev, s2, a));
+    CHECK_OK(tp_event_record(dev, b, s2));
+    CHECK(dev->ops->check_handout(dev, buf, 4096, s3) == 1);
+    CHECK_OK(tp_stream_wait_event(dev, s3, b));
+    CHECK(dev->ops->check_handout(dev, buf, 4096, s3) == 0);
+    CHECK_OK(tp_event_destroy(dev, a));
+    CHECK_OK(tp_event_destroy(dev, b));
+    CHECK_OK(tp_device_synchronize(dev));
+    CHECK_OK(dev->ops->mem_free(dev, buf, 4096));
+    CHECK_OK(tp_device_close(dev));
+}
+
+static void test_faults(void) {
+    test_log log = {0};
+    tp_device *dev = open_sim("sim:1GiB", &log);
+    uint64_t p;
+    /* After 2 successes, the next 3 mallocs fail, then it works again. */
+    CHECK_OK(tp_sim_inject_fault(dev, TP_SIM_OP_MALLOC, 2, 3, TP_ERR_OUT_OF_MEMORY));
+    tp_status expected[] = {TP_OK, TP_OK, TP_ERR_OUT_OF_MEMORY, TP_ERR_OUT_OF_MEMORY, TP_ERR_OUT_OF_MEMORY, TP_OK};
+    for (int i = 0; i < 6; i++) {
+        tp_status st = dev->ops->mem_alloc(dev, 4096, &p);
+        CHECK_STATUS(st, expected[i]);
+        if (st == TP_OK) CHECK_OK(dev->ops->mem_free(dev, p, 4096));
+    }
+    /* ANY counts every kind; default status is TP_ERR_DEVICE. */
+    CHECK_OK(tp_sim_inject_fault(dev, TP_SIM_OP_ANY, 1, 1, TP_OK));
+    tp_event e;
+    CHECK_OK(tp_event_create(dev, &e)); /* call 1 succeeds */
+    CHECK_STATUS(dev->ops->mem_alloc(dev, 4096, &p), TP_ERR_DEVICE);
+    CHECK_OK(dev->ops->mem_alloc(dev, 4096, &p));
+    CHECK_OK(dev->ops->mem_free(dev, p, 4096));
+    CHECK_OK(tp_sim_inject_fault(dev, TP_SIM_OP_FREE, 0, 100, TP_ERR_DEVICE));
+    CHECK_OK(tp_sim_clear_faults(dev));
+    CHECK_OK(dev->ops->mem_alloc(dev, 4096, &p));
+    CHECK_OK(dev->ops->mem_free(dev, p, 4096));
+    tp_sim_counters c;
+    CHECK_OK(tp_sim_get_counters(dev, &c));
+    CHECK(c.faults_injected == 4);
+    CHECK_STATUS(tp_sim_inject_fault(dev, TP_SIM_OP_COUNT_, 0, 1, TP_OK), TP_ERR_INVALID_ARGUMENT);
+    CHECK_OK(tp_event_destroy(dev, e));
+    CHECK_OK(tp_device_close(dev));
+}
+
+static void test_occupy_and_graphs(void) {
+    test_log log = {0};
+    tp_device *dev = open_sim("sim:1GiB,graph_node_bytes=1MiB", &log);
+    uint64_t free_bytes, total;
+    CHECK_OK(tp_sim_occupy(dev, 900 * TEST_MiB));
+    CHECK_OK(tp_device_mem_info(dev, &free_bytes, &total));
+    CHECK(free_bytes == 124 * TEST_MiB);
+    CHECK_STATUS(tp_sim_occupy(dev, 200 * TEST_MiB), TP_ERR_OUT_OF_MEMORY);
+    tp_sim_graph_desc desc = {.node_count = 100, .topology_id = 7, .duration_ns = 10};
+    tp_graph g;
+    CHECK_OK(tp_sim_graph_create(dev, &desc, &g));
+    tp_graph_exec x;
+    uint64_t bytes;
+    CHECK_OK(dev->ops->graph_instantiate(dev, g, &x, &bytes));
+    CHECK(bytes == 100 * TEST_MiB);
+    tp_graph_exec y;
+    CHECK_STATUS(dev->ops->graph_instantiate(dev, g, &y, &bytes), TP_ERR_OUT_OF_MEMORY); /* 24 MiB left */
+    desc.topology_id = 8;
+    tp_graph other;
+    CHECK_OK(tp_sim_graph_create(dev, &desc, &other));
+    CHECK_STATUS(dev->ops->graph_update(dev, x, other), TP_ERR_TOPOLOGY_MISMATCH);
+    CHECK_OK(dev->ops->graph_update(dev, x, g));
+    CHECK_OK(dev->ops->graph_launch(dev, x, TP_STREAM_DEFAULT));
+    tp_sim_counters c;
+    CHECK_OK(tp_sim_get_counters(dev, &c));
+    CHECK(c.graph_execs == 1 && c.graph_exec_bytes == 100 * TEST_MiB && c.pending_kernels == 1);
+    CHECK_OK(dev->ops->graph_destroy(dev, x));
+    CHECK_OK(tp_sim_occupy(dev, 0));
+    CHECK_OK(tp_device_mem_info(dev, &free_bytes, &total));
+    CHECK(free_bytes == TEST_GiB);
+    CHECK_OK(tp_sim_graph_destroy(dev, g));
+    CHECK_OK(tp_sim_graph_destroy(dev, other));
+    CHECK_OK(tp_device_close(dev));
+}
+
+int main(void) {
+    test_specs();
+    test_status_names();
+    test_memory();
+    test_clock_events_hazards();
+    test_transitive_order();
+    test_faults();
+    test_occupy_and_graphs();
+    return check_report("test_sim_device");
+}
