@@ -509,6 +509,17 @@ void tp_pool_release_before_growth(tp_pool *pool, uint64_t grow_bytes) {
     uint64_t threshold = pool->config.release_threshold_bytes;
     if (pool->idle_bytes + grow_bytes <= threshold || threshold == TP_BYTES_UNLIMITED) return;
     uint64_t keep = threshold > grow_bytes ? threshold - grow_bytes : 0;
+    /* Units of at least 1/8 of the growth first: they are what the growth
+     * replaces, and each call returns a lot. Small ones (the small-block
+     * segments a workload reuses every step) go only if that was not
+     * enough. Completed ones only, oldest first within each pass. */
+    uint64_t min_bytes = grow_bytes / 8;
+    size_t budget = pool->unit_count;
+    for (uint32_t u = pool->lru_head; u != POOL_NONE && budget-- > 0 && pool->idle_bytes > keep;) {
+        uint32_t next = pool->units[u].lru_next;
+        if (pool->units[u].bytes >= min_bytes) release_unit(pool, u, false);
+        u = next;
+    }
     release_idle(pool, UINT64_MAX, false, 0, keep);
 }
 
@@ -921,7 +932,17 @@ tp_status tp_pool_free(tp_pool *pool, void *ptr, tp_stream stream) {
         tp_pool_release_block(pool, id, tag);
     }
     update_cached(pool);
-    if (pool->idle_bytes > pool->config.release_threshold_bytes) release_aged(pool, false);
+    if (++pool->frees_since_upkeep >= POOL_UPKEEP_FREES && pool->config.idle_release_ns != TP_NS_NEVER) {
+        pool->frees_since_upkeep = 0;
+        uint64_t now = tp_pool_now(pool);
+        if (now - pool->last_upkeep_ns >= pool->config.idle_release_ns / 2) {
+            pool->last_upkeep_ns = now;
+            tp_pool_tcache_flush(pool);
+            release_aged(pool, true);
+        }
+    } else if (pool->idle_bytes > pool->config.release_threshold_bytes) {
+        release_aged(pool, false);
+    }
 out:
     check_invariants_if_asked(pool);
     pthread_mutex_unlock(&pool->lock);

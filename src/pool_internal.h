@@ -23,6 +23,10 @@
 #define POOL_NONE UINT32_MAX
 #define POOL_TCACHE_DEPTH 4
 #define POOL_TCACHE_MAX_BLOCK (64 * TP_MiB)
+/* Every this many frees the pool looks at the clock; at most every
+ * idle_release_ns / 2 it flushes the tcache and releases aged memory, so
+ * parked blocks cannot keep a unit busy forever. */
+#define POOL_UPKEEP_FREES 256
 
 /* Node flags (tp_ra_node.flags). */
 #define NODE_CACHED 0x1u      /* freed by the caller, parked in the tcache */
@@ -54,6 +58,7 @@ typedef struct pool_unit {
     uint64_t live;         /* VMM: pages with live blocks; segment: used nodes */
     tp_tag tag;            /* merged tags of every free inside the unit */
     uint64_t idle_since_ns;
+    uint64_t last_big_use_ns; /* segment: last hand-out of >= 1/4 of it */
     uint32_t lru_prev, lru_next;
     uint32_t idle_node;    /* segment: the free node spanning it while idle */
     uint8_t state;
@@ -106,6 +111,8 @@ struct tp_pool {
     uint32_t lru_head, lru_tail; /* idle units, oldest at head */
     uint64_t idle_bytes;         /* bytes of idle units */
     uint64_t next_aged_check_ns;
+    uint32_t frees_since_upkeep;
+    uint64_t last_upkeep_ns;
 
     /* VMM backing */
     uint64_t va_base, va_bytes, page_bytes;

@@ -11,9 +11,11 @@
  * request that grows a little every step -- the flash-attention temporaries
  * of design.md failure mode 1 -- needs a new segment only O(log n) times,
  * and each new segment retires the idle ones it replaces (the release
- * before growth). An idle segment much larger than a request is not woken
- * up for it (the request gets a right-sized segment instead), so a one-off
- * huge temporary ages out instead of being pinned by small ones.
+ * before growth). An idle segment more than four times a request's size is
+ * woken up for it only while the segment is warm (it held a block of at
+ * least a quarter of its size within idle_release_ns): a working set that
+ * rotates through sizes keeps reusing it, while a one-off huge temporary
+ * goes cold and ages out instead of being pinned forever by small blocks.
  *
  * Invariants (segment_check): a unit's live count equals the used nodes in
  * its segment; an idle segment is one free node spanning it; reserved bytes
@@ -65,20 +67,23 @@ static uint64_t segment_bytes_for(const tp_pool *pool, uint64_t size) {
 typedef struct wake_ctx {
     tp_pool *pool;
     uint64_t wake_limit_bytes;
+    uint64_t now_ns; /* read on first need */
 } wake_ctx;
 
-/* Free space in a busy segment is always fair game; an idle segment only
- * when it is not much larger than the request. */
+/* Free space in a busy segment is always fair game; an idle segment when it
+ * is not much larger than the request, or still warm. */
 static bool accept_segment(void *c, tp_ra *ra, uint32_t id) {
-    const wake_ctx *ctx = c;
+    wake_ctx *ctx = c;
     const pool_unit *unit = &ctx->pool->units[tp_ra_node_at(ra, id)->unit];
-    return unit->state != UNIT_IDLE || unit->bytes <= ctx->wake_limit_bytes;
+    if (unit->state != UNIT_IDLE || unit->bytes <= ctx->wake_limit_bytes) return true;
+    if (!ctx->now_ns) ctx->now_ns = tp_pool_now(ctx->pool) + 1;
+    return ctx->now_ns - 1 - unit->last_big_use_ns < ctx->pool->config.idle_release_ns;
 }
 
 static tp_status segment_try_alloc(tp_pool *pool, uint64_t size, uint32_t slot, uint32_t *out_node,
                                    uint64_t *out_need) {
     uint64_t segment_bytes = segment_bytes_for(pool, size);
-    wake_ctx ctx = {pool, TP_MAX(4 * size, segment_bytes)};
+    wake_ctx ctx = {pool, TP_MAX(4 * size, segment_bytes), 0};
     uint32_t id = tp_pool_find_usable(pool, size, slot, accept_segment, &ctx);
     if (id == RA_NONE && pool->tcache_bytes) {
         tp_pool_tcache_flush(pool);
@@ -100,6 +105,13 @@ static tp_status segment_try_alloc(tp_pool *pool, uint64_t size, uint32_t slot, 
         uint64_t base = 0;
         tp_status st = pool->ops->mem_alloc(pool->device, segment_bytes, &base);
         tp_pool_count_device_call(pool, st, DEVICE_CALL_ALLOC);
+        uint64_t exact = tp_align_up(size, pool->config.alignment_bytes);
+        if (st == TP_ERR_OUT_OF_MEMORY && segment_bytes > exact) {
+            /* The device may still hold the request without the rounding. */
+            segment_bytes = exact;
+            st = pool->ops->mem_alloc(pool->device, segment_bytes, &base);
+            tp_pool_count_device_call(pool, st, DEVICE_CALL_ALLOC);
+        }
         if (st != TP_OK) {
             tp_pool_unit_recycle(pool, u);
             *out_need = segment_bytes;
@@ -128,6 +140,7 @@ static tp_status segment_try_alloc(tp_pool *pool, uint64_t size, uint32_t slot, 
         return TP_ERR_HOST_OUT_OF_MEMORY;
     }
     if (pool->units[u].live++ == 0 && pool->units[u].state == UNIT_IDLE) tp_pool_unit_became_busy(pool, u);
+    if (size * 4 >= pool->units[u].bytes) pool->units[u].last_big_use_ns = tp_pool_now(pool);
     *out_node = id;
     return TP_OK;
 }

@@ -1,0 +1,152 @@
+/* Randomized stress against a reference model: tens of thousands of seeded
+ * operations on several streams, kernels of random durations touching the
+ * blocks, cross-stream use ordered by events, trims, ticks, out-of-memory
+ * under a limit. After every operation the pool's invariant checker runs;
+ * the simulated device's hazard checker watches every hand-out, unmap and
+ * free. Invariants: zero hazards, zero invariant violations, no two live
+ * blocks overlap, statistics equal the model's sums, no leak at the end.
+ * TP_STRESS_OPS overrides the operation count. */
+#include "check.h"
+
+#include <stdint.h>
+#include <string.h>
+
+#define MAX_LIVE 400
+#define STREAMS 4
+
+typedef struct model_block {
+    uint64_t address;
+    uint64_t bytes;
+    int last_stream; /* stream whose queued work last touches it */
+} model_block;
+
+typedef struct model {
+    model_block live[MAX_LIVE];
+    int count;
+    uint64_t requested;
+} model;
+
+static bool overlaps_live(const model *m, uint64_t address, uint64_t bytes) {
+    for (int i = 0; i < m->count; i++)
+        if (address < m->live[i].address + m->live[i].bytes && m->live[i].address < address + bytes) return true;
+    return false;
+}
+
+static void run(tp_pool_kind kind, unsigned long long seed, int ops) {
+    test_log log = {0};
+    tp_device_config dc = {.log = test_log_fn, .log_user = &log};
+    tp_device *dev;
+    REQUIRE(tp_device_open(kind == TP_POOL_VMM ? "sim:4GiB" : "sim:4GiB,novmm", &dc, &dev) == TP_OK);
+    tp_pool_config pc = {.kind = kind,
+                         .limit_bytes = 1536 * TEST_MiB,
+                         .release_threshold_bytes = 32 * TEST_MiB,
+                         .idle_release_ns = 500000,
+                         .flags = TP_POOL_FLAG_CHECK_INVARIANTS};
+    tp_pool *pool;
+    REQUIRE(tp_pool_create(dev, &pc, &pool) == TP_OK);
+    tp_stream streams[STREAMS] = {TP_STREAM_DEFAULT};
+    for (int i = 1; i < STREAMS; i++) REQUIRE(tp_stream_create(dev, &streams[i]) == TP_OK);
+    tp_event event;
+    REQUIRE(tp_event_create(dev, &event) == TP_OK);
+
+    static model m;
+    memset(&m, 0, sizeof m);
+    test_rng rng = {seed * 7919 + (unsigned long long)kind};
+    int ooms = 0, allocs = 0, cross = 0;
+    for (int op = 0; op < ops && check_failures < 10; op++) {
+        unsigned roll = (unsigned)rng_below(&rng, 100);
+        if (roll < 45 && m.count < MAX_LIVE) {
+            int s = (int)rng_below(&rng, STREAMS);
+            uint64_t bytes = rng_log_uniform(&rng, 1, rng_below(&rng, 10) == 0 ? 256 * TEST_MiB : 4 * TEST_MiB);
+            void *p = NULL;
+            tp_status st = tp_pool_alloc(pool, bytes, streams[s], &p);
+            if (st == TP_ERR_OUT_OF_MEMORY) {
+                ooms++;
+                continue;
+            }
+            CHECK_STATUS(st, TP_OK);
+            if (st != TP_OK) continue;
+            uint64_t address = (uint64_t)(uintptr_t)p;
+            CHECK_MSG(!overlaps_live(&m, address, bytes), "block 0x%llx+%llu overlaps a live block",
+                      (unsigned long long)address, (unsigned long long)bytes);
+            m.live[m.count++] = (model_block){address, bytes, s};
+            m.requested += bytes;
+            allocs++;
+            /* The new owner writes it right away. */
+            tp_range r = {address, bytes};
+            CHECK_OK(tp_sim_launch(dev, streams[s], rng_below(&rng, 200000), &r, 1));
+        } else if (roll < 85 && m.count) {
+            int k = (int)rng_below(&rng, (unsigned long long)m.count);
+            model_block b = m.live[k];
+            CHECK_OK(tp_pool_free(pool, (void *)(uintptr_t)b.address, streams[b.last_stream]));
+            m.requested -= b.bytes;
+            m.live[k] = m.live[--m.count];
+        } else if (roll < 92 && m.count) {
+            /* Another stream uses a live block after waiting for its owner. */
+            int k = (int)rng_below(&rng, (unsigned long long)m.count);
+            int t = (int)rng_below(&rng, STREAMS);
+            model_block *b = &m.live[k];
+            if (t != b->last_stream) {
+                CHECK_OK(tp_event_record(dev, event, streams[b->last_stream]));
+                CHECK_OK(tp_stream_wait_event(dev, streams[t], event));
+                cross++;
+            }
+            tp_range r = {b->address, b->bytes};
+            CHECK_OK(tp_sim_launch(dev, streams[t], rng_below(&rng, 300000), &r, 1));
+            b->last_stream = t;
+        } else if (roll < 97) {
+            CHECK_OK(tp_sim_advance(dev, rng_below(&rng, 150000)));
+        } else if (roll < 98) {
+            CHECK_OK(tp_pool_tick(pool));
+        } else if (roll < 99) {
+            uint64_t released;
+            CHECK_OK(tp_pool_trim(pool, rng_below(&rng, 512) * TEST_MiB, &released));
+        } else {
+            CHECK_OK(tp_pool_reset_peaks(pool));
+        }
+        tp_pool_stats st;
+        CHECK_OK(tp_pool_get_stats(pool, &st));
+        CHECK(st.requested_bytes.current == m.requested);
+        CHECK(st.reserved_bytes.current <= pc.limit_bytes);
+    }
+    while (m.count) {
+        model_block b = m.live[--m.count];
+        CHECK_OK(tp_pool_free(pool, (void *)(uintptr_t)b.address, streams[b.last_stream]));
+    }
+    char msg[256] = "";
+    tp_status cst = tp_pool_check(pool, msg, sizeof msg);
+    CHECK_MSG(cst == TP_OK, "%s", msg);
+    CHECK(log.errors == 0);
+    tp_pool_stats st;
+    CHECK_OK(tp_pool_get_stats(pool, &st));
+    tp_sim_counters c;
+    CHECK_OK(tp_sim_get_counters(dev, &c));
+    CHECK_MSG(c.hazards == 0, "%llu hazards (handout %llu unmap %llu free %llu)", (unsigned long long)c.hazards,
+              (unsigned long long)c.hazards_handout, (unsigned long long)c.hazards_unmap,
+              (unsigned long long)c.hazards_free);
+    CHECK(c.invalid_accesses == 0);
+    CHECK(st.hazards == 0);
+    printf("  %s seed %llu: %d ops, %d allocs, %d OOMs, %d cross-stream uses; device calls %llu, "
+           "cross-stream waits %llu, syncs %llu, events %llu, peak reserved %.1f MiB\n",
+           kind == TP_POOL_VMM ? "vmm" : "segment", seed, ops, allocs, ooms, cross,
+           (unsigned long long)st.device_calls, (unsigned long long)st.cross_stream_waits,
+           (unsigned long long)st.synchronizations, (unsigned long long)st.events_recorded,
+           st.reserved_bytes.peak / (double)TEST_MiB);
+    CHECK(allocs > ops / 4);
+    CHECK_OK(tp_event_destroy(dev, event));
+    for (int i = 1; i < STREAMS; i++) CHECK_OK(tp_pool_forget_stream(pool, streams[i]));
+    CHECK_OK(tp_pool_destroy(pool));
+    CHECK_OK(tp_sim_get_counters(dev, &c));
+    CHECK(c.physical_used_bytes == 0 && c.hazards == 0);
+    for (int i = 1; i < STREAMS; i++) CHECK_OK(tp_stream_destroy(dev, streams[i]));
+    CHECK_OK(tp_device_close(dev));
+}
+
+int main(void) {
+    int ops = getenv("TP_STRESS_OPS") ? atoi(getenv("TP_STRESS_OPS")) : 30000;
+    for (unsigned long long seed = 1; seed <= 3; seed++) {
+        run(TP_POOL_VMM, seed, ops);
+        run(TP_POOL_SEGMENT, seed, ops);
+    }
+    return check_report("test_pool_stress");
+}
