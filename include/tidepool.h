@@ -274,15 +274,17 @@ typedef struct tp_pool_config {
     /* Most device memory the pool may hold. 0: the device's capacity. */
     uint64_t limit_bytes;
     /* Idle device memory the pool keeps cached for reuse. Idle memory above
-     * this is released once it has been idle for idle_release_ns, and before
-     * the pool grows. 0: 64 MiB. TP_BYTES_UNLIMITED: keep all (release only
-     * under memory pressure or on trim). */
+     * this is released once it has been idle for idle_release_ns, and (segment
+     * pool) before the pool grows. 0: 64 MiB for VMM pools, 16 MiB for
+     * segment pools. TP_BYTES_UNLIMITED: keep all (release only under memory
+     * pressure or on trim). */
     uint64_t release_threshold_bytes;
     /* How long memory above the threshold stays cached before release.
-     * 0: 2 s. TP_NS_NEVER: only under pressure or on trim. */
+     * 0: 10 s. TP_NS_NEVER: only under pressure or on trim. */
     uint64_t idle_release_ns;
-    /* VMM: physical page size (0: the device's granularity) and the largest
-     * single mapping (0: 64 MiB); bigger requests map several. */
+    /* VMM: physical page size (0: the device's granularity; every page can
+     * be unmapped on its own) and the most bytes one map or unmap call
+     * covers (0: 1 GiB). */
     uint64_t page_bytes;
     uint64_t max_map_bytes;
     /* VMM: address space reserved once at creation. 0: 2 x limit. */

@@ -68,6 +68,9 @@ void *tp_host_alloc(const tp_host *host, size_t bytes) {
 
 void *tp_host_calloc(const tp_host *host, size_t count, size_t size) {
     if (size && count > SIZE_MAX / size) return NULL;
+    /* libc's calloc hands out large zeroed blocks lazily (untouched pages
+     * cost nothing), which the VMM pool's per-page table relies on. */
+    if (host->allocator.alloc == libc_alloc) return calloc(count ? count : 1, size ? size : 1);
     size_t bytes = count * size;
     void *p = tp_host_alloc(host, bytes);
     if (p && bytes) memset(p, 0, bytes);

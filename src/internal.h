@@ -72,12 +72,15 @@ typedef struct tp_device_ops {
     void (*close)(tp_device *device);
     tp_status (*mem_info)(tp_device *device, uint64_t *out_free_bytes, uint64_t *out_total_bytes);
 
-    /* VMM: address reservation, and physical memory created + mapped +
-     * made accessible in one call (unmap undoes all three). */
+    /* VMM: address reservation; map backs [va, va+bytes) with physical
+     * pages of the device's granularity, each its own allocation, made
+     * accessible (create + map + set access); unmap gives back any run of
+     * mapped pages, not necessarily one that was mapped in one call. Both
+     * are all-or-nothing. */
     tp_status (*va_reserve)(tp_device *device, uint64_t bytes, uint64_t alignment, uint64_t *out_va);
     tp_status (*va_release)(tp_device *device, uint64_t va, uint64_t bytes);
-    tp_status (*map)(tp_device *device, uint64_t va, uint64_t bytes, uint64_t *out_handle);
-    tp_status (*unmap)(tp_device *device, uint64_t va, uint64_t bytes, uint64_t handle);
+    tp_status (*map)(tp_device *device, uint64_t va, uint64_t bytes);
+    tp_status (*unmap)(tp_device *device, uint64_t va, uint64_t bytes);
 
     /* Plain device memory (no VMM). */
     tp_status (*mem_alloc)(tp_device *device, uint64_t bytes, uint64_t *out_address);

@@ -369,17 +369,40 @@ typedef struct usable_ctx {
     uint32_t wait_candidate; /* passed the filter, blocked only by another stream */
 } usable_ctx;
 
+/* Usable on the stream first, then the backing's filter: the filter only
+ * ever sees ranges the stream may use, so a backing may remember what it
+ * was shown. */
 static bool accept_usable(void *c, tp_ra *ra, uint32_t id) {
     usable_ctx *ctx = c;
-    if (ctx->filter && !ctx->filter(ctx->filter_ctx, ra, id)) return false;
     tp_ra_node *n = tp_ra_node_at(ra, id);
-    if (n->tag.slot == RA_TAG_CLEAN || n->tag.slot == ctx->slot) return true;
-    if (tp_pool_tag_complete(ctx->pool, n->tag)) {
+    if (n->tag.slot != RA_TAG_CLEAN && n->tag.slot != ctx->slot) {
+        if (!tp_pool_tag_complete(ctx->pool, n->tag)) {
+            if (ctx->wait_candidate == RA_NONE && n->tag.slot != RA_TAG_MULTI) ctx->wait_candidate = id;
+            return false;
+        }
         n->tag = (tp_tag){RA_TAG_CLEAN, 0};
-        return true;
     }
-    if (ctx->wait_candidate == RA_NONE && n->tag.slot != RA_TAG_MULTI) ctx->wait_candidate = id;
-    return false;
+    return !ctx->filter || ctx->filter(ctx->filter_ctx, ra, id);
+}
+
+tp_status tp_pool_order_after(tp_pool *pool, uint32_t slot, tp_tag tag) {
+    tp_event event;
+    tp_status st = stream_event_for(pool, tag.slot, tag.epoch, &event);
+    if (st != TP_OK) return st;
+    st = pool->ops->stream_wait_event(pool->device, pool->streams[slot].handle, event);
+    if (st != TP_OK) {
+        tp_pool_count_device_call(pool, st, DEVICE_CALL_OTHER);
+        return st;
+    }
+    pool->stats.cross_stream_waits++;
+    return TP_OK;
+}
+
+bool tp_pool_tag_usable(tp_pool *pool, tp_tag *tag, uint32_t slot) {
+    if (tag->slot == RA_TAG_CLEAN || tag->slot == slot) return true;
+    if (!tp_pool_tag_complete(pool, *tag)) return false;
+    *tag = (tp_tag){RA_TAG_CLEAN, 0};
+    return true;
 }
 
 uint32_t tp_pool_find_usable(tp_pool *pool, uint64_t size, uint32_t slot, tp_ra_accept_fn filter, void *filter_ctx) {
@@ -388,15 +411,7 @@ uint32_t tp_pool_find_usable(tp_pool *pool, uint64_t size, uint32_t slot, tp_ra_
     if (id != RA_NONE || ctx.wait_candidate == RA_NONE) return id;
     /* Only ranges another stream may still use: order this stream after
      * that stream's event instead of waiting on the host. */
-    tp_ra_node *n = tp_ra_node_at(&pool->ra, ctx.wait_candidate);
-    tp_event event;
-    if (stream_event_for(pool, n->tag.slot, n->tag.epoch, &event) != TP_OK) return RA_NONE;
-    tp_status st = pool->ops->stream_wait_event(pool->device, pool->streams[slot].handle, event);
-    if (st != TP_OK) {
-        tp_pool_count_device_call(pool, st, DEVICE_CALL_OTHER);
-        return RA_NONE;
-    }
-    pool->stats.cross_stream_waits++;
+    if (tp_pool_order_after(pool, slot, tp_ra_node_at(&pool->ra, ctx.wait_candidate)->tag) != TP_OK) return RA_NONE;
     return ctx.wait_candidate;
 }
 
@@ -430,7 +445,7 @@ void tp_pool_unit_recycle(tp_pool *pool, uint32_t u) {
     pool->unit_count--;
 }
 
-static void lru_unlink(tp_pool *pool, uint32_t u) {
+void tp_pool_lru_unlink(tp_pool *pool, uint32_t u) {
     pool_unit *unit = &pool->units[u];
     if (unit->lru_prev != POOL_NONE)
         pool->units[unit->lru_prev].lru_next = unit->lru_next;
@@ -444,7 +459,7 @@ static void lru_unlink(tp_pool *pool, uint32_t u) {
     pool->idle_bytes -= unit->bytes;
 }
 
-static void lru_append(tp_pool *pool, uint32_t u, uint64_t now) {
+void tp_pool_lru_append(tp_pool *pool, uint32_t u, uint64_t now) {
     pool_unit *unit = &pool->units[u];
     unit->idle_since_ns = now;
     unit->lru_prev = pool->lru_tail;
@@ -459,11 +474,11 @@ static void lru_append(tp_pool *pool, uint32_t u, uint64_t now) {
 
 void tp_pool_unit_became_idle(tp_pool *pool, uint32_t u) {
     pool->units[u].state = UNIT_IDLE;
-    lru_append(pool, u, tp_pool_now(pool));
+    tp_pool_lru_append(pool, u, tp_pool_now(pool));
 }
 
 void tp_pool_unit_became_busy(tp_pool *pool, uint32_t u) {
-    lru_unlink(pool, u);
+    tp_pool_lru_unlink(pool, u);
     pool->units[u].state = UNIT_BUSY;
 }
 
@@ -477,12 +492,12 @@ static tp_status release_unit(tp_pool *pool, uint32_t u, bool blocking) {
         if (st != TP_OK) return st;
     }
     unit->tag = (tp_tag){RA_TAG_CLEAN, 0};
-    lru_unlink(pool, u);
+    tp_pool_lru_unlink(pool, u);
     tp_status st = pool->backend->release_unit(pool, u);
     if (st != TP_OK) {
         tp_logf(&pool->device->logger, TP_LOG_WARN, "pool: giving %llu bytes back to the device failed: %s",
                 (unsigned long long)unit->bytes, tp_status_name(st));
-        lru_append(pool, u, tp_pool_now(pool)); /* keep it; try again later */
+        tp_pool_lru_append(pool, u, tp_pool_now(pool)); /* keep it; try again later */
     }
     return st;
 }
@@ -498,11 +513,19 @@ static uint64_t release_idle(tp_pool *pool, uint64_t want_bytes, bool blocking, 
         if (released >= want_bytes || pool->idle_bytes <= keep_bytes) break;
         uint32_t next = pool->units[u].lru_next;
         if (min_idle_ns && now - pool->units[u].idle_since_ns < min_idle_ns) break;
-        uint64_t bytes = pool->units[u].bytes;
-        if (release_unit(pool, u, blocking) == TP_OK) released += bytes;
+        uint64_t reserved = pool->stats.reserved_bytes.current;
+        release_unit(pool, u, blocking);
+        released += reserved - pool->stats.reserved_bytes.current;
+        /* A backing may release neighbours too, next among them. */
+        if (next != POOL_NONE && pool->units[next].state != UNIT_IDLE) next = pool->lru_head;
         u = next;
     }
     return released;
+}
+
+void tp_pool_release_idle_down_to(tp_pool *pool, uint64_t target_reserved_bytes, uint64_t min_idle_ns) {
+    uint64_t reserved = pool->stats.reserved_bytes.current;
+    if (reserved > target_reserved_bytes) release_idle(pool, reserved - target_reserved_bytes, false, min_idle_ns, 0);
 }
 
 void tp_pool_release_before_growth(tp_pool *pool, uint64_t grow_bytes) {
@@ -518,6 +541,7 @@ void tp_pool_release_before_growth(tp_pool *pool, uint64_t grow_bytes) {
     for (uint32_t u = pool->lru_head; u != POOL_NONE && budget-- > 0 && pool->idle_bytes > keep;) {
         uint32_t next = pool->units[u].lru_next;
         if (pool->units[u].bytes >= min_bytes) release_unit(pool, u, false);
+        if (next != POOL_NONE && pool->units[next].state != UNIT_IDLE) next = pool->lru_head;
         u = next;
     }
     release_idle(pool, UINT64_MAX, false, 0, keep);
@@ -538,6 +562,22 @@ static void release_aged(tp_pool *pool, bool force) {
         pool->next_aged_check_ns = now + TP_MAX(delay / 16, 1);
 }
 
+/* Every POOL_UPKEEP_FREES frees: idle memory above the threshold that has
+ * aged goes back; at most every idle_release_ns / 2 the tcache is flushed
+ * first, so parked blocks cannot keep a unit busy forever. */
+static void upkeep(tp_pool *pool) {
+    pool->frees_since_upkeep = 0;
+    if (pool->config.idle_release_ns == TP_NS_NEVER) return;
+    uint64_t now = tp_pool_now(pool);
+    if (now - pool->last_upkeep_ns >= pool->config.idle_release_ns / 2) {
+        pool->last_upkeep_ns = now;
+        tp_pool_tcache_flush(pool);
+        release_aged(pool, true);
+    } else if (pool->idle_bytes > pool->config.release_threshold_bytes) {
+        release_aged(pool, false);
+    }
+}
+
 /* ---------------------------------------------------------------- tcache */
 
 void tp_pool_release_block(tp_pool *pool, uint32_t id, tp_tag tag) {
@@ -550,7 +590,7 @@ void tp_pool_release_block(tp_pool *pool, uint32_t id, tp_tag tag) {
 
 static bool tcache_push(tp_pool *pool, uint32_t id) {
     tp_ra_node *n = tp_ra_node_at(&pool->ra, id);
-    if (n->size > POOL_TCACHE_MAX_BLOCK || pool->tcache_bytes + n->size > pool->tcache_limit_bytes) return false;
+    if (n->size > pool->tcache_max_block_bytes || pool->tcache_bytes + n->size > pool->tcache_limit_bytes) return false;
     uint32_t bin = tp_ra_bin_floor(&pool->ra, n->size);
     uint8_t count = pool->tcache_count[bin];
     if (count == POOL_TCACHE_DEPTH) return false;
@@ -685,13 +725,13 @@ static tp_status resolve_config(tp_device *device, const tp_pool_config *in, tp_
     if (out->kind != TP_POOL_VMM && out->kind != TP_POOL_SEGMENT) return TP_ERR_INVALID_ARGUMENT;
     if (out->kind == TP_POOL_VMM && !info->vmm_enabled) return TP_ERR_UNSUPPORTED;
     if (!out->limit_bytes) out->limit_bytes = info->capacity_bytes;
-    if (!out->release_threshold_bytes) out->release_threshold_bytes = 64 * TP_MiB;
-    if (!out->idle_release_ns) out->idle_release_ns = 2000000000ull;
+    if (!out->release_threshold_bytes) out->release_threshold_bytes = out->kind == TP_POOL_VMM ? 64 * TP_MiB : 16 * TP_MiB;
+    if (!out->idle_release_ns) out->idle_release_ns = 10000000000ull;
     if (!out->alignment_bytes) out->alignment_bytes = 256;
     if (!tp_is_pow2(out->alignment_bytes) || out->alignment_bytes < 256) return TP_ERR_INVALID_ARGUMENT;
     if (!out->page_bytes) out->page_bytes = info->granularity_bytes;
     if (!tp_is_pow2(out->page_bytes) || out->page_bytes % info->granularity_bytes) return TP_ERR_INVALID_ARGUMENT;
-    if (!out->max_map_bytes) out->max_map_bytes = 64 * TP_MiB;
+    if (!out->max_map_bytes) out->max_map_bytes = TP_GiB;
     out->max_map_bytes = tp_align_up(TP_MAX(out->max_map_bytes, out->page_bytes), out->page_bytes);
     if (!out->va_reserve_bytes) out->va_reserve_bytes = out->limit_bytes > UINT64_MAX / 4 ? out->limit_bytes : 2 * out->limit_bytes;
     out->va_reserve_bytes = tp_align_up(TP_MAX(out->va_reserve_bytes, out->limit_bytes), out->page_bytes);
@@ -723,7 +763,12 @@ tp_status tp_pool_create(tp_device *device, const tp_pool_config *config, tp_poo
     pool->lru_head = pool->lru_tail = POOL_NONE;
     pool->stream_count = 1; /* slot 0 means "no stream" */
     pool->stream_capacity = 0;
-    pool->tcache_limit_bytes = TP_MIN(resolved.release_threshold_bytes, 256 * TP_MiB);
+    /* The segment pool parks blocks up to 64 MiB. The VMM pool parks only
+     * small ones: a parked block keeps its pages busy, and large ones would
+     * pin pages that a request of another size could use without mapping. */
+    pool->tcache_max_block_bytes = resolved.kind == TP_POOL_VMM ? POOL_TCACHE_MAX_BLOCK_VMM : POOL_TCACHE_MAX_BLOCK;
+    pool->tcache_limit_bytes = TP_MIN(resolved.release_threshold_bytes,
+                                      resolved.kind == TP_POOL_VMM ? 32 * TP_MiB : 256 * TP_MiB);
     pool->stats.kind = resolved.kind;
     pool->stats.limit_bytes = resolved.limit_bytes;
     if (pthread_mutex_init(&pool->lock, NULL) != 0) {
@@ -920,8 +965,11 @@ tp_status tp_pool_free(tp_pool *pool, void *ptr, tp_stream stream) {
     tp_tag tag = {slot, s->next_epoch};
     s->last_free_epoch = s->next_epoch;
     pool->stats.frees++;
+    pool->growth_streak = 0;
     stat_sub(&pool->stats.requested_bytes, n->requested);
     stat_sub(&pool->stats.allocated_bytes, n->size);
+    if (pool->stats.allocated_bytes.current < pool->low_water_allocated)
+        pool->low_water_allocated = pool->stats.allocated_bytes.current;
     pool->stats.cached_bytes.total += n->size;
     n->tag = tag;
     if (n->pins) {
@@ -932,17 +980,7 @@ tp_status tp_pool_free(tp_pool *pool, void *ptr, tp_stream stream) {
         tp_pool_release_block(pool, id, tag);
     }
     update_cached(pool);
-    if (++pool->frees_since_upkeep >= POOL_UPKEEP_FREES && pool->config.idle_release_ns != TP_NS_NEVER) {
-        pool->frees_since_upkeep = 0;
-        uint64_t now = tp_pool_now(pool);
-        if (now - pool->last_upkeep_ns >= pool->config.idle_release_ns / 2) {
-            pool->last_upkeep_ns = now;
-            tp_pool_tcache_flush(pool);
-            release_aged(pool, true);
-        }
-    } else if (pool->idle_bytes > pool->config.release_threshold_bytes) {
-        release_aged(pool, false);
-    }
+    if (++pool->frees_since_upkeep >= POOL_UPKEEP_FREES) upkeep(pool);
 out:
     check_invariants_if_asked(pool);
     pthread_mutex_unlock(&pool->lock);
@@ -1206,6 +1244,8 @@ tp_status tp_pool_get_stats(tp_pool *pool, tp_pool_stats *out_stats) {
 tp_status tp_pool_reset_peaks(tp_pool *pool) {
     if (!pool) return TP_ERR_INVALID_ARGUMENT;
     pthread_mutex_lock(&pool->lock);
+    if (pool->stats.allocated_bytes.peak > pool->high_water_allocated)
+        pool->high_water_allocated = pool->stats.allocated_bytes.peak;
     tp_stat *all[] = {&pool->stats.requested_bytes, &pool->stats.allocated_bytes, &pool->stats.reserved_bytes,
                       &pool->stats.cached_bytes, &pool->stats.pinned_bytes};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) all[i]->peak = all[i]->current;

@@ -6,8 +6,8 @@
  *
  * Vocabulary
  *   block  a range handed to a caller (a used node of the range allocator).
- *   unit   a piece of device memory obtained in one device call and given
- *          back in one: a mapping of physical pages (VMM) or a segment.
+ *   unit   a piece of device memory that can be given back on its own: a
+ *          physical page (VMM; unit index = page index) or a segment.
  *          A unit with no live block in it is idle; idle units sit in an
  *          LRU list, oldest first, and are what release gives back.
  *   slot   the pool's index for a stream it has seen (0 means "no stream").
@@ -23,9 +23,8 @@
 #define POOL_NONE UINT32_MAX
 #define POOL_TCACHE_DEPTH 4
 #define POOL_TCACHE_MAX_BLOCK (64 * TP_MiB)
-/* Every this many frees the pool looks at the clock; at most every
- * idle_release_ns / 2 it flushes the tcache and releases aged memory, so
- * parked blocks cannot keep a unit busy forever. */
+#define POOL_TCACHE_MAX_BLOCK_VMM (64 * TP_KiB)
+/* Every this many frees the pool looks at the clock (upkeep in pool.c). */
 #define POOL_UPKEEP_FREES 256
 
 /* Node flags (tp_ra_node.flags). */
@@ -54,8 +53,7 @@ enum { UNIT_UNUSED = 0, UNIT_BUSY = 1, UNIT_IDLE = 2 };
 typedef struct pool_unit {
     uint64_t base;
     uint64_t bytes;
-    uint64_t handle;       /* VMM physical handle */
-    uint64_t live;         /* VMM: pages with live blocks; segment: used nodes */
+    uint64_t live;         /* VMM: live blocks touching the page; segment: used nodes */
     tp_tag tag;            /* merged tags of every free inside the unit */
     uint64_t idle_since_ns;
     uint64_t last_big_use_ns; /* segment: last hand-out of >= 1/4 of it */
@@ -96,6 +94,7 @@ struct tp_pool {
     uint8_t *tcache_count;
     uint64_t tcache_bytes;
     uint64_t tcache_limit_bytes;
+    uint64_t tcache_max_block_bytes;
 
     pool_stream *streams; /* index = slot; slot 0 unused */
     size_t stream_count, stream_capacity;
@@ -114,16 +113,18 @@ struct tp_pool {
     uint32_t frees_since_upkeep;
     uint64_t last_upkeep_ns;
 
-    /* VMM backing */
+    /* VMM backing: units[] has one entry per page of the reservation */
     uint64_t va_base, va_bytes, page_bytes;
     uint32_t page_shift;
-    uint32_t *page_unit; /* unit mapping each page, POOL_NONE if unmapped */
-    uint32_t *page_refs; /* live blocks touching each page */
+    uint64_t page_high; /* pages at or above this were never mapped */
 
     pool_reclaimer *reclaimers;
     size_t reclaimer_count, reclaimer_capacity;
 
     uint64_t zombie_bytes; /* freed-but-pinned */
+    uint64_t high_water_allocated; /* highest allocated bytes ever (not reset) */
+    uint32_t growth_streak; /* VMM: growths since the last free */
+    uint64_t low_water_allocated; /* VMM: lowest allocated bytes since the last growth */
     uint64_t capturing_streams;
     tp_pool_stats stats;
     bool has_oom_report;
@@ -163,15 +164,27 @@ uint32_t tp_pool_find_usable(tp_pool *pool, uint64_t size, uint32_t slot, tp_ra_
 /* Non-blocking: true when work covered by tag is known complete (may
  * record an event). */
 bool tp_pool_tag_complete(tp_pool *pool, tp_tag tag);
+/* Non-blocking: may memory with *tag be handed out on slot? Clears *tag
+ * when the work it names is seen complete. */
+bool tp_pool_tag_usable(tp_pool *pool, tp_tag *tag, uint32_t slot);
+/* Makes slot's stream wait (on the device) for the event covering tag, a
+ * single-stream tag. */
+tp_status tp_pool_order_after(tp_pool *pool, uint32_t slot, tp_tag tag);
 
 uint32_t tp_pool_unit_new(tp_pool *pool);
 void tp_pool_unit_recycle(tp_pool *pool, uint32_t unit);
 /* Idle bookkeeping: a unit whose last block went away / came back. */
 void tp_pool_unit_became_idle(tp_pool *pool, uint32_t unit);
 void tp_pool_unit_became_busy(tp_pool *pool, uint32_t unit);
+/* The idle list itself (oldest at the head). */
+void tp_pool_lru_unlink(tp_pool *pool, uint32_t unit);
+void tp_pool_lru_append(tp_pool *pool, uint32_t unit, uint64_t now_ns);
 /* Before growing by grow_bytes: release completed idle units, oldest first,
  * while idle + grow_bytes exceeds the release threshold. */
 void tp_pool_release_before_growth(tp_pool *pool, uint64_t grow_bytes);
+/* Releases completed idle units idle for at least min_idle_ns, oldest
+ * first, until reserved bytes are at most target (non-blocking). */
+void tp_pool_release_idle_down_to(tp_pool *pool, uint64_t target_reserved_bytes, uint64_t min_idle_ns);
 /* Records a device call's outcome in the stats. */
 void tp_pool_count_device_call(tp_pool *pool, tp_status status, int kind);
 enum { DEVICE_CALL_ALLOC = 1, DEVICE_CALL_FREE = 2, DEVICE_CALL_OTHER = 3 };

@@ -1,22 +1,24 @@
 /*
  * pool_vmm.c -- the VMM backing: one address reservation made at creation,
- * physical pages mapped on demand, unmapped when idle.
+ * physical pages mapped on demand and unmapped when idle.
  *
  * Algorithm: the range allocator manages the whole reservation, so any free
- * order works and a block may span several mappings. A block is placed by
- * good fit over addresses; then every page it touches that is not mapped is
- * mapped, in runs of at most max_map_bytes (one device call per run). When
- * the pool grows it also maps a look-ahead of the free pages right after the
- * block, so that a stream of growing requests (weights being loaded, a KV
- * cache growing) costs O(log n) device calls instead of one per request.
- * Each page counts the live blocks touching it; a mapping (a unit) with no
- * touched page is idle and may be unmapped once the work that last used it
- * has completed.
+ * order works and a block may span any number of pages. Every page is a
+ * unit of its own (units[p] for page p): it counts the live blocks touching
+ * it, and with none it is idle and may be unmapped alone once the work that
+ * last used it has completed. A block is placed by good fit over addresses;
+ * the pages it touches that are not mapped are then mapped in runs, one
+ * device call per run (the driver backs each page with its own physical
+ * allocation, so pages unmap independently). When the pool must grow it
+ * also maps a look-ahead of free pages right after the block -- 1/32 of
+ * what it holds, at least two pages -- so a stream of growing requests
+ * costs O(log n) device calls, not one per request. Releasing an idle page
+ * takes its idle, completed neighbours along in the same call.
  *
- * Invariants (vmm_check): page_refs[p] equals the number of used nodes that
- * overlap page p; page_unit[p] names the mapping covering p or POOL_NONE; a
- * unit's live count equals its pages with page_refs > 0, and it is idle iff
- * that count is zero; reserved bytes equal the bytes of all mappings.
+ * Invariants (vmm_check): units[p].live equals the number of used nodes
+ * overlapping page p; a page is UNUSED iff unmapped, IDLE iff mapped with no
+ * live block, else BUSY; unit_count equals the mapped pages and reserved
+ * bytes equal unit_count pages; no page at or above page_high is mapped.
  */
 #include "pool_internal.h"
 
@@ -27,16 +29,24 @@ static inline uint64_t page_of(const tp_pool *pool, uint64_t address) {
     return (address - pool->va_base) >> pool->page_shift;
 }
 
+static inline uint64_t page_address(const tp_pool *pool, uint64_t page) {
+    return pool->va_base + (page << pool->page_shift);
+}
+
+static inline bool page_mapped(const tp_pool *pool, uint64_t page) {
+    return pool->units[page].state != UNIT_UNUSED;
+}
+
 static tp_status vmm_init(tp_pool *pool) {
     pool->page_bytes = pool->config.page_bytes;
     pool->page_shift = (uint32_t)__builtin_ctzll(pool->page_bytes);
     pool->va_bytes = pool->config.va_reserve_bytes;
     uint64_t pages = pool->va_bytes >> pool->page_shift;
-    if (pages > UINT32_MAX) return TP_ERR_INVALID_ARGUMENT;
-    pool->page_unit = tp_host_alloc(pool->host, pages * sizeof *pool->page_unit);
-    pool->page_refs = tp_host_calloc(pool->host, pages, sizeof *pool->page_refs);
-    if (!pool->page_unit || !pool->page_refs) goto host_oom;
-    memset(pool->page_unit, 0xff, pages * sizeof *pool->page_unit);
+    if (pages >= POOL_NONE) return TP_ERR_INVALID_ARGUMENT;
+    /* Zeroed lazily by the host allocator: untouched pages cost nothing. */
+    pool->units = tp_host_calloc(pool->host, pages, sizeof *pool->units);
+    if (!pool->units) return TP_ERR_HOST_OUT_OF_MEMORY;
+    pool->unit_capacity = pages;
     tp_status st = pool->ops->va_reserve(pool->device, pool->va_bytes, pool->page_bytes, &pool->va_base);
     tp_pool_count_device_call(pool, st, DEVICE_CALL_OTHER);
     if (st != TP_OK) {
@@ -46,95 +56,119 @@ static tp_status vmm_init(tp_pool *pool) {
     }
     if (tp_ra_add_region(&pool->ra, pool->va_base, pool->va_bytes, 0, (tp_tag){RA_TAG_CLEAN, 0}) == RA_NONE) {
         pool->ops->va_release(pool->device, pool->va_base, pool->va_bytes);
-        goto host_oom;
+        st = TP_ERR_HOST_OUT_OF_MEMORY;
+        goto fail;
     }
     return TP_OK;
-host_oom:
-    st = TP_ERR_HOST_OUT_OF_MEMORY;
 fail:
-    tp_host_free(pool->host, pool->page_unit, pages * sizeof *pool->page_unit);
-    tp_host_free(pool->host, pool->page_refs, pages * sizeof *pool->page_refs);
-    pool->page_unit = NULL;
-    pool->page_refs = NULL;
+    tp_host_free(pool->host, pool->units, pages * sizeof *pool->units);
+    pool->units = NULL;
+    pool->unit_capacity = 0;
     return st;
 }
 
 static void vmm_destroy(tp_pool *pool) {
-    for (size_t u = 0; u < pool->unit_capacity; u++) {
-        pool_unit *unit = &pool->units[u];
-        if (unit->state == UNIT_UNUSED) continue;
-        tp_status st = pool->ops->unmap(pool->device, unit->base, unit->bytes, unit->handle);
+    /* Unmap every run of mapped pages; the pool's teardown frees units[]. */
+    for (uint64_t p = 0; p < pool->page_high;) {
+        if (!page_mapped(pool, p)) {
+            p++;
+            continue;
+        }
+        uint64_t end = p;
+        while (end + 1 < pool->page_high && page_mapped(pool, end + 1)) end++;
+        uint64_t bytes = (end - p + 1) << pool->page_shift;
+        tp_status st = pool->ops->unmap(pool->device, page_address(pool, p), bytes);
         tp_pool_count_device_call(pool, st, DEVICE_CALL_FREE);
         if (st != TP_OK)
             tp_logf(&pool->device->logger, TP_LOG_ERROR, "VMM pool destroy: unmap of %llu bytes failed: %s",
-                    (unsigned long long)unit->bytes, tp_status_name(st));
-        tp_pool_reserved_changed(pool, -(int64_t)unit->bytes);
+                    (unsigned long long)bytes, tp_status_name(st));
+        tp_pool_reserved_changed(pool, -(int64_t)bytes);
+        p = end + 1;
     }
     tp_status st = pool->ops->va_release(pool->device, pool->va_base, pool->va_bytes);
     tp_pool_count_device_call(pool, st, DEVICE_CALL_OTHER);
-    uint64_t pages = pool->va_bytes >> pool->page_shift;
-    tp_host_free(pool->host, pool->page_unit, pages * sizeof *pool->page_unit);
-    tp_host_free(pool->host, pool->page_refs, pages * sizeof *pool->page_refs);
 }
 
 static void ref_pages(tp_pool *pool, uint64_t offset, uint64_t size) {
     for (uint64_t p = page_of(pool, offset), last = page_of(pool, offset + size - 1); p <= last; p++) {
-        if (pool->page_refs[p]++ != 0) continue;
-        uint32_t u = pool->page_unit[p];
-        if (u != POOL_NONE && pool->units[u].live++ == 0) tp_pool_unit_became_busy(pool, u);
+        pool_unit *unit = &pool->units[p];
+        if (unit->live++ == 0 && unit->state == UNIT_IDLE) tp_pool_unit_became_busy(pool, (uint32_t)p);
     }
 }
 
 static void vmm_after_release(tp_pool *pool, uint64_t offset, uint64_t size, uint32_t free_node, tp_tag tag) {
     (void)free_node;
-    uint32_t last_unit = POOL_NONE;
     for (uint64_t p = page_of(pool, offset), last = page_of(pool, offset + size - 1); p <= last; p++) {
-        uint32_t u = pool->page_unit[p];
-        if (u != POOL_NONE && u != last_unit) {
-            pool->units[u].tag = tp_ra_merge_tags(pool->units[u].tag, tag, pool->ra.multi_epoch);
-            last_unit = u;
-        }
-        if (--pool->page_refs[p] != 0 || u == POOL_NONE) continue;
-        if (--pool->units[u].live == 0) tp_pool_unit_became_idle(pool, u);
+        pool_unit *unit = &pool->units[p];
+        if (unit->state != UNIT_UNUSED) unit->tag = tp_ra_merge_tags(unit->tag, tag, pool->ra.multi_epoch);
+        if (--unit->live == 0 && unit->state == UNIT_BUSY) tp_pool_unit_became_idle(pool, (uint32_t)p);
     }
 }
 
-/* Maps pages [first, last] as one unit. */
+/* Maps pages [first, last] in one call. */
 static tp_status map_run(tp_pool *pool, uint64_t first, uint64_t last) {
-    uint32_t u = tp_pool_unit_new(pool);
-    if (u == POOL_NONE) return TP_ERR_HOST_OUT_OF_MEMORY;
-    uint64_t va = pool->va_base + (first << pool->page_shift);
     uint64_t bytes = (last - first + 1) << pool->page_shift;
-    uint64_t handle = 0;
-    tp_status st = pool->ops->map(pool->device, va, bytes, &handle);
+    tp_status st = pool->ops->map(pool->device, page_address(pool, first), bytes);
     tp_pool_count_device_call(pool, st, DEVICE_CALL_ALLOC);
-    if (st != TP_OK) {
-        tp_pool_unit_recycle(pool, u);
-        return st;
-    }
-    pool_unit *unit = &pool->units[u];
-    unit->base = va;
-    unit->bytes = bytes;
-    unit->handle = handle;
-    unit->tag = (tp_tag){RA_TAG_CLEAN, 0};
-    unit->live = 0;
+    if (st != TP_OK) return st;
     for (uint64_t p = first; p <= last; p++) {
-        pool->page_unit[p] = u;
-        if (pool->page_refs[p]) unit->live++;
+        pool_unit *unit = &pool->units[p];
+        unit->base = page_address(pool, p);
+        unit->bytes = pool->page_bytes;
+        unit->tag = (tp_tag){RA_TAG_CLEAN, 0};
+        unit->lru_prev = unit->lru_next = POOL_NONE;
+        pool->unit_count++;
+        if (unit->live) {
+            unit->state = UNIT_BUSY;
+        } else {
+            tp_pool_unit_became_idle(pool, (uint32_t)p);
+        }
     }
+    if (last + 1 > pool->page_high) pool->page_high = last + 1;
     tp_pool_reserved_changed(pool, (int64_t)bytes);
-    if (unit->live == 0) tp_pool_unit_became_idle(pool, u);
     return TP_OK;
 }
 
-/* Look-ahead for a growing pool: map more than asked, up to 1/32 of what
- * the pool holds (at least 2 pages, at most max_map_bytes), so repeated
- * growth costs a logarithmic number of calls while overshooting little. */
-static uint64_t lookahead_pages(const tp_pool *pool, uint64_t missing_bytes) {
+/* Growth policy. The pool may hold up to a soft cap: the highest allocated
+ * bytes it has seen plus 1/HEADROOM_DIV of that (and always what the
+ * current request needs). Below the cap it keeps idle pages cached and maps
+ * a look-ahead when it grows; at the cap it first unmaps idle pages whose
+ * work has completed. So the cache is generous while the pool runs below
+ * its high-water mark and tight when a workload reaches a new peak. */
+#define HEADROOM_DIV 128
+/* Pages freed more recently than this are not unmapped to make room under
+ * the cap: they are the working set of the step in progress, and unmapping
+ * them only to map them again is churn. */
+#define VMM_CAP_RELEASE_MIN_IDLE_NS 100000000ull
+
+static uint64_t soft_cap(const tp_pool *pool, uint64_t missing_bytes) {
+    uint64_t high = pool->stats.allocated_bytes.peak > pool->high_water_allocated ? pool->stats.allocated_bytes.peak
+                                                                                 : pool->high_water_allocated;
+    uint64_t cap = high + high / HEADROOM_DIV + 2 * pool->page_bytes;
+    uint64_t floor = pool->stats.reserved_bytes.current - pool->idle_bytes + missing_bytes;
+    return TP_MAX(cap, floor);
+}
+
+/* Look-ahead: while the pool only grows (a streak of growths with no free
+ * in between, like weights being loaded) it doubles with each growth, up to
+ * 1/8 of what the pool holds. Otherwise it is 1/16 of the transient part of
+ * the high-water mark: the peak allocated bytes minus the lowest allocated
+ * bytes seen since the previous growth. A workload whose temporaries grow
+ * step by step (design.md failure mode 1) thus grows geometrically, in
+ * O(log n) calls, while a model whose weights dominate (decode with a
+ * growing KV cache) maps little ahead beyond its long-lived memory. */
+static uint64_t lookahead_pages(const tp_pool *pool) {
     uint64_t reserved = pool->stats.reserved_bytes.current;
-    uint64_t target = TP_MIN(TP_MAX(reserved / 32, 2 * pool->page_bytes), pool->config.max_map_bytes);
-    if (missing_bytes >= target) return 0;
-    return (target - missing_bytes) >> pool->page_shift;
+    uint64_t target = 2 * pool->page_bytes;
+    if (pool->growth_streak > 1) {
+        uint32_t doublings = TP_MIN(pool->growth_streak - 1, 20u);
+        target = TP_MAX(target, TP_MIN(pool->page_bytes << doublings, reserved / 8));
+    } else {
+        uint64_t high = TP_MAX(pool->stats.allocated_bytes.peak, pool->high_water_allocated);
+        uint64_t low = TP_MIN(pool->low_water_allocated, high);
+        target = TP_MAX(target, (high - low) / 16);
+    }
+    return TP_MIN(target, pool->config.max_map_bytes) >> pool->page_shift;
 }
 
 /* Maps the pages block id touches that are not mapped, plus a look-ahead of
@@ -143,62 +177,141 @@ static tp_status map_block(tp_pool *pool, uint32_t id, uint64_t *out_need) {
     tp_ra_node *n = tp_ra_node_at(&pool->ra, id);
     uint64_t first = page_of(pool, n->offset), last = page_of(pool, n->offset + n->size - 1);
     uint64_t missing_pages = 0;
-    for (uint64_t p = first; p <= last; p++) missing_pages += pool->page_unit[p] == POOL_NONE;
+    for (uint64_t p = first; p <= last; p++) missing_pages += !page_mapped(pool, p);
     if (!missing_pages) return TP_OK;
     uint64_t missing = missing_pages << pool->page_shift;
 
-    /* Look-ahead pages: unmapped pages wholly inside the free range after
-     * the block. */
-    uint64_t extra = 0;
-    uint64_t want = lookahead_pages(pool, missing);
+    pool->growth_streak++;
+    uint64_t cap = soft_cap(pool, missing);
+    /* Look-ahead: unmapped pages wholly inside the free range after the block. */
+    uint64_t extra = 0, want = lookahead_pages(pool);
+    pool->low_water_allocated = pool->stats.allocated_bytes.current;
     if (want && n->addr_next != RA_NONE && tp_ra_node_at(&pool->ra, n->addr_next)->state == RA_NODE_FREE) {
-        tp_ra_node *rest = tp_ra_node_at(&pool->ra, n->addr_next);
-        uint64_t rest_end_page = page_of(pool, rest->offset + rest->size) ; /* first page past the free range */
-        for (uint64_t p = last + 1; p < rest_end_page && extra < want && pool->page_unit[p] == POOL_NONE; p++) extra++;
+        const tp_ra_node *rest = tp_ra_node_at(&pool->ra, n->addr_next);
+        uint64_t end_page = page_of(pool, rest->offset + rest->size); /* first page not wholly free */
+        for (uint64_t p = last + 1; p < end_page && extra < want && !page_mapped(pool, p); p++) extra++;
     }
-    uint64_t reserved = pool->stats.reserved_bytes.current;
-    uint64_t limit = pool->config.limit_bytes;
-    tp_pool_release_before_growth(pool, missing + (extra << pool->page_shift));
-    reserved = pool->stats.reserved_bytes.current;
+    if (pool->stats.reserved_bytes.current + missing > cap)
+        tp_pool_release_idle_down_to(pool, cap > missing ? cap - missing : 0, VMM_CAP_RELEASE_MIN_IDLE_NS);
+    uint64_t reserved = pool->stats.reserved_bytes.current, limit = pool->config.limit_bytes;
     if (reserved + missing > limit) {
         *out_need = reserved + missing - limit;
         return TP_ERR_OUT_OF_MEMORY;
     }
     extra = TP_MIN(extra, (limit - reserved - missing) >> pool->page_shift);
     uint64_t end = last + extra;
-    uint64_t max_run = pool->config.max_map_bytes >> pool->page_shift;
+    uint64_t max_run = TP_MAX(pool->config.max_map_bytes >> pool->page_shift, 1);
     for (uint64_t p = first; p <= end;) {
-        if (pool->page_unit[p] != POOL_NONE) {
+        if (page_mapped(pool, p)) {
             p++;
             continue;
         }
         uint64_t run_end = p;
-        while (run_end < end && pool->page_unit[run_end + 1] == POOL_NONE && run_end + 1 - p < max_run) run_end++;
+        while (run_end < end && !page_mapped(pool, run_end + 1) && run_end + 1 - p < max_run) run_end++;
         tp_status st = map_run(pool, p, run_end);
+        if (st != TP_OK && p <= last && run_end > last) {
+            run_end = last; /* try again without the look-ahead */
+            st = map_run(pool, p, run_end);
+        }
         if (st != TP_OK) {
             if (p > last) return TP_OK; /* only the look-ahead failed */
-            if (run_end > last) { /* retry without the look-ahead part */
-                run_end = last;
-                st = map_run(pool, p, run_end);
-            }
-            if (st != TP_OK) {
-                uint64_t still = 0;
-                for (uint64_t q = p; q <= last; q++) still += pool->page_unit[q] == POOL_NONE;
-                *out_need = still << pool->page_shift;
-                return st;
-            }
+            uint64_t still = 0;
+            for (uint64_t q = p; q <= last; q++) still += !page_mapped(pool, q);
+            *out_need = still << pool->page_shift;
+            return st;
         }
         p = run_end + 1;
     }
     return TP_OK;
 }
 
+/* Placement. For the VMM pool the question "may this stream use this
+ * memory?" is asked of physical pages, not of free ranges: a free range
+ * may run on into address space that is not even mapped, and a stream tag
+ * on the range would make all of it look busy. Each mapped page carries the
+ * merged tag of every free inside it (vmm_after_release); unmapped pages
+ * carry none (a page is only unmapped once its work has completed).
+ *
+ * Among free ranges in good-fit order, the first whose pages are all
+ * usable and mapped wins; failing that, the usable one needing the fewest
+ * new pages; failing that, one whose only obstacle is work of one other
+ * stream, after making this stream wait for it. */
+typedef struct placement {
+    tp_pool *pool;
+    uint64_t size;
+    uint32_t slot;
+    uint64_t offset;   /* where in the accepted range the block goes */
+    uint32_t best;
+    uint64_t best_offset, best_missing;
+    uint32_t wait;     /* candidate blocked by one other stream only */
+    uint64_t wait_offset;
+    tp_tag wait_tag;
+} placement;
+
+static bool place_accept(void *c, tp_ra *ra, uint32_t id) {
+    placement *pl = c;
+    tp_pool *pool = pl->pool;
+    const tp_ra_node *n = tp_ra_node_at(ra, id);
+    uint64_t end = n->offset + n->size;
+    /* The first window of size bytes in the range whose pages this stream
+     * may use; a blocked page pushes the window past it. */
+    uint64_t at = n->offset, missing = 0;
+    tp_tag blocker = {RA_TAG_CLEAN, 0};
+    uint64_t blocked_at = n->offset;
+    for (uint64_t p = page_of(pool, at); at + pl->size <= end && p <= page_of(pool, at + pl->size - 1); p++) {
+        pool_unit *unit = &pool->units[p];
+        if (unit->state == UNIT_UNUSED) {
+            missing++;
+        } else if (!tp_pool_tag_usable(pool, &unit->tag, pl->slot)) {
+            if (blocker.slot == RA_TAG_CLEAN) blocked_at = at;
+            blocker = tp_ra_merge_tags(blocker, unit->tag, pool->ra.multi_epoch);
+            at = page_address(pool, p + 1);
+            missing = 0;
+        }
+    }
+    if (at + pl->size > end) {
+        /* No free window: one other stream's pending work is the only
+         * obstacle if its tag names a single stream. */
+        if (pl->wait == RA_NONE && blocker.slot != RA_TAG_CLEAN && blocker.slot != RA_TAG_MULTI &&
+            blocked_at + pl->size <= end) {
+            pl->wait = id;
+            pl->wait_offset = blocked_at;
+            pl->wait_tag = blocker;
+        }
+        return false;
+    }
+    if (missing == 0) {
+        pl->offset = at;
+        return true;
+    }
+    if (missing < pl->best_missing) {
+        pl->best = id;
+        pl->best_offset = at;
+        pl->best_missing = missing;
+    }
+    return false;
+}
+
 static tp_status vmm_try_alloc(tp_pool *pool, uint64_t size, uint32_t slot, uint32_t *out_node, uint64_t *out_need) {
     for (int attempt = 0;; attempt++) {
-        uint32_t id = tp_pool_find_usable(pool, size, slot, NULL, NULL);
+        placement pl = {pool, size, slot, 0, RA_NONE, 0, UINT64_MAX, RA_NONE, 0, {RA_TAG_CLEAN, 0}};
+        uint32_t id = tp_ra_find(&pool->ra, size, place_accept, &pl, 16, NULL);
+        uint64_t offset = pl.offset;
+        if (id == RA_NONE && pl.best != RA_NONE) {
+            id = pl.best;
+            offset = pl.best_offset;
+        }
+        if (id == RA_NONE && pl.wait != RA_NONE && tp_pool_order_after(pool, slot, pl.wait_tag) == TP_OK) {
+            id = pl.wait;
+            offset = pl.wait_offset;
+        }
         if (id == RA_NONE) {
             *out_need = size;
             return TP_ERR_OUT_OF_MEMORY; /* address space exhausted, or all of it still in use by other streams */
+        }
+        if (offset != tp_ra_node_at(&pool->ra, id)->offset) {
+            id = tp_ra_split_free(&pool->ra, id, offset - tp_ra_node_at(&pool->ra, id)->offset);
+            if (id == RA_NONE) return TP_ERR_HOST_OUT_OF_MEMORY;
         }
         tp_tag saved = tp_ra_node_at(&pool->ra, id)->tag;
         if (tp_ra_take(&pool->ra, id, size) == RA_NONE) return TP_ERR_HOST_OUT_OF_MEMORY;
@@ -206,12 +319,9 @@ static tp_status vmm_try_alloc(tp_pool *pool, uint64_t size, uint32_t slot, uint
         ref_pages(pool, n->offset, n->size);
         bool needs_pages = false;
         for (uint64_t p = page_of(pool, n->offset), last = page_of(pool, n->offset + size - 1); p <= last; p++)
-            if (pool->page_unit[p] == POOL_NONE) {
-                needs_pages = true;
-                break;
-            }
+            needs_pages |= !page_mapped(pool, p);
         if (needs_pages && attempt == 0 && pool->tcache_bytes) {
-            /* Parked blocks may make room without new pages: flush, retry. */
+            /* Parked blocks may make room without new pages: flush, place again. */
             tp_pool_release_block(pool, id, saved);
             tp_pool_tcache_flush(pool);
             continue;
@@ -226,15 +336,34 @@ static tp_status vmm_try_alloc(tp_pool *pool, uint64_t size, uint32_t slot, uint
     }
 }
 
+/* Takes idle, completed neighbours of page u along into one unmap call. */
 static tp_status vmm_release_unit(tp_pool *pool, uint32_t u) {
-    pool_unit *unit = &pool->units[u];
-    tp_status st = pool->ops->unmap(pool->device, unit->base, unit->bytes, unit->handle);
+    uint64_t max_run = TP_MAX(pool->config.max_map_bytes >> pool->page_shift, 1);
+    uint64_t first = u, last = u;
+    while (last - first + 1 < max_run && first > 0 && pool->units[first - 1].state == UNIT_IDLE &&
+           tp_pool_tag_complete(pool, pool->units[first - 1].tag)) {
+        tp_pool_lru_unlink(pool, (uint32_t)--first);
+    }
+    while (last - first + 1 < max_run && last + 1 < pool->page_high && pool->units[last + 1].state == UNIT_IDLE &&
+           tp_pool_tag_complete(pool, pool->units[last + 1].tag)) {
+        tp_pool_lru_unlink(pool, (uint32_t)++last);
+    }
+    uint64_t bytes = (last - first + 1) << pool->page_shift;
+    tp_status st = pool->ops->unmap(pool->device, page_address(pool, first), bytes);
     tp_pool_count_device_call(pool, st, DEVICE_CALL_FREE);
-    if (st != TP_OK) return st;
-    for (uint64_t p = page_of(pool, unit->base), last = page_of(pool, unit->base + unit->bytes - 1); p <= last; p++)
-        pool->page_unit[p] = POOL_NONE;
-    tp_pool_reserved_changed(pool, -(int64_t)unit->bytes);
-    tp_pool_unit_recycle(pool, u);
+    if (st != TP_OK) {
+        /* Keep them all; u goes back to the idle list in the caller. */
+        uint64_t now = tp_pool_now(pool);
+        for (uint64_t p = first; p <= last; p++)
+            if (p != u) tp_pool_lru_append(pool, (uint32_t)p, now);
+        return st;
+    }
+    for (uint64_t p = first; p <= last; p++) {
+        pool->units[p].state = UNIT_UNUSED;
+        pool->units[p].tag = (tp_tag){RA_TAG_CLEAN, 0};
+        pool->unit_count--;
+    }
+    tp_pool_reserved_changed(pool, -(int64_t)bytes);
     return TP_OK;
 }
 
@@ -243,15 +372,17 @@ static void vmm_free_figures(tp_pool *pool, uint64_t *out_free, uint64_t *out_la
     for (size_t i = 0; i < pool->ra.node_capacity; i++) {
         const tp_ra_node *n = &pool->ra.nodes[i];
         if (n->state != RA_NODE_FREE) continue;
-        uint64_t run = 0, end = n->offset + n->size;
-        for (uint64_t p = page_of(pool, n->offset), last = page_of(pool, end - 1); p <= last; p++) {
-            if (pool->page_unit[p] == POOL_NONE) {
+        uint64_t end = n->offset + n->size, first = page_of(pool, n->offset);
+        uint64_t last = TP_MIN(page_of(pool, end - 1), pool->page_high ? pool->page_high - 1 : 0);
+        uint64_t run = 0;
+        for (uint64_t p = first; p <= last && p < pool->page_high; p++) {
+            if (!page_mapped(pool, p)) {
                 if (run) ranges++;
                 run = 0;
                 continue;
             }
-            uint64_t page_start = pool->va_base + (p << pool->page_shift);
-            uint64_t lo = TP_MAX(page_start, n->offset), hi = TP_MIN(page_start + pool->page_bytes, end);
+            uint64_t start = page_address(pool, p);
+            uint64_t lo = TP_MAX(start, n->offset), hi = TP_MIN(start + pool->page_bytes, end);
             run += hi - lo;
             free_bytes += hi - lo;
             largest = TP_MAX(largest, run);
@@ -263,17 +394,17 @@ static void vmm_free_figures(tp_pool *pool, uint64_t *out_free, uint64_t *out_la
     *out_ranges = ranges;
 }
 
-#define VMM_FAIL(...)                                                   \
-    do {                                                                \
-        if (msg && capacity) snprintf(msg, capacity, __VA_ARGS__);      \
-        ok = false;                                                     \
-        goto done;                                                      \
+#define VMM_FAIL(...)                                              \
+    do {                                                           \
+        if (msg && capacity) snprintf(msg, capacity, __VA_ARGS__); \
+        ok = false;                                                \
+        goto done;                                                 \
     } while (0)
 
 static bool vmm_check(tp_pool *pool, char *msg, size_t capacity) {
     bool ok = true;
-    uint64_t pages = pool->va_bytes >> pool->page_shift;
-    uint32_t *expected = tp_host_calloc(pool->host, pages, sizeof *expected);
+    uint64_t pages = pool->unit_capacity;
+    uint64_t *expected = tp_host_calloc(pool->host, pages, sizeof *expected);
     if (!expected) return true; /* cannot check without memory; not a violation */
     for (size_t i = 0; i < pool->ra.node_capacity; i++) {
         const tp_ra_node *n = &pool->ra.nodes[i];
@@ -282,32 +413,25 @@ static bool vmm_check(tp_pool *pool, char *msg, size_t capacity) {
             VMM_FAIL("block 0x%llx outside the reservation", (unsigned long long)n->offset);
         for (uint64_t p = page_of(pool, n->offset), last = page_of(pool, n->offset + n->size - 1); p <= last; p++) {
             expected[p]++;
-            if (pool->page_unit[p] == POOL_NONE) VMM_FAIL("live block 0x%llx touches unmapped page %llu",
-                                                          (unsigned long long)n->offset, (unsigned long long)p);
+            if (!page_mapped(pool, p))
+                VMM_FAIL("live block 0x%llx touches unmapped page %llu", (unsigned long long)n->offset,
+                         (unsigned long long)p);
         }
     }
+    uint64_t mapped = 0;
     for (uint64_t p = 0; p < pages; p++) {
-        if (expected[p] != pool->page_refs[p]) VMM_FAIL("page %llu: %u refs, %u blocks", (unsigned long long)p,
-                                                        pool->page_refs[p], expected[p]);
-        uint32_t u = pool->page_unit[p];
-        if (u == POOL_NONE) continue;
-        if (u >= pool->unit_capacity || pool->units[u].state == UNIT_UNUSED) VMM_FAIL("page %llu: stale unit", (unsigned long long)p);
-        uint64_t address = pool->va_base + (p << pool->page_shift);
-        if (address < pool->units[u].base || address >= pool->units[u].base + pool->units[u].bytes)
-            VMM_FAIL("page %llu outside its unit", (unsigned long long)p);
-    }
-    for (uint32_t u = 0; u < pool->unit_capacity; u++) {
-        const pool_unit *unit = &pool->units[u];
+        const pool_unit *unit = &pool->units[p];
+        if (expected[p] != unit->live)
+            VMM_FAIL("page %llu: live %llu, blocks %llu", (unsigned long long)p, (unsigned long long)unit->live,
+                     (unsigned long long)expected[p]);
         if (unit->state == UNIT_UNUSED) continue;
-        uint64_t live = 0;
-        for (uint64_t p = page_of(pool, unit->base), last = page_of(pool, unit->base + unit->bytes - 1); p <= last; p++) {
-            if (pool->page_unit[p] != u) VMM_FAIL("unit %u: page %llu mapped elsewhere", u, (unsigned long long)p);
-            live += pool->page_refs[p] > 0;
-        }
-        if (live != unit->live) VMM_FAIL("unit %u: live %llu, counted %llu", u, (unsigned long long)unit->live,
-                                         (unsigned long long)live);
-        if ((unit->state == UNIT_IDLE) != (live == 0)) VMM_FAIL("unit %u: idle state wrong", u);
+        mapped++;
+        if (p >= pool->page_high) VMM_FAIL("page %llu mapped above the high-water mark", (unsigned long long)p);
+        if (unit->base != page_address(pool, p) || unit->bytes != pool->page_bytes)
+            VMM_FAIL("page %llu: wrong address or size", (unsigned long long)p);
+        if ((unit->state == UNIT_IDLE) != (unit->live == 0)) VMM_FAIL("page %llu: idle state wrong", (unsigned long long)p);
     }
+    if (mapped != pool->unit_count) VMM_FAIL("%llu pages mapped, unit_count %zu", (unsigned long long)mapped, pool->unit_count);
 done:
     tp_host_free(pool->host, expected, pages * sizeof *expected);
     return ok;

@@ -65,7 +65,6 @@ enum { RESIDENT_MAP = 1, RESIDENT_ALLOC = 2 };
 typedef struct sim_resident {
     uint64_t start;
     uint64_t bytes;
-    uint64_t handle;
     int kind;
 } sim_resident;
 
@@ -113,7 +112,7 @@ typedef struct sim_device {
     size_t resident_count, resident_capacity;
     sim_reservation *reservations;
     size_t reservation_count, reservation_capacity;
-    uint64_t next_va, next_malloc, next_handle;
+    uint64_t next_va, next_malloc;
 
     uint64_t mapped_bytes, allocated_bytes, graph_bytes, occupied_bytes;
     sim_fault faults[TP_SIM_OP_COUNT_];
@@ -200,16 +199,22 @@ static bool resident_covers(const sim_device *sim, uint64_t start, uint64_t byte
     return true;
 }
 
-static tp_status resident_insert(sim_device *sim, sim_resident entry) {
+/* Inserts count entries: entry, then copies advanced by stride bytes. */
+static tp_status resident_insert_run(sim_device *sim, sim_resident entry, size_t count, uint64_t stride) {
     if (!tp_host_grow(&sim->device->host, (void **)&sim->resident, sizeof *sim->resident,
-                      &sim->resident_capacity, sim->resident_count + 1))
+                      &sim->resident_capacity, sim->resident_count + count))
         return TP_ERR_HOST_OUT_OF_MEMORY;
     size_t i = resident_lower_bound(sim, entry.start);
-    memmove(&sim->resident[i + 1], &sim->resident[i], (sim->resident_count - i) * sizeof *sim->resident);
-    sim->resident[i] = entry;
-    sim->resident_count++;
+    memmove(&sim->resident[i + count], &sim->resident[i], (sim->resident_count - i) * sizeof *sim->resident);
+    for (size_t k = 0; k < count; k++) {
+        sim->resident[i + k] = entry;
+        sim->resident[i + k].start = entry.start + k * stride;
+    }
+    sim->resident_count += count;
     return TP_OK;
 }
+
+static tp_status resident_insert(sim_device *sim, sim_resident entry) { return resident_insert_run(sim, entry, 1, 0); }
 
 /* Finds the resident range starting exactly at start with that kind. */
 static bool resident_find_exact(const sim_device *sim, uint64_t start, int kind, size_t *out_index) {
@@ -221,10 +226,13 @@ static bool resident_find_exact(const sim_device *sim, uint64_t start, int kind,
     return false;
 }
 
-static void resident_remove(sim_device *sim, size_t i) {
-    memmove(&sim->resident[i], &sim->resident[i + 1], (sim->resident_count - i - 1) * sizeof *sim->resident);
-    sim->resident_count--;
+static void resident_remove_run(sim_device *sim, size_t i, size_t count) {
+    memmove(&sim->resident[i], &sim->resident[i + count],
+            (sim->resident_count - i - count) * sizeof *sim->resident);
+    sim->resident_count -= count;
 }
+
+static void resident_remove(sim_device *sim, size_t i) { resident_remove_run(sim, i, 1); }
 
 /* ---------------------------------------------------------------- kernels */
 
@@ -386,7 +394,9 @@ static bool inside_reservation(const sim_device *sim, uint64_t va, uint64_t byte
     return false;
 }
 
-static tp_status sim_map(tp_device *device, uint64_t va, uint64_t bytes, uint64_t *out_handle) {
+/* Each page of a mapping is its own resident entry (its own physical
+ * allocation, as with the driver), so any run of pages can be unmapped. */
+static tp_status sim_map(tp_device *device, uint64_t va, uint64_t bytes) {
     sim_device *sim = sim_of(device);
     tp_status st;
     SIM_LOCKED(sim, {
@@ -396,34 +406,42 @@ static tp_status sim_map(tp_device *device, uint64_t va, uint64_t bytes, uint64_
             st = TP_ERR_INVALID_ARGUMENT;
         if (st == TP_OK && physical_used(sim) + bytes > sim->capacity_bytes) st = TP_ERR_OUT_OF_MEMORY;
         if (st == TP_OK) {
-            uint64_t handle = ++sim->next_handle;
-            st = resident_insert(sim, (sim_resident){va, bytes, handle, RESIDENT_MAP});
+            size_t pages = (size_t)(bytes / sim->granularity_bytes);
+            st = resident_insert_run(sim, (sim_resident){va, sim->granularity_bytes, RESIDENT_MAP}, pages,
+                                     sim->granularity_bytes);
             if (st == TP_OK) {
                 sim->mapped_bytes += bytes;
                 note_physical(sim);
-                *out_handle = handle;
             }
         }
     });
     return st;
 }
 
-static tp_status sim_unmap(tp_device *device, uint64_t va, uint64_t bytes, uint64_t handle) {
+static tp_status sim_unmap(tp_device *device, uint64_t va, uint64_t bytes) {
     sim_device *sim = sim_of(device);
     tp_status st;
     SIM_LOCKED(sim, {
         st = sim_enter(sim, TP_SIM_OP_UNMAP);
-        size_t i;
-        if (st == TP_OK && (!resident_find_exact(sim, va, RESIDENT_MAP, &i) || sim->resident[i].bytes != bytes ||
-                            sim->resident[i].handle != handle))
+        size_t i = 0, pages = 0;
+        if (st == TP_OK && (bytes == 0 || va % sim->granularity_bytes || bytes % sim->granularity_bytes ||
+                            !resident_find_exact(sim, va, RESIDENT_MAP, &i)))
             st = TP_ERR_INVALID_ARGUMENT;
+        if (st == TP_OK) {
+            pages = (size_t)(bytes / sim->granularity_bytes);
+            if (i + pages > sim->resident_count) st = TP_ERR_INVALID_ARGUMENT;
+            for (size_t k = 0; st == TP_OK && k < pages; k++) {
+                const sim_resident *r = &sim->resident[i + k];
+                if (r->kind != RESIDENT_MAP || r->start != va + k * sim->granularity_bytes) st = TP_ERR_INVALID_ARGUMENT;
+            }
+        }
         if (st == TP_OK) {
             if (sim->check) {
                 uint64_t n = count_conflicts(sim, va, bytes, -1, "unmap");
                 sim->counters.hazards_unmap += n;
                 sim->counters.hazards += n;
             }
-            resident_remove(sim, i);
+            resident_remove_run(sim, i, pages);
             sim->mapped_bytes -= bytes;
             note_physical(sim);
         }
@@ -443,7 +461,7 @@ static tp_status sim_mem_alloc(tp_device *device, uint64_t bytes, uint64_t *out_
             /* Like cudaMalloc: 512-byte aligned, and never adjacent to the
              * previous allocation, so segments cannot silently merge. */
             sim->next_malloc = tp_align_up(address + bytes, 2 * TP_MiB) + 2 * TP_MiB;
-            st = resident_insert(sim, (sim_resident){address, bytes, 0, RESIDENT_ALLOC});
+            st = resident_insert(sim, (sim_resident){address, bytes, RESIDENT_ALLOC});
             if (st == TP_OK) {
                 sim->allocated_bytes += bytes;
                 note_physical(sim);

@@ -71,14 +71,14 @@ static void test_memory(void) {
     test_log log = {0};
     tp_device *dev = open_sim("sim:64MiB", &log);
     const tp_device_ops *ops = dev->ops;
-    uint64_t va = 0, handle = 0, handle2 = 0, free_bytes, total;
+    uint64_t va = 0, free_bytes, total;
     CHECK_OK(ops->va_reserve(dev, 256 * TEST_MiB, 0, &va)); /* address space may exceed capacity */
     CHECK(va % (2 * TEST_MiB) == 0);
-    CHECK_OK(ops->map(dev, va, 32 * TEST_MiB, &handle));
-    CHECK_STATUS(ops->map(dev, va, 2 * TEST_MiB, &handle2), TP_ERR_INVALID_ARGUMENT);            /* overlap */
-    CHECK_STATUS(ops->map(dev, va + TEST_MiB, 2 * TEST_MiB, &handle2), TP_ERR_INVALID_ARGUMENT); /* unaligned */
-    CHECK_STATUS(ops->map(dev, va + 32 * TEST_MiB, 34 * TEST_MiB, &handle2), TP_ERR_OUT_OF_MEMORY);
-    CHECK_STATUS(ops->map(dev, va + 255 * TEST_MiB, 4 * TEST_MiB, &handle2), TP_ERR_INVALID_ARGUMENT); /* past end */
+    CHECK_OK(ops->map(dev, va, 32 * TEST_MiB));
+    CHECK_STATUS(ops->map(dev, va, 2 * TEST_MiB), TP_ERR_INVALID_ARGUMENT);            /* overlap */
+    CHECK_STATUS(ops->map(dev, va + TEST_MiB, 2 * TEST_MiB), TP_ERR_INVALID_ARGUMENT); /* unaligned */
+    CHECK_STATUS(ops->map(dev, va + 32 * TEST_MiB, 34 * TEST_MiB), TP_ERR_OUT_OF_MEMORY);
+    CHECK_STATUS(ops->map(dev, va + 255 * TEST_MiB, 4 * TEST_MiB), TP_ERR_INVALID_ARGUMENT); /* past end */
     CHECK_OK(tp_device_mem_info(dev, &free_bytes, &total));
     CHECK(total == 64 * TEST_MiB && free_bytes == 32 * TEST_MiB);
     uint64_t ptr = 0;
@@ -88,13 +88,21 @@ static void test_memory(void) {
     CHECK_OK(ops->mem_free(dev, ptr, 1000));
     CHECK_STATUS(ops->mem_free(dev, ptr, 1000), TP_ERR_INVALID_ARGUMENT); /* double free */
     CHECK_STATUS(ops->va_release(dev, va, 256 * TEST_MiB), TP_ERR_INVALID_ARGUMENT); /* still mapped */
-    CHECK_STATUS(ops->unmap(dev, va, 32 * TEST_MiB, handle + 1), TP_ERR_INVALID_ARGUMENT);
-    CHECK_OK(ops->unmap(dev, va, 32 * TEST_MiB, handle));
+    /* Pages unmap in any runs, not only as mapped; holes are refused. */
+    CHECK_OK(ops->unmap(dev, va + 4 * TEST_MiB, 8 * TEST_MiB));
+    CHECK_STATUS(ops->unmap(dev, va, 8 * TEST_MiB), TP_ERR_INVALID_ARGUMENT); /* runs into the hole */
+    CHECK_STATUS(ops->unmap(dev, va + 4 * TEST_MiB, 2 * TEST_MiB), TP_ERR_INVALID_ARGUMENT);
+    CHECK_OK(ops->map(dev, va + 6 * TEST_MiB, 2 * TEST_MiB));
+    CHECK_OK(tp_device_mem_info(dev, &free_bytes, &total));
+    CHECK(free_bytes == 38 * TEST_MiB);
+    CHECK_OK(ops->unmap(dev, va, 4 * TEST_MiB));
+    CHECK_OK(ops->unmap(dev, va + 6 * TEST_MiB, 2 * TEST_MiB));
+    CHECK_OK(ops->unmap(dev, va + 12 * TEST_MiB, 20 * TEST_MiB));
     CHECK_OK(ops->va_release(dev, va, 256 * TEST_MiB));
     tp_sim_counters c;
     CHECK_OK(tp_sim_get_counters(dev, &c));
     CHECK(c.physical_used_bytes == 0 && c.physical_peak_bytes == 32 * TEST_MiB + 1000);
-    CHECK(c.calls[TP_SIM_OP_MAP] == 5 && c.calls[TP_SIM_OP_MALLOC] == 1);
+    CHECK(c.calls[TP_SIM_OP_MAP] == 6 && c.calls[TP_SIM_OP_MALLOC] == 1 && c.calls[TP_SIM_OP_UNMAP] == 6);
     CHECK_OK(tp_device_close(dev));
 
     /* No VMM: reservations are refused; host memory does not scale with

@@ -1,0 +1,480 @@
+/*
+ * replay.c -- the replay engine and the adapter for tidepool's own pools.
+ *
+ * Each pool replays on its own device, opened from the same spec, so device
+ * capacity and the simulated clock are per pool. The simulated clock
+ * follows the trace's timestamps, so time-based policies (idle release)
+ * behave as they would have in the recorded run. Trace addresses are only
+ * identities: a per-pool table maps each live trace address to what the
+ * pool returned. Peak live bytes are computed by the engine from the
+ * requests alone and are the same for every pool.
+ */
+#include "replay.h"
+
+#include "internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define SAMPLE_TARGET 2048
+#define MAX_STREAMS 63
+
+uint64_t replay_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* ------------------------------------------------ tidepool pool adapter */
+
+typedef struct tidepool_adapter {
+    tp_pool *pool;
+} tidepool_adapter;
+
+static void *tidepool_create(tp_device *device, const tp_pool_config *config, tp_pool_kind kind, char *err,
+                             size_t cap) {
+    tidepool_adapter *a = calloc(1, sizeof *a);
+    if (!a) return NULL;
+    tp_pool_config pc = *config;
+    pc.kind = kind;
+    tp_status st = tp_pool_create(device, &pc, &a->pool);
+    if (st != TP_OK) {
+        snprintf(err, cap, "creating the %s pool failed: %s", kind == TP_POOL_VMM ? "vmm" : "segment",
+                 tp_status_name(st));
+        free(a);
+        return NULL;
+    }
+    return a;
+}
+
+static void *vmm_create(tp_device *d, const tp_pool_config *c, char *e, size_t n) {
+    return tidepool_create(d, c, TP_POOL_VMM, e, n);
+}
+static void *segment_create(tp_device *d, const tp_pool_config *c, char *e, size_t n) {
+    return tidepool_create(d, c, TP_POOL_SEGMENT, e, n);
+}
+
+static replay_status tidepool_alloc(void *impl, uint64_t bytes, tp_stream stream, uint64_t *out) {
+    tidepool_adapter *a = impl;
+    void *p = NULL;
+    tp_status st = tp_pool_alloc(a->pool, (size_t)bytes, stream, &p);
+    if (st == TP_OK) {
+        *out = (uint64_t)(uintptr_t)p;
+        return REPLAY_OK;
+    }
+    return st == TP_ERR_OUT_OF_MEMORY ? REPLAY_OOM : REPLAY_ERROR;
+}
+
+static replay_status tidepool_free(void *impl, uint64_t address, uint64_t bytes, tp_stream stream) {
+    (void)bytes;
+    tidepool_adapter *a = impl;
+    return tp_pool_free(a->pool, (void *)(uintptr_t)address, stream) == TP_OK ? REPLAY_OK : REPLAY_ERROR;
+}
+
+static void tidepool_counters(void *impl, replay_counters *out) {
+    tidepool_adapter *a = impl;
+    tp_pool_stats s;
+    tp_pool_get_stats(a->pool, &s);
+    out->reserved_bytes = s.reserved_bytes.current;
+    out->peak_reserved_bytes = s.reserved_bytes.peak;
+    out->cached_bytes = s.cached_bytes.current;
+    out->device_calls = s.device_calls;
+    out->device_allocs = s.device_allocs;
+    out->hazards = s.hazards;
+    out->lifo_violations = 0;
+}
+
+static void tidepool_extra(void *impl, char *buf, size_t cap) {
+    tidepool_adapter *a = impl;
+    tp_pool_stats s;
+    tp_pool_get_stats(a->pool, &s);
+    snprintf(buf, cap,
+             "\"device_frees\":%llu,\"cache_hits\":%llu,\"synchronizations\":%llu,\"fragmentation_end\":%.4f",
+             (unsigned long long)s.device_frees,
+             (unsigned long long)s.cache_hits, (unsigned long long)s.synchronizations, s.fragmentation);
+}
+
+static void tidepool_destroy(void *impl) {
+    tidepool_adapter *a = impl;
+    tp_pool_destroy(a->pool);
+    free(a);
+}
+
+static const replay_pool_ops tidepool_ops = {tidepool_alloc, tidepool_free, tidepool_counters, tidepool_extra,
+                                             tidepool_destroy};
+
+extern const replay_pool_factory replay_ggml_legacy_factory;
+extern const replay_pool_factory replay_ggml_vmm_factory;
+
+static const replay_pool_factory vmm_factory = {"vmm", true, vmm_create, &tidepool_ops};
+static const replay_pool_factory segment_factory = {"segment", false, segment_create, &tidepool_ops};
+
+static const replay_pool_factory *const factories[] = {&vmm_factory, &segment_factory, &replay_ggml_legacy_factory,
+                                                       &replay_ggml_vmm_factory};
+
+const replay_pool_factory *replay_find_pool(const char *name) {
+    for (size_t i = 0; i < sizeof factories / sizeof *factories; i++)
+        if (strcmp(factories[i]->name, name) == 0) return factories[i];
+    return NULL;
+}
+
+const char *replay_pool_names(void) { return "vmm, segment, ggml-legacy, ggml-vmm"; }
+
+/* ----------------------------------------------------------- the engine */
+
+typedef struct addr_entry {
+    uint64_t key;     /* trace address + 1 (0 = empty) */
+    uint64_t address; /* what the pool returned; 0 = the allocation failed */
+    uint64_t bytes;
+} addr_entry;
+
+typedef struct addr_map {
+    addr_entry *slots;
+    size_t capacity, count;
+} addr_map;
+
+static size_t addr_hash(uint64_t key, size_t capacity) {
+    return (size_t)((key * 0x9E3779B97F4A7C15ull) >> 20) & (capacity - 1);
+}
+
+static addr_entry *addr_find(addr_map *m, uint64_t trace_address) {
+    uint64_t key = trace_address + 1;
+    for (size_t i = addr_hash(key, m->capacity);; i = (i + 1) & (m->capacity - 1)) {
+        if (m->slots[i].key == key) return &m->slots[i];
+        if (m->slots[i].key == 0) return NULL;
+    }
+}
+
+static bool addr_put(addr_map *m, uint64_t trace_address, uint64_t address, uint64_t bytes) {
+    if ((m->count + 1) * 2 > m->capacity) {
+        size_t cap = m->capacity ? m->capacity * 2 : 4096;
+        addr_entry *slots = calloc(cap, sizeof *slots);
+        if (!slots) return false;
+        for (size_t i = 0; i < m->capacity; i++) {
+            if (!m->slots[i].key) continue;
+            size_t j = addr_hash(m->slots[i].key, cap);
+            while (slots[j].key) j = (j + 1) & (cap - 1);
+            slots[j] = m->slots[i];
+        }
+        free(m->slots);
+        m->slots = slots;
+        m->capacity = cap;
+    }
+    uint64_t key = trace_address + 1;
+    size_t i = addr_hash(key, m->capacity);
+    while (m->slots[i].key && m->slots[i].key != key) i = (i + 1) & (m->capacity - 1);
+    if (!m->slots[i].key) m->count++;
+    m->slots[i] = (addr_entry){key, address, bytes};
+    return true;
+}
+
+static void addr_remove(addr_map *m, addr_entry *e) {
+    size_t mask = m->capacity - 1;
+    size_t hole = (size_t)(e - m->slots);
+    for (size_t j = (hole + 1) & mask; m->slots[j].key; j = (j + 1) & mask) {
+        size_t home = addr_hash(m->slots[j].key, m->capacity);
+        bool movable = (j > hole) ? (home <= hole || home > j) : (home <= hole && home > j);
+        if (movable) {
+            m->slots[hole] = m->slots[j];
+            hole = j;
+        }
+    }
+    m->slots[hole].key = 0;
+    m->count--;
+}
+
+typedef struct stream_entry {
+    uint32_t trace_id;
+    tp_stream stream;
+} stream_entry;
+
+typedef struct replay_lane {
+    const replay_pool_factory *factory;
+    void *impl;
+    tp_device *device;
+    bool is_sim;
+    uint64_t sim_now_ns;
+    addr_map live;
+    stream_entry streams[MAX_STREAMS];
+    size_t stream_count;
+    uint64_t live_bytes;
+    uint64_t sample_every, next_sample, samples_capacity;
+    replay_result result;
+} replay_lane;
+
+struct replay_run {
+    replay_lane *lanes;
+    size_t lane_count;
+    replay_options options;
+    uint64_t events;
+    replay_result *results;
+};
+
+static void lane_sample(replay_lane *lane, uint64_t time_ns) {
+    replay_counters c = {0};
+    lane->factory->ops->counters(lane->impl, &c);
+    replay_result *r = &lane->result;
+    if (r->sample_count && r->samples[r->sample_count - 1].event / lane->sample_every ==
+                               r->events / lane->sample_every) {
+        /* same bucket: keep the maxima */
+        replay_sample *s = &r->samples[r->sample_count - 1];
+        if (lane->live_bytes > s->live_bytes) s->live_bytes = lane->live_bytes;
+        if (c.reserved_bytes > s->reserved_bytes) s->reserved_bytes = c.reserved_bytes;
+        if (c.cached_bytes > s->cached_bytes) s->cached_bytes = c.cached_bytes;
+        return;
+    }
+    if (r->sample_count == lane->samples_capacity) {
+        /* Halve the resolution: merge neighbours, keeping maxima. */
+        size_t half = 0;
+        for (size_t i = 0; i < r->sample_count; i += 2, half++) {
+            replay_sample m = r->samples[i];
+            if (i + 1 < r->sample_count) {
+                const replay_sample *b = &r->samples[i + 1];
+                m.live_bytes = m.live_bytes > b->live_bytes ? m.live_bytes : b->live_bytes;
+                m.reserved_bytes = m.reserved_bytes > b->reserved_bytes ? m.reserved_bytes : b->reserved_bytes;
+                m.cached_bytes = m.cached_bytes > b->cached_bytes ? m.cached_bytes : b->cached_bytes;
+            }
+            r->samples[half] = m;
+        }
+        r->sample_count = half;
+        lane->sample_every *= 2;
+    }
+    r->samples[r->sample_count++] =
+        (replay_sample){r->events, time_ns, lane->live_bytes, c.reserved_bytes, c.cached_bytes};
+}
+
+static tp_stream lane_stream(replay_lane *lane, uint32_t trace_id) {
+    if (trace_id == 0) return TP_STREAM_DEFAULT;
+    for (size_t i = 0; i < lane->stream_count; i++)
+        if (lane->streams[i].trace_id == trace_id) return lane->streams[i].stream;
+    tp_stream s = TP_STREAM_DEFAULT;
+    if (lane->stream_count < MAX_STREAMS && tp_stream_create(lane->device, &s) == TP_OK)
+        lane->streams[lane->stream_count++] = (stream_entry){trace_id, s};
+    return s;
+}
+
+static void lane_event(replay_lane *lane, const trace_event *e, bool follow_time) {
+    replay_result *r = &lane->result;
+    if (lane->is_sim && follow_time && e->time_ns > lane->sim_now_ns) {
+        tp_sim_advance(lane->device, e->time_ns - lane->sim_now_ns);
+        lane->sim_now_ns = e->time_ns;
+    }
+    r->events++;
+    if (r->fatal) return;
+    if (e->action == TRACE_ALLOC) {
+        r->allocs++;
+        if (!e->bytes) return; /* zero-byte requests are not memory */
+        uint64_t address = 0;
+        replay_status st = lane->factory->ops->alloc(lane->impl, e->bytes, lane_stream(lane, e->stream), &address);
+        if (st == REPLAY_OOM || st == REPLAY_FATAL) {
+            if (!r->ooms) r->first_oom_event = r->events;
+            r->ooms++;
+            if (st == REPLAY_FATAL) {
+                r->fatal = true;
+                r->fatal_event = r->events;
+            }
+            address = 0;
+        } else if (st != REPLAY_OK) {
+            r->errors++;
+            address = 0;
+        } else {
+            lane->live_bytes += e->bytes;
+            if (lane->live_bytes > r->peak_live_bytes) r->peak_live_bytes = lane->live_bytes;
+        }
+        addr_put(&lane->live, e->address, address, e->bytes);
+    } else if (e->action == TRACE_FREE) {
+        r->frees++;
+        addr_entry *entry = addr_find(&lane->live, e->address);
+        if (!entry) {
+            r->unknown_frees++;
+            return;
+        }
+        if (entry->address) {
+            if (lane->factory->ops->free(lane->impl, entry->address, entry->bytes, lane_stream(lane, e->stream)) !=
+                REPLAY_OK)
+                r->errors++;
+            lane->live_bytes -= entry->bytes;
+        }
+        addr_remove(&lane->live, entry);
+    }
+}
+
+replay_run *replay_begin(const char *pool_names, const replay_options *options, char *err, size_t cap) {
+    replay_run *run = calloc(1, sizeof *run);
+    if (!run) {
+        snprintf(err, cap, "out of memory");
+        return NULL;
+    }
+    run->options = *options;
+    if (!run->options.device_spec) run->options.device_spec = "sim:1TiB";
+    char names[256];
+    snprintf(names, sizeof names, "%s", pool_names);
+    size_t count = 1;
+    for (const char *p = names; *p; p++) count += *p == ',';
+    run->lanes = calloc(count, sizeof *run->lanes);
+    if (!run->lanes) goto oom;
+    char *save = NULL;
+    for (char *name = strtok_r(names, ",", &save); name; name = strtok_r(NULL, ",", &save)) {
+        while (*name == ' ') name++;
+        const replay_pool_factory *f = replay_find_pool(name);
+        if (!f) {
+            snprintf(err, cap, "unknown pool '%s' (known: %s)", name, replay_pool_names());
+            goto fail;
+        }
+        replay_lane *lane = &run->lanes[run->lane_count];
+        lane->factory = f;
+        if (tp_device_open(run->options.device_spec, NULL, &lane->device) != TP_OK) {
+            snprintf(err, cap, "cannot open device '%s'", run->options.device_spec);
+            goto fail;
+        }
+        run->lane_count++;
+        tp_device_info info;
+        tp_device_get_info(lane->device, &info);
+        lane->is_sim = strcmp(info.backend, "sim") == 0;
+        if (f->needs_vmm && !info.vmm_enabled) {
+            snprintf(err, cap, "pool '%s' needs a device with VMM; '%s' has none (try segment or ggml-legacy)", name,
+                     run->options.device_spec);
+            goto fail;
+        }
+        lane->impl = f->create(lane->device, &run->options.pool_config, err, cap);
+        if (!lane->impl) goto fail;
+        snprintf(lane->result.pool, sizeof lane->result.pool, "%s", f->name);
+        snprintf(lane->result.device, sizeof lane->result.device, "%s", run->options.device_spec);
+        lane->sample_every = 1;
+        lane->samples_capacity = run->options.keep_samples ? SAMPLE_TARGET : 0;
+        if (lane->samples_capacity) {
+            lane->result.samples = calloc(lane->samples_capacity, sizeof *lane->result.samples);
+            if (!lane->result.samples) goto oom;
+        }
+    }
+    if (!run->lane_count) {
+        snprintf(err, cap, "no pool named");
+        goto fail;
+    }
+    return run;
+oom:
+    snprintf(err, cap, "out of memory");
+fail:
+    replay_free(run);
+    return NULL;
+}
+
+void replay_feed(replay_run *run, const trace_event *events, size_t count) {
+    for (size_t l = 0; l < run->lane_count; l++) {
+        replay_lane *lane = &run->lanes[l];
+        uint64_t sample_ns = 0;
+        uint64_t start = replay_now_ns();
+        for (size_t i = 0; i < count; i++) {
+            lane_event(lane, &events[i], run->options.follow_trace_time);
+            if (lane->samples_capacity && lane->result.events >= lane->next_sample) {
+                uint64_t s0 = replay_now_ns();
+                lane_sample(lane, events[i].time_ns);
+                lane->next_sample = lane->result.events + lane->sample_every;
+                sample_ns += replay_now_ns() - s0;
+            }
+        }
+        lane->result.replay_ns += replay_now_ns() - start - sample_ns;
+    }
+    run->events += count;
+}
+
+size_t replay_finish(replay_run *run, replay_result **out_results) {
+    for (size_t l = 0; l < run->lane_count; l++) {
+        replay_lane *lane = &run->lanes[l];
+        replay_counters c = {0};
+        lane->factory->ops->counters(lane->impl, &c);
+        if (lane->samples_capacity) lane_sample(lane, 0);
+        replay_result *r = &lane->result;
+        r->end_reserved_bytes = c.reserved_bytes;
+        r->peak_reserved_bytes = c.peak_reserved_bytes;
+        r->device_calls = c.device_calls;
+        r->device_allocs = c.device_allocs;
+        r->hazards = c.hazards;
+        r->lifo_violations = c.lifo_violations;
+        if (lane->factory->ops->extra_json) lane->factory->ops->extra_json(lane->impl, r->extra, sizeof r->extra);
+    }
+    if (!run->results) run->results = calloc(run->lane_count, sizeof *run->results);
+    for (size_t l = 0; l < run->lane_count && run->results; l++) run->results[l] = run->lanes[l].result;
+    *out_results = run->results;
+    return run->results ? run->lane_count : 0;
+}
+
+void replay_free(replay_run *run) {
+    if (!run) return;
+    for (size_t l = 0; l < run->lane_count; l++) {
+        replay_lane *lane = &run->lanes[l];
+        if (lane->impl) lane->factory->ops->destroy(lane->impl);
+        for (size_t i = 0; i < lane->stream_count; i++) tp_stream_destroy(lane->device, lane->streams[i].stream);
+        if (lane->device) tp_device_close(lane->device);
+        free(lane->live.slots);
+        free(lane->result.samples);
+    }
+    free(run->lanes);
+    free(run->results);
+    free(run);
+}
+
+int replay_file(const char *path, const char *pool_names, const replay_options *options, replay_run **out_run,
+                uint64_t *out_parse_ns, char *err, size_t cap) {
+    *out_run = NULL;
+    trace_reader *reader = trace_open(path, err, cap);
+    if (!reader) return -1;
+    replay_run *run = replay_begin(pool_names, options, err, cap);
+    if (!run) {
+        trace_close(reader);
+        return -1;
+    }
+    enum { CHUNK = 1 << 16 };
+    trace_event *chunk = malloc(CHUNK * sizeof *chunk);
+    if (!chunk) {
+        snprintf(err, cap, "out of memory");
+        replay_free(run);
+        trace_close(reader);
+        return -1;
+    }
+    uint64_t parse_ns = 0;
+    for (;;) {
+        uint64_t t0 = replay_now_ns();
+        long n = trace_read(reader, chunk, CHUNK, err, cap);
+        parse_ns += replay_now_ns() - t0;
+        if (n < 0) {
+            free(chunk);
+            replay_free(run);
+            trace_close(reader);
+            return -1;
+        }
+        if (n == 0) break;
+        replay_feed(run, chunk, (size_t)n);
+    }
+    free(chunk);
+    trace_close(reader);
+    if (out_parse_ns) *out_parse_ns = parse_ns;
+    *out_run = run;
+    return 0;
+}
+
+double replay_ratio(const replay_result *r) {
+    return r->peak_live_bytes ? (double)r->peak_reserved_bytes / (double)r->peak_live_bytes : 0.0;
+}
+
+void replay_result_json(const replay_result *r, FILE *out) {
+    fprintf(out,
+            "{\"pool\":\"%s\",\"device\":\"%s\",\"events\":%llu,\"allocs\":%llu,\"frees\":%llu,"
+            "\"peak_live_bytes\":%llu,\"peak_reserved_bytes\":%llu,\"reserved_to_live_ratio\":%.4f,"
+            "\"end_reserved_bytes\":%llu,\"device_calls\":%llu,\"device_allocs\":%llu,\"ooms\":%llu,"
+            "\"errors\":%llu,\"unknown_frees\":%llu,\"hazards\":%llu,\"lifo_violations\":%llu,\"fatal\":%s,"
+            "\"ns_per_event\":%.1f",
+            r->pool, r->device, (unsigned long long)r->events, (unsigned long long)r->allocs,
+            (unsigned long long)r->frees, (unsigned long long)r->peak_live_bytes,
+            (unsigned long long)r->peak_reserved_bytes, replay_ratio(r), (unsigned long long)r->end_reserved_bytes,
+            (unsigned long long)r->device_calls, (unsigned long long)r->device_allocs, (unsigned long long)r->ooms,
+            (unsigned long long)r->errors, (unsigned long long)r->unknown_frees, (unsigned long long)r->hazards,
+            (unsigned long long)r->lifo_violations, r->fatal ? "true" : "false",
+            r->events ? (double)r->replay_ns / (double)r->events : 0.0);
+    if (r->ooms) fprintf(out, ",\"first_oom_event\":%llu", (unsigned long long)r->first_oom_event);
+    if (r->fatal) fprintf(out, ",\"fatal_event\":%llu", (unsigned long long)r->fatal_event);
+    if (r->extra[0]) fprintf(out, ",%s", r->extra);
+    fputc('}', out);
+}

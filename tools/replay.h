@@ -1,0 +1,112 @@
+/*
+ * replay.h -- replaying allocation traces through pools, several side by
+ * side, each on its own simulated (or real) device.
+ *
+ * A replay pool is an adapter: tidepool's own pools, or the baselines that
+ * model the pools of the public reports (baselines.c). Events stream in
+ * chunks from trace.h's reader and every pool sees every chunk, so a trace
+ * of any length replays in fixed memory.
+ */
+#ifndef TIDEPOOL_REPLAY_H
+#define TIDEPOOL_REPLAY_H
+
+#include "tidepool.h"
+#include "trace.h"
+
+#include <stdbool.h>
+#include <stdio.h>
+
+typedef enum replay_status { REPLAY_OK = 0, REPLAY_OOM = 1, REPLAY_FATAL = 2, REPLAY_ERROR = 3 } replay_status;
+
+typedef struct replay_counters {
+    uint64_t reserved_bytes;  /* device memory the pool holds now */
+    uint64_t peak_reserved_bytes; /* exact maximum of reserved_bytes so far */
+    uint64_t cached_bytes;    /* of which idle */
+    uint64_t device_calls;
+    uint64_t device_allocs;
+    uint64_t hazards;
+    uint64_t lifo_violations; /* ggml-vmm only */
+} replay_counters;
+
+typedef struct replay_pool_ops {
+    replay_status (*alloc)(void *impl, uint64_t bytes, tp_stream stream, uint64_t *out_address);
+    replay_status (*free)(void *impl, uint64_t address, uint64_t bytes, tp_stream stream);
+    void (*counters)(void *impl, replay_counters *out);
+    /* Extra JSON members ("\"key\":value,...") or "" (optional). */
+    void (*extra_json)(void *impl, char *buf, size_t capacity);
+    void (*destroy)(void *impl);
+} replay_pool_ops;
+
+/* A pool name ("vmm", "segment", "ggml-legacy", "ggml-vmm") on device. */
+typedef struct replay_pool_factory {
+    const char *name;
+    bool needs_vmm;
+    /* Creates the adapter on device; NULL with err filled on failure. */
+    void *(*create)(tp_device *device, const tp_pool_config *config, char *err, size_t capacity);
+    const replay_pool_ops *ops;
+} replay_pool_factory;
+
+const replay_pool_factory *replay_find_pool(const char *name);
+/* "vmm, segment, ggml-legacy, ggml-vmm" */
+const char *replay_pool_names(void);
+
+typedef struct replay_sample {
+    uint64_t event;
+    uint64_t time_ns;
+    uint64_t live_bytes;
+    uint64_t reserved_bytes;
+    uint64_t cached_bytes;
+} replay_sample;
+
+typedef struct replay_result {
+    char pool[32];
+    char device[64];
+    uint64_t events;
+    uint64_t allocs, frees;
+    uint64_t peak_live_bytes;
+    uint64_t peak_reserved_bytes;
+    uint64_t end_reserved_bytes;
+    uint64_t device_calls;
+    uint64_t device_allocs;
+    uint64_t ooms;
+    uint64_t errors;         /* frees the pool refused, statuses other than OOM */
+    uint64_t unknown_frees;  /* frees of addresses the trace never allocated */
+    uint64_t hazards;
+    uint64_t lifo_violations;
+    bool fatal;              /* the pool gave up (ggml-vmm aborts on OOM) */
+    uint64_t fatal_event;
+    uint64_t first_oom_event;
+    uint64_t replay_ns;      /* host time spent replaying (not parsing) */
+    char extra[512];
+    /* Downsampled curve: buckets keep their maxima, so peaks survive. */
+    replay_sample *samples;
+    size_t sample_count;
+} replay_result;
+
+typedef struct replay_options {
+    const char *device_spec; /* NULL: "sim:1TiB" */
+    tp_pool_config pool_config;
+    bool keep_samples;
+    bool follow_trace_time;  /* advance the simulated clock with the trace (default on) */
+} replay_options;
+
+typedef struct replay_run replay_run;
+
+/* Starts replaying into the named pools (comma-separated). */
+replay_run *replay_begin(const char *pool_names, const replay_options *options, char *err, size_t capacity);
+/* Feeds a chunk of events to every pool. */
+void replay_feed(replay_run *run, const trace_event *events, size_t count);
+/* Ends the replay; results stay valid until replay_free. */
+size_t replay_finish(replay_run *run, replay_result **out_results);
+void replay_free(replay_run *run);
+
+/* Replays a whole file. Returns 0, or -1 with err filled. */
+int replay_file(const char *path, const char *pool_names, const replay_options *options, replay_run **out_run,
+                uint64_t *out_parse_ns, char *err, size_t capacity);
+
+/* One JSON object per result (no trailing newline). */
+void replay_result_json(const replay_result *r, FILE *out);
+double replay_ratio(const replay_result *r);
+uint64_t replay_now_ns(void);
+
+#endif

@@ -1,0 +1,47 @@
+/*
+ * tide.c -- the tidepool command line: dispatches to the subcommands.
+ */
+#include "tide.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static const struct {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *summary;
+} commands[] = {
+    {"demo", tide_demo, "the side-by-side demo: the reported failures against tidepool (simulated device)"},
+    {"replay", tide_replay, "replay allocation traces through pools and compare memory held"},
+    {"scenario", tide_scenario, "generate the workloads of the design notes, replay or write them"},
+    {"bench", tide_bench, "measure the cached alloc+free hit path"},
+};
+
+static void usage(FILE *out) {
+    fprintf(out,
+            "tide -- tidepool, a GPU device-memory manager for long-running inference servers\n\n"
+            "usage: tide COMMAND [options]     (tide COMMAND --help for its options)\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
+        fprintf(out, "  %-9s %s\n", commands[i].name, commands[i].summary);
+    fprintf(out, "\ndevices: sim (default), sim:6GiB, sim:6GiB,novmm, cuda:0, cuda:0,novmm\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return 0;
+    }
+    if (!strcmp(argv[1], "--version")) {
+        printf("tide %d.%d.%d\n", TP_VERSION_MAJOR, TP_VERSION_MINOR, TP_VERSION_PATCH);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
+        if (!strcmp(argv[1], commands[i].name)) return commands[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "tide: unknown command '%s'\n\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

@@ -1,0 +1,321 @@
+/*
+ * trace.c -- the trace reader and writer (formats in trace.h).
+ *
+ * Lines are read with gzgets (zlib reads gzip and plain files alike) into a
+ * fixed buffer; a line longer than the buffer is an error, never silently
+ * split. Fields are parsed strictly: anything but the expected digits (or
+ * the RMM time syntax) is reported with its file and line. Blank lines and
+ * a trailing CR are accepted, as is a last line without a newline.
+ */
+#include "trace.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zlib.h>
+
+#define LINE_CAPACITY 1024
+
+struct trace_reader {
+    gzFile gz;            /* file source, or NULL */
+    const char *data;     /* memory source */
+    size_t length, offset;
+    char name[200];
+    trace_format format;
+    unsigned long long line;
+    bool have_origin;
+    uint64_t origin_ns; /* time of the first event */
+    char buf[LINE_CAPACITY];
+};
+
+static const char TIDEPOOL_HEADER[] = "time_us,action,addr,size,stream";
+static const char RMM_HEADER[] = "Thread,Time,Action,Pointer,Size,Stream";
+
+/* Next line without its terminator; NULL at the end. *too_long on overflow. */
+static char *next_line(trace_reader *r, bool *too_long) {
+    *too_long = false;
+    size_t n = 0;
+    if (r->gz) {
+        if (!gzgets(r->gz, r->buf, sizeof r->buf)) return NULL;
+        n = strlen(r->buf);
+        if (n == sizeof r->buf - 1 && r->buf[n - 1] != '\n' && !gzeof(r->gz)) {
+            *too_long = true;
+            return r->buf;
+        }
+    } else {
+        if (r->offset >= r->length) return NULL;
+        const char *start = r->data + r->offset;
+        const char *nl = memchr(start, '\n', r->length - r->offset);
+        size_t len = nl ? (size_t)(nl - start) + 1 : r->length - r->offset;
+        r->offset += len;
+        if (len >= sizeof r->buf) {
+            *too_long = true;
+            return r->buf;
+        }
+        memcpy(r->buf, start, len);
+        r->buf[len] = '\0';
+        n = len;
+    }
+    while (n && (r->buf[n - 1] == '\n' || r->buf[n - 1] == '\r')) r->buf[--n] = '\0';
+    if (memchr(r->buf, '\0', n)) { /* an embedded NUL: treat like junk */
+        *too_long = true;
+    }
+    r->line++;
+    return r->buf;
+}
+
+static trace_reader *open_common(trace_reader *r, char *err, size_t cap) {
+    bool too_long;
+    char *header = next_line(r, &too_long);
+    if (!header) {
+        snprintf(err, cap, "%s: empty file (expected a header line '%s' or '%s')", r->name, TIDEPOOL_HEADER, RMM_HEADER);
+        goto fail;
+    }
+    if (too_long) {
+        snprintf(err, cap, "%s:1: header line too long or not text", r->name);
+        goto fail;
+    }
+    /* Tolerate a UTF-8 byte-order mark and surrounding blanks. */
+    if ((unsigned char)header[0] == 0xEF && (unsigned char)header[1] == 0xBB && (unsigned char)header[2] == 0xBF) header += 3;
+    while (*header == ' ') header++;
+    if (strcmp(header, TIDEPOOL_HEADER) == 0) {
+        r->format = TRACE_FORMAT_TIDEPOOL;
+    } else if (strcmp(header, RMM_HEADER) == 0) {
+        r->format = TRACE_FORMAT_RMM;
+    } else {
+        snprintf(err, cap, "%s:1: unknown header '%.80s' (expected '%s' or '%s')", r->name, header, TIDEPOOL_HEADER,
+                 RMM_HEADER);
+        goto fail;
+    }
+    return r;
+fail:
+    trace_close(r);
+    return NULL;
+}
+
+trace_reader *trace_open(const char *path, char *err, size_t cap) {
+    trace_reader *r = calloc(1, sizeof *r);
+    if (!r) {
+        snprintf(err, cap, "out of memory");
+        return NULL;
+    }
+    snprintf(r->name, sizeof r->name, "%s", path);
+    r->gz = gzopen(path, "rb");
+    if (!r->gz) {
+        snprintf(err, cap, "%s: cannot open: %s", path, strerror(errno ? errno : ENOENT));
+        free(r);
+        return NULL;
+    }
+    gzbuffer(r->gz, 1 << 17);
+    return open_common(r, err, cap);
+}
+
+trace_reader *trace_open_memory(const char *data, size_t length, char *err, size_t cap) {
+    trace_reader *r = calloc(1, sizeof *r);
+    if (!r) {
+        snprintf(err, cap, "out of memory");
+        return NULL;
+    }
+    snprintf(r->name, sizeof r->name, "<memory>");
+    r->data = data;
+    r->length = length;
+    return open_common(r, err, cap);
+}
+
+void trace_close(trace_reader *r) {
+    if (!r) return;
+    if (r->gz) gzclose(r->gz);
+    free(r);
+}
+
+trace_format trace_get_format(const trace_reader *r) { return r->format; }
+
+/* Splits line at commas into exactly n fields. */
+static bool split_fields(char *line, char **fields, int n) {
+    int count = 0;
+    char *p = line;
+    while (count < n) {
+        fields[count++] = p;
+        char *comma = strchr(p, ',');
+        if (!comma) break;
+        *comma = '\0';
+        p = comma + 1;
+    }
+    return count == n && !strchr(fields[n - 1], ',');
+}
+
+static bool parse_u64(const char *s, uint64_t *out) {
+    if (!*s) return false;
+    uint64_t v = 0;
+    for (; *s; s++) {
+        if (!isdigit((unsigned char)*s)) return false;
+        unsigned d = (unsigned)(*s - '0');
+        if (v > (UINT64_MAX - d) / 10) return false;
+        v = v * 10 + d;
+    }
+    *out = v;
+    return true;
+}
+
+/* Decimal, or hexadecimal with 0x. */
+static bool parse_pointer(const char *s, uint64_t *out) {
+    if (s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) {
+        s += 2;
+        if (!*s) return false;
+        uint64_t v = 0;
+        for (; *s; s++) {
+            int d;
+            if (*s >= '0' && *s <= '9') d = *s - '0';
+            else if (*s >= 'a' && *s <= 'f') d = *s - 'a' + 10;
+            else if (*s >= 'A' && *s <= 'F') d = *s - 'A' + 10;
+            else return false;
+            if (v >> 60) return false;
+            v = (v << 4) | (uint64_t)d;
+        }
+        *out = v;
+        return true;
+    }
+    return parse_u64(s, out);
+}
+
+/* RMM time: fractional seconds ("1634567890.123456") or "HH:MM:SS.ffffff". */
+static bool parse_rmm_time(const char *s, uint64_t *out_ns) {
+    uint64_t whole = 0, frac_ns = 0;
+    const char *dot = strchr(s, '.');
+    char head[40];
+    size_t head_len = dot ? (size_t)(dot - s) : strlen(s);
+    if (head_len == 0 || head_len >= sizeof head) return false;
+    memcpy(head, s, head_len);
+    head[head_len] = '\0';
+    if (strchr(head, ':')) {
+        unsigned h, m, sec;
+        char tail;
+        if (sscanf(head, "%u:%u:%u%c", &h, &m, &sec, &tail) != 3 || m > 59 || sec > 60) return false;
+        for (const char *c = head; *c; c++)
+            if (!isdigit((unsigned char)*c) && *c != ':') return false;
+        whole = (uint64_t)h * 3600 + m * 60 + sec;
+    } else if (!parse_u64(head, &whole)) {
+        return false;
+    }
+    if (dot) {
+        const char *f = dot + 1;
+        int digits = 0;
+        if (!*f) return false;
+        for (; *f; f++, digits++) {
+            if (!isdigit((unsigned char)*f)) return false;
+            if (digits < 9) frac_ns = frac_ns * 10 + (uint64_t)(*f - '0');
+        }
+        for (; digits < 9; digits++) frac_ns *= 10;
+    }
+    if (whole > UINT64_MAX / 1000000000ull - 1) return false;
+    *out_ns = whole * 1000000000ull + frac_ns;
+    return true;
+}
+
+static uint32_t fold_stream(uint64_t v) { return (uint32_t)(v ^ (v >> 32)); }
+
+#define BAD(...)                                                              \
+    do {                                                                      \
+        int at_ = snprintf(err, cap, "%s:%llu: ", r->name, r->line);          \
+        if (at_ > 0 && (size_t)at_ < cap) snprintf(err + at_, cap - (size_t)at_, __VA_ARGS__); \
+        return -1;                                                            \
+    } while (0)
+
+long trace_read(trace_reader *r, trace_event *events, size_t capacity, char *err, size_t cap) {
+    size_t n = 0;
+    while (n < capacity) {
+        bool too_long;
+        char *line = next_line(r, &too_long);
+        if (!line) break;
+        if (too_long) BAD("line too long or not text");
+        if (!*line) continue;
+        char *f[6];
+        trace_event *e = &events[n];
+        uint64_t t_ns;
+        if (r->format == TRACE_FORMAT_TIDEPOOL) {
+            if (!split_fields(line, f, 5)) BAD("expected 5 comma-separated fields (time_us,action,addr,size,stream)");
+            uint64_t t_us, stream;
+            if (!parse_u64(f[0], &t_us) || t_us > UINT64_MAX / 1000) BAD("bad time_us '%.40s'", f[0]);
+            t_ns = t_us * 1000;
+            if (strcmp(f[1], "alloc") == 0) e->action = TRACE_ALLOC;
+            else if (strcmp(f[1], "free") == 0) e->action = TRACE_FREE;
+            else BAD("bad action '%.40s' (expected alloc or free)", f[1]);
+            if (!parse_pointer(f[2], &e->address)) BAD("bad addr '%.40s'", f[2]);
+            if (!parse_u64(f[3], &e->bytes)) BAD("bad size '%.40s'", f[3]);
+            if (!parse_u64(f[4], &stream)) BAD("bad stream '%.40s'", f[4]);
+            e->stream = fold_stream(stream);
+        } else {
+            if (!split_fields(line, f, 6)) BAD("expected 6 comma-separated fields (Thread,Time,Action,Pointer,Size,Stream)");
+            uint64_t thread, stream;
+            if (!parse_pointer(f[0], &thread)) BAD("bad Thread '%.40s'", f[0]);
+            if (!parse_rmm_time(f[1], &t_ns)) BAD("bad Time '%.40s'", f[1]);
+            if (strcmp(f[2], "allocate") == 0) e->action = TRACE_ALLOC;
+            else if (strcmp(f[2], "free") == 0 || strcmp(f[2], "deallocate") == 0) e->action = TRACE_FREE;
+            else if (strcmp(f[2], "allocate failure") == 0 || strcmp(f[2], "allocate_failure") == 0)
+                e->action = TRACE_ALLOC_FAILURE;
+            else BAD("bad Action '%.40s' (expected allocate, free or allocate failure)", f[2]);
+            if (!parse_pointer(f[3], &e->address)) BAD("bad Pointer '%.40s'", f[3]);
+            if (!parse_u64(f[4], &e->bytes)) BAD("bad Size '%.40s'", f[4]);
+            if (!parse_pointer(f[5], &stream)) BAD("bad Stream '%.40s'", f[5]);
+            e->stream = fold_stream(stream);
+        }
+        if (!r->have_origin) {
+            r->have_origin = true;
+            r->origin_ns = t_ns;
+        }
+        /* Times that run backwards are clamped: the replay's clock only moves on. */
+        e->time_ns = t_ns >= r->origin_ns ? t_ns - r->origin_ns : 0;
+        n++;
+    }
+    return (long)n;
+}
+
+/* ---------------------------------------------------------------- writer */
+
+struct trace_writer {
+    gzFile gz;
+    FILE *plain;
+};
+
+trace_writer *trace_writer_open(const char *path, char *err, size_t cap) {
+    trace_writer *w = calloc(1, sizeof *w);
+    if (!w) {
+        snprintf(err, cap, "out of memory");
+        return NULL;
+    }
+    size_t len = strlen(path);
+    if (len > 3 && strcmp(path + len - 3, ".gz") == 0)
+        w->gz = gzopen(path, "wb6");
+    else
+        w->plain = strcmp(path, "-") == 0 ? stdout : fopen(path, "w");
+    if (!w->gz && !w->plain) {
+        snprintf(err, cap, "%s: cannot create: %s", path, strerror(errno));
+        free(w);
+        return NULL;
+    }
+    if (w->gz) gzprintf(w->gz, "%s\n", TIDEPOOL_HEADER);
+    else fprintf(w->plain, "%s\n", TIDEPOOL_HEADER);
+    return w;
+}
+
+int trace_write(trace_writer *w, const trace_event *e) {
+    const char *action = e->action == TRACE_FREE ? "free" : "alloc";
+    unsigned long long t_us = (unsigned long long)(e->time_ns / 1000);
+    if (w->gz)
+        return gzprintf(w->gz, "%llu,%s,%llu,%llu,%u\n", t_us, action, (unsigned long long)e->address,
+                        (unsigned long long)e->bytes, e->stream) > 0 ? 0 : -1;
+    return fprintf(w->plain, "%llu,%s,%llu,%llu,%u\n", t_us, action, (unsigned long long)e->address,
+                   (unsigned long long)e->bytes, e->stream) > 0 ? 0 : -1;
+}
+
+int trace_writer_close(trace_writer *w) {
+    int rc = 0;
+    if (w->gz) rc = gzclose(w->gz) == Z_OK ? 0 : -1;
+    else if (w->plain && w->plain != stdout) rc = fclose(w->plain) == 0 ? 0 : -1;
+    else if (w->plain) rc = fflush(w->plain) == 0 ? 0 : -1;
+    free(w);
+    return rc;
+}
