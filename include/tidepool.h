@@ -417,6 +417,90 @@ tp_status tp_pool_last_oom_report(tp_pool *pool, tp_oom_report *out_report);
  * returns TP_ERR_INVALID_ARGUMENT and describes the first violation in msg. */
 tp_status tp_pool_check(tp_pool *pool, char *msg, size_t msg_capacity);
 
+/* ------------------------------------------------------------ graph cache */
+
+/* A bounded cache of instantiated graph executables, keyed by a caller-chosen
+ * 64-bit key (llama.cpp uses the address of a graph split's first node).
+ * Bounded by count and by bytes; least recently used goes first, but keys in
+ * steady use sit in a protected segment that a burst of one-shot keys cannot
+ * flush (segmented LRU). Executables idle longer than idle_evict_ns are
+ * destroyed on tick (or by the optional background thread) even if nothing
+ * is launched again. An executable can pin pool memory it uses; the pins go
+ * when it is evicted, after its last launch has completed. */
+typedef struct tp_graph_cache tp_graph_cache;
+
+typedef struct tp_graph_cache_config {
+    uint32_t max_execs;         /* 0: 64 */
+    uint64_t max_bytes;         /* device bytes of all executables; 0: 256 MiB;
+                                   TP_BYTES_UNLIMITED: no cap */
+    uint64_t idle_evict_ns;     /* 0: 10 s; TP_NS_NEVER: no idle eviction */
+    uint32_t protected_percent; /* share of the count kept for keys used more
+                                   than once; 0: 80 */
+    bool background_thread;     /* run tick from a thread of the cache's own */
+    uint64_t tick_interval_ns;  /* that thread's period; 0: 1 s */
+    uint64_t node_bytes_estimate; /* bytes per graph node when the device cannot
+                                   measure an instantiation; 0: 10 KiB */
+} tp_graph_cache_config;
+
+/* Pool memory an executable uses. If already_pinned, the ranges carry one
+ * pin each that the cache takes over (as tp_pool_capture_end returns them);
+ * otherwise the cache pins them itself. */
+typedef struct tp_graph_pins {
+    tp_pool *pool;
+    const tp_range *ranges;
+    size_t count;
+    bool already_pinned;
+} tp_graph_pins;
+
+typedef struct tp_graph_cache_stats {
+    uint64_t execs;             /* executables alive */
+    uint64_t exec_bytes;        /* their device bytes */
+    uint64_t exec_bytes_peak;
+    uint64_t max_bytes;         /* the cap (TP_BYTES_UNLIMITED if none) */
+    uint64_t max_execs;
+    uint64_t hits;              /* prepare found the key with the same graph */
+    uint64_t updates;           /* updated in place to a new graph */
+    uint64_t update_failures;   /* update refused; re-instantiated */
+    uint64_t instantiations;
+    uint64_t instantiate_failures;
+    uint64_t eager_fallbacks;   /* TP_ERR_RUN_EAGER returned */
+    uint64_t launches;
+    uint64_t evictions_count;   /* to stay within max_execs */
+    uint64_t evictions_bytes;   /* to stay within max_bytes */
+    uint64_t evictions_idle;    /* idle longer than idle_evict_ns */
+    uint64_t evictions_pressure; /* out of memory on instantiate, or a pool's reclaim */
+    uint64_t evictions_explicit; /* tp_graph_cache_evict */
+    uint64_t pinned_ranges;
+} tp_graph_cache_stats;
+
+tp_status tp_graph_cache_create(tp_device *device, const tp_graph_cache_config *config, tp_graph_cache **out_cache);
+/* Evicts everything (waiting for running launches) and frees the cache. */
+tp_status tp_graph_cache_destroy(tp_graph_cache *cache);
+
+/* Registers the cache as a reclaim callback of pool: when the pool runs out
+ * of memory it evicts idle executables (releasing their pins) first. */
+tp_status tp_graph_cache_attach_pool(tp_graph_cache *cache, tp_pool *pool);
+tp_status tp_graph_cache_detach_pool(tp_graph_cache *cache, tp_pool *pool);
+
+/* Makes key's executable match graph: a known key whose executable can be
+ * updated to graph is updated in place; a new key, or a failed update, is
+ * instantiated (evicting to stay within the bounds). If instantiation runs
+ * out of memory after evicting everything evictable, returns
+ * TP_ERR_RUN_EAGER: run the work without a graph. pins may be NULL. */
+tp_status tp_graph_cache_prepare(tp_graph_cache *cache, uint64_t key, tp_graph graph, const tp_graph_pins *pins);
+/* Launches key's executable on stream (TP_ERR_INVALID_ARGUMENT if the key
+ * has none). */
+tp_status tp_graph_cache_launch(tp_graph_cache *cache, uint64_t key, tp_stream stream);
+/* prepare, then launch. */
+tp_status tp_graph_cache_run(tp_graph_cache *cache, uint64_t key, tp_graph graph, const tp_graph_pins *pins,
+                             tp_stream stream);
+tp_status tp_graph_cache_evict(tp_graph_cache *cache, uint64_t key);
+/* Idle eviction: call now and then if background_thread is off. */
+tp_status tp_graph_cache_tick(tp_graph_cache *cache);
+tp_status tp_graph_cache_get_stats(tp_graph_cache *cache, tp_graph_cache_stats *out_stats);
+/* JSON rendering, same contract as tp_pool_stats_json. */
+tp_status tp_graph_cache_stats_json(tp_graph_cache *cache, char *buf, size_t capacity, size_t *out_length);
+
 #ifdef __cplusplus
 }
 #endif
