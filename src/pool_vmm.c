@@ -297,6 +297,7 @@ static tp_status vmm_try_alloc(tp_pool *pool, uint64_t size, uint32_t slot, uint
         placement pl = {pool, size, slot, 0, RA_NONE, 0, UINT64_MAX, RA_NONE, 0, {RA_TAG_CLEAN, 0}};
         uint32_t id = tp_ra_find(&pool->ra, size, place_accept, &pl, 16, NULL);
         uint64_t offset = pl.offset;
+        bool needs_pages = id == RA_NONE; /* an accepted range has every page mapped */
         if (id == RA_NONE && pl.best != RA_NONE) {
             id = pl.best;
             offset = pl.best_offset;
@@ -317,9 +318,6 @@ static tp_status vmm_try_alloc(tp_pool *pool, uint64_t size, uint32_t slot, uint
         if (tp_ra_take(&pool->ra, id, size) == RA_NONE) return TP_ERR_HOST_OUT_OF_MEMORY;
         tp_ra_node *n = tp_ra_node_at(&pool->ra, id);
         ref_pages(pool, n->offset, n->size);
-        bool needs_pages = false;
-        for (uint64_t p = page_of(pool, n->offset), last = page_of(pool, n->offset + size - 1); p <= last; p++)
-            needs_pages |= !page_mapped(pool, p);
         if (needs_pages && attempt == 0 && pool->tcache_bytes) {
             /* Parked blocks may make room without new pages: flush, place again. */
             tp_pool_release_block(pool, id, saved);
