@@ -335,6 +335,8 @@ tp_status tp_pool_tick(tp_pool *pool);
  * freed. Runs without the pool lock held. */
 typedef uint64_t (*tp_reclaim_fn)(void *user, tp_pool *pool, uint64_t bytes_needed);
 tp_status tp_pool_add_reclaim_callback(tp_pool *pool, tp_reclaim_fn fn, void *user);
+/* After it returns, fn is not running and will not be called again (it
+ * waits for a reclaim round in progress; do not call it from fn). */
 tp_status tp_pool_remove_reclaim_callback(tp_pool *pool, tp_reclaim_fn fn, void *user);
 
 /* Pins keep memory out of reach: a block with pins is not reused, unmapped
@@ -426,7 +428,11 @@ tp_status tp_pool_check(tp_pool *pool, char *msg, size_t msg_capacity);
  * flush (segmented LRU). Executables idle longer than idle_evict_ns are
  * destroyed on tick (or by the optional background thread) even if nothing
  * is launched again. An executable can pin pool memory it uses; the pins go
- * when it is evicted, after its last launch has completed. */
+ * when it is evicted, after its last launch has completed.
+ *
+ * Lifetime: pools attached to a cache, or whose memory it pins, must outlive
+ * the cache (or be detached, and the keys pinning them evicted, first).
+ * tp_graph_cache_destroy must not race with allocations on attached pools. */
 typedef struct tp_graph_cache tp_graph_cache;
 
 typedef struct tp_graph_cache_config {
@@ -500,6 +506,10 @@ tp_status tp_graph_cache_tick(tp_graph_cache *cache);
 tp_status tp_graph_cache_get_stats(tp_graph_cache *cache, tp_graph_cache_stats *out_stats);
 /* JSON rendering, same contract as tp_pool_stats_json. */
 tp_status tp_graph_cache_stats_json(tp_graph_cache *cache, char *buf, size_t capacity, size_t *out_length);
+/* Validates the cache's invariants (lists, byte and count sums, bounds,
+ * pins); on failure returns TP_ERR_INVALID_ARGUMENT with the first
+ * violation in msg. */
+tp_status tp_graph_cache_check(tp_graph_cache *cache, char *msg, size_t msg_capacity);
 
 #ifdef __cplusplus
 }

@@ -1,30 +1,1144 @@
 /*
- * graph_cache.c -- placeholder until the graph cache lands: every call
- * reports TP_ERR_UNSUPPORTED.
+ * graph_cache.c -- a bounded cache of instantiated graph executables.
+ *
+ * Model
+ *   An entry ("exec") is one instantiated executable: the caller's key, the
+ *   template handle it was last made to match, the device bytes it costs,
+ *   the time of its last prepare or launch (device clock: the simulator's
+ *   virtual clock), one completion event recorded at each launch, and the
+ *   pool ranges it pins. A key may own up to GC_MAX_VARIANTS executables of
+ *   different topologies ("variants"): a key alternating between two
+ *   topologies (failure mode 10) then costs two instantiations in total
+ *   instead of one per alternation. The key's current variant, the one
+ *   tp_graph_cache_launch runs, is the one prepared last.
+ *
+ * prepare(key, graph, pins)
+ *   1. The key's variants are tried with the device's in-place update,
+ *      the one last prepared with this very handle first, then the others
+ *      most recently prepared first. The first that accepts becomes current.
+ *      If its handle equals the one it was last prepared with it counts as a
+ *      hit, otherwise as an update. A hit still runs the in-place update (no
+ *      instantiation): a caller that destroys a template and builds another
+ *      may get the same handle back, and a stale executable would run kernels
+ *      on freed memory. A caller with nothing to change calls launch alone.
+ *   2. A variant whose update fails with a device error (anything but
+ *      TP_ERR_TOPOLOGY_MISMATCH) is destroyed; mismatching ones are kept as
+ *      variants. If no variant accepted (update_failures += 1 when at least
+ *      one refused) a new executable is instantiated; if the key already
+ *      has GC_MAX_VARIANTS, its least recently used one is evicted first.
+ *   3. Instantiation evicts beforehand to leave room for one more executable
+ *      and for an estimate of its bytes (the largest of the key's variants
+ *      and of the last GC_RECENT instantiations), and afterwards until the
+ *      bounds hold. On out of memory it evicts one victim (executables with
+ *      no launch in flight first; waiting for the launch otherwise) and
+ *      retries, until none is left: then TP_ERR_RUN_EAGER. An executable
+ *      larger than max_bytes on its own is destroyed: TP_ERR_RUN_EAGER.
+ *   Bytes of an executable: what the device reported; if it reported 0, the
+ *   drop in the device's free memory across the instantiation (an
+ *   allocation by another thread at that moment skews it); if that is not
+ *   measurable, node_bytes_estimate x node count (the device ops table has
+ *   no node-count query yet, so one node is assumed: see
+ *   graph_node_count()).
+ *
+ * Eviction order: segmented LRU
+ *   Two recency lists, most recent at the head: probation and protected.
+ *   New executables enter probation. One used again -- prepared again, or
+ *   launched a second time since its last prepare -- moves to the head of
+ *   protected; when protected holds more than protected_percent of
+ *   max_execs, its least recent entry drops back to the head of probation.
+ *   Victims come from the tail of probation, then from the tail of
+ *   protected, so a burst of one-shot keys only churns probation.
+ *   Idle eviction (tick, the background thread, and prepare once the
+ *   earliest possible deadline has passed) destroys executables neither
+ *   prepared nor launched for idle_evict_ns.
+ *
+ * Pins and completion
+ *   Every launch records the executable's event on the launch stream. A
+ *   launch on another stream than the previous one first makes the stream
+ *   wait for that event while it is pending, so launches of one executable
+ *   are serialised (as CUDA does) and one event covers them all. Evicting
+ *   destroys the executable at once (CUDA frees an in-flight executable
+ *   when it completes) but releases its pins (tp_pool_unpin) only once its
+ *   last launch is known complete:
+ *     - normal paths (count/byte bounds, idle, explicit evict, pins replaced
+ *       on prepare): if the event is still pending the pins and the event
+ *       go to a retired list, released by a later prepare or tick once the
+ *       event has completed (no host wait on these paths);
+ *     - pressure paths (out of memory on instantiate, a pool's reclaim
+ *       callback) and destroy: the cache waits for the event, so the memory
+ *       really is free when it returns.
+ *   If an event could not be recorded, completion is unknown and eviction
+ *   synchronises the device before unpinning.
+ *   Ownership of pins passed to prepare: tp_graph_pins with already_pinned
+ *   hands the pins to the cache on every return except
+ *   TP_ERR_INVALID_ARGUMENT (when prepare fails the pins are released at
+ *   once: no executable uses them); without already_pinned the cache pins
+ *   the ranges itself. pins == NULL keeps the pins the executable already
+ *   has; a tp_graph_pins with count 0 drops them.
+ *
+ * Locking
+ *   One mutex per cache guards everything, background thread included.
+ *   Lock order: cache lock -> pool lock -> device lock. The cache calls
+ *   tp_pool_pin / tp_pool_unpin / tp_pool_add_reclaim_callback /
+ *   tp_pool_remove_reclaim_callback with its lock held; that is safe because
+ *   a pool never calls into the cache while holding its own lock (reclaim
+ *   callbacks run with the pool lock released, pool.c), and the cache never
+ *   calls tp_pool_alloc or tp_pool_free, the only calls that run reclaim
+ *   callbacks (a cache calling them with its lock held would re-enter itself
+ *   through its callback). Device ops take only the device's own lock.
+ *   The log callback is called with the cache lock held.
+ *   Lifetime: tp_graph_cache_destroy removes the reclaim callbacks, but a
+ *   pool allocation already past its copy of the callback list could still
+ *   call into a destroyed cache, so destroy must not race with allocations
+ *   on attached pools (the header already forbids racing destroy with any
+ *   call). Pools whose memory the cache pins must outlive the cache (or the
+ *   keys pinning them must be evicted and their launches completed first).
+ *
+ * Invariants (tp_graph_cache_check): every executable is in exactly one
+ * segment list and once in the hash table; list counts, byte sums and the
+ * pinned-range count match the statistics; execs <= max_execs and
+ * exec_bytes <= max_bytes between calls; protected holds at most its share;
+ * a key has at most GC_MAX_VARIANTS executables; every retired record holds
+ * pins and the event that releases them. During an instantiation the device
+ * may briefly hold the new executable before victims for a larger-than-
+ * estimated size are destroyed; exec_bytes_peak includes that moment.
+ *
+ * Statistics: hits and updates count prepares served in place (same handle /
+ * new handle); update_failures counts prepares that had to instantiate
+ * after at least one variant refused the update; instantiate_failures
+ * counts failed device calls, out-of-memory attempts that were retried
+ * included; evictions_count includes the per-key variant limit; executables
+ * dropped because their update failed with a device error, or by destroy,
+ * are not counted as evictions.
  */
 #include "internal.h"
 
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#define GC_MAX_VARIANTS 4
+#define GC_RECENT 16
+#define GC_DEFAULT_MAX_EXECS 64u
+#define GC_DEFAULT_MAX_BYTES (256 * TP_MiB)
+#define GC_DEFAULT_IDLE_NS 10000000000ull
+#define GC_DEFAULT_PROTECTED 80u
+#define GC_DEFAULT_TICK_NS 1000000000ull
+#define GC_DEFAULT_NODE_BYTES (10 * TP_KiB)
+
+/* Validates the cache's invariants (for tests); declared here because the
+ * public header is fixed -- it would sit beside tp_pool_check. Returns
+ * TP_ERR_INVALID_ARGUMENT and describes the first violation in msg. */
+
+enum { SEG_PROBATION = 0, SEG_PROTECTED = 1 };
+
+typedef enum gc_reason {
+    REASON_COUNT,    /* max_execs, or the key's variant limit */
+    REASON_BYTES,    /* max_bytes */
+    REASON_IDLE,     /* idle_evict_ns */
+    REASON_PRESSURE, /* out of memory on instantiate, reclaim callback */
+    REASON_EXPLICIT, /* tp_graph_cache_evict */
+    REASON_INTERNAL  /* broken by a failed update, or destroy: not counted */
+} gc_reason;
+
+typedef struct gc_pins {
+    tp_pool *pool;
+    tp_range *ranges;
+    size_t count;
+} gc_pins;
+
+typedef struct gc_exec {
+    uint64_t key;
+    tp_graph graph; /* handle last prepared into it (compared, never used) */
+    tp_graph_exec exec;
+    uint64_t bytes;
+    uint64_t last_use_ns;
+    uint64_t prepared_seq; /* the key's current variant has the highest */
+    struct gc_exec *prev, *next; /* segment list; prev is toward the head */
+    struct gc_exec *hnext;
+    uint8_t segment;
+    bool launched_since_prepare;
+    bool event_recorded;     /* event covers the last launch, maybe pending */
+    bool completion_unknown; /* a launch whose event could not be recorded */
+    tp_event event;
+    tp_stream last_stream;
+    gc_pins pins;
+} gc_exec;
+
+typedef struct gc_list {
+    gc_exec *head, *tail;
+    uint32_t count;
+} gc_list;
+
+typedef struct gc_retired {
+    gc_pins pins;
+    tp_event event;
+} gc_retired;
+
+struct tp_graph_cache {
+    tp_device *device;
+    const tp_device_ops *ops;
+    const tp_host *host;
+    tp_graph_cache_config config; /* defaults filled in */
+    uint32_t protected_cap;
+    pthread_mutex_t lock;
+
+    gc_exec **buckets;
+    size_t bucket_count; /* power of two */
+    gc_list seg[2];
+    uint64_t exec_bytes;
+    uint64_t seq;
+    uint64_t recent[GC_RECENT];
+    unsigned recent_next;
+    uint64_t next_idle_check_ns;
+
+    gc_retired *retired;
+    size_t retired_count, retired_capacity;
+    tp_pool **pools;
+    size_t pool_count, pool_capacity;
+
+    tp_graph_cache_stats stats;
+
+    bool thread_started;
+    bool thread_stop;
+    pthread_t thread;
+    pthread_cond_t cond;
+};
+
+/* ----------------------------------------------------------------- helpers */
+
+static uint64_t mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t now_ns(tp_graph_cache *cache) { return cache->ops->now_ns(cache->device); }
+
+static uint64_t pins_bytes(const gc_pins *p) {
+    uint64_t sum = 0;
+    for (size_t i = 0; i < p->count; i++) sum += p->ranges[i].bytes;
+    return sum;
+}
+
+static void pins_release(tp_graph_cache *cache, gc_pins *p) {
+    for (size_t i = 0; i < p->count; i++) {
+        const tp_range *r = &p->ranges[i];
+        tp_status st = tp_pool_unpin(p->pool, (const void *)(uintptr_t)r->address, (size_t)r->bytes);
+        if (st != TP_OK)
+            tp_logf(&cache->device->logger, TP_LOG_WARN, "graph cache: unpinning [0x%llx, +%llu) failed: %s",
+                    (unsigned long long)r->address, (unsigned long long)r->bytes, tp_status_name(st));
+    }
+    cache->stats.pinned_ranges -= p->count;
+    tp_host_free(cache->host, p->ranges, p->count * sizeof *p->ranges);
+    *p = (gc_pins){0};
+}
+
+/* Rejections that leave already_pinned pins with the caller. */
+static tp_status pins_validate(const tp_graph_pins *in) {
+    if (!in || in->count == 0) return TP_OK;
+    if (!in->ranges || !in->pool) return TP_ERR_INVALID_ARGUMENT;
+    for (size_t i = 0; i < in->count; i++)
+        if (in->ranges[i].bytes == 0 || in->ranges[i].bytes > SIZE_MAX) return TP_ERR_INVALID_ARGUMENT;
+    return TP_OK;
+}
+
+/* Gives the caller's already_pinned pins back to the pool (used when the
+ * cache cannot even copy them). */
+static void pins_drop_foreign(tp_graph_cache *cache, const tp_graph_pins *in) {
+    if (!in->already_pinned) return;
+    for (size_t i = 0; i < in->count; i++)
+        tp_pool_unpin(in->pool, (const void *)(uintptr_t)in->ranges[i].address, (size_t)in->ranges[i].bytes);
+    (void)cache;
+}
+
+/* Copies the ranges and makes sure the cache holds one pin on each. */
+static tp_status pins_acquire(tp_graph_cache *cache, const tp_graph_pins *in, gc_pins *out) {
+    *out = (gc_pins){0};
+    if (in->count == 0) return TP_OK;
+    tp_range *copy = tp_host_alloc(cache->host, in->count * sizeof *copy);
+    if (!copy) {
+        pins_drop_foreign(cache, in);
+        return TP_ERR_HOST_OUT_OF_MEMORY;
+    }
+    memcpy(copy, in->ranges, in->count * sizeof *copy);
+    if (!in->already_pinned) {
+        for (size_t i = 0; i < in->count; i++) {
+            tp_status st = tp_pool_pin(in->pool, (const void *)(uintptr_t)copy[i].address, (size_t)copy[i].bytes);
+            if (st != TP_OK) {
+                tp_logf(&cache->device->logger, TP_LOG_ERROR, "graph cache: pinning [0x%llx, +%llu) failed: %s",
+                        (unsigned long long)copy[i].address, (unsigned long long)copy[i].bytes, tp_status_name(st));
+                for (size_t k = 0; k < i; k++)
+                    tp_pool_unpin(in->pool, (const void *)(uintptr_t)copy[k].address, (size_t)copy[k].bytes);
+                tp_host_free(cache->host, copy, in->count * sizeof *copy);
+                return st;
+            }
+        }
+    }
+    *out = (gc_pins){in->pool, copy, in->count};
+    cache->stats.pinned_ranges += in->count;
+    return TP_OK;
+}
+
+/* ------------------------------------------------------------ hash table */
+
+static size_t bucket_of(const tp_graph_cache *cache, uint64_t key) {
+    return (size_t)(mix64(key) & (cache->bucket_count - 1));
+}
+
+/* Grows the table when it is fuller than one entry per bucket. Failure is
+ * harmless (chains get longer). */
+static void hash_reserve(tp_graph_cache *cache, size_t need) {
+    if (need <= cache->bucket_count) return;
+    size_t count = cache->bucket_count;
+    while (count < need) {
+        if (count > SIZE_MAX / 4 / sizeof(gc_exec *)) return;
+        count *= 2;
+    }
+    gc_exec **grown = tp_host_calloc(cache->host, count, sizeof *grown);
+    if (!grown) return;
+    size_t old_count = cache->bucket_count;
+    gc_exec **old = cache->buckets;
+    cache->buckets = grown;
+    cache->bucket_count = count;
+    for (size_t b = 0; b < old_count; b++) {
+        for (gc_exec *e = old[b]; e;) {
+            gc_exec *next = e->hnext;
+            size_t nb = bucket_of(cache, e->key);
+            e->hnext = grown[nb];
+            grown[nb] = e;
+            e = next;
+        }
+    }
+    tp_host_free(cache->host, old, old_count * sizeof *old);
+}
+
+static void hash_insert(tp_graph_cache *cache, gc_exec *e) {
+    size_t b = bucket_of(cache, e->key);
+    e->hnext = cache->buckets[b];
+    cache->buckets[b] = e;
+}
+
+static void hash_remove(tp_graph_cache *cache, gc_exec *e) {
+    for (gc_exec **link = &cache->buckets[bucket_of(cache, e->key)]; *link; link = &(*link)->hnext) {
+        if (*link == e) {
+            *link = e->hnext;
+            e->hnext = NULL;
+            return;
+        }
+    }
+}
+
+/* The key's variants, in no particular order. */
+static size_t find_variants(tp_graph_cache *cache, uint64_t key, gc_exec **out) {
+    size_t n = 0;
+    for (gc_exec *e = cache->buckets[bucket_of(cache, key)]; e; e = e->hnext)
+        if (e->key == key && n < GC_MAX_VARIANTS) out[n++] = e;
+    return n;
+}
+
+static gc_exec *current_variant(tp_graph_cache *cache, uint64_t key) {
+    gc_exec *best = NULL;
+    for (gc_exec *e = cache->buckets[bucket_of(cache, key)]; e; e = e->hnext)
+        if (e->key == key && (!best || e->prepared_seq > best->prepared_seq)) best = e;
+    return best;
+}
+
+/* ------------------------------------------------------------ recency lists */
+
+static void list_unlink(gc_list *l, gc_exec *e) {
+    if (e->prev) e->prev->next = e->next; else l->head = e->next;
+    if (e->next) e->next->prev = e->prev; else l->tail = e->prev;
+    e->prev = e->next = NULL;
+    l->count--;
+}
+
+static void list_push_head(gc_list *l, gc_exec *e) {
+    e->prev = NULL;
+    e->next = l->head;
+    if (l->head) l->head->prev = e; else l->tail = e;
+    l->head = e;
+    l->count++;
+}
+
+/* Marks a use: moves e to the head of its segment, or of protected when it
+ * is a reuse, and demotes protected's tail while protected is over its
+ * share. */
+static void touch(tp_graph_cache *cache, gc_exec *e, bool reuse, uint64_t now) {
+    e->last_use_ns = now;
+    list_unlink(&cache->seg[e->segment], e);
+    if (reuse) e->segment = SEG_PROTECTED;
+    list_push_head(&cache->seg[e->segment], e);
+    while (cache->seg[SEG_PROTECTED].count > cache->protected_cap) {
+        gc_exec *d = cache->seg[SEG_PROTECTED].tail;
+        list_unlink(&cache->seg[SEG_PROTECTED], d);
+        d->segment = SEG_PROBATION;
+        list_push_head(&cache->seg[SEG_PROBATION], d);
+    }
+    if (cache->config.idle_evict_ns != TP_NS_NEVER) {
+        uint64_t deadline = now > UINT64_MAX - cache->config.idle_evict_ns ? UINT64_MAX : now + cache->config.idle_evict_ns;
+        if (deadline < cache->next_idle_check_ns) cache->next_idle_check_ns = deadline;
+    }
+}
+
+/* -------------------------------------------------------------- completion */
+
+/* Non-blocking: is the executable's last launch known complete? */
+static bool exec_idle(tp_graph_cache *cache, gc_exec *e) {
+    if (e->completion_unknown) return false;
+    if (!e->event_recorded) return true;
+    if (cache->ops->event_query(cache->device, e->event) == TP_OK) {
+        e->event_recorded = false;
+        return true;
+    }
+    return false;
+}
+
+/* Waits for an event, or for the whole device when event is NULL or the
+ * event wait fails. False when even that failed. */
+static bool wait_event(tp_graph_cache *cache, tp_event event) {
+    tp_status st = event ? cache->ops->event_synchronize(cache->device, event) : TP_ERR_INVALID_ARGUMENT;
+    if (st == TP_OK) return true;
+    if (event)
+        tp_logf(&cache->device->logger, TP_LOG_WARN, "graph cache: event wait failed (%s); synchronising the device",
+                tp_status_name(st));
+    st = cache->ops->device_synchronize(cache->device);
+    if (st == TP_OK) return true;
+    tp_logf(&cache->device->logger, TP_LOG_ERROR, "graph cache: device synchronisation failed: %s", tp_status_name(st));
+    return false;
+}
+
+/* Blocks until the executable's last launch has completed; false when the
+ * device would not say. */
+static bool exec_wait(tp_graph_cache *cache, gc_exec *e) {
+    if (!e->completion_unknown && !e->event_recorded) return true;
+    if (!wait_event(cache, e->completion_unknown ? NULL : e->event)) return false;
+    e->event_recorded = false;
+    e->completion_unknown = false;
+    return true;
+}
+
+/* Last resort when completion cannot be established: keep the pool memory
+ * pinned for good (a leak) rather than risk work reading freed memory. */
+static void pins_abandon(tp_graph_cache *cache, gc_pins *p) {
+    tp_logf(&cache->device->logger, TP_LOG_ERROR,
+            "graph cache: completion of the last launch is unknown; %zu pinned range(s) stay pinned", p->count);
+    cache->stats.pinned_ranges -= p->count;
+    tp_host_free(cache->host, p->ranges, p->count * sizeof *p->ranges);
+    *p = (gc_pins){0};
+}
+
+static bool retire(tp_graph_cache *cache, gc_pins *pins, tp_event event) {
+    if (!tp_host_grow(cache->host, (void **)&cache->retired, sizeof *cache->retired, &cache->retired_capacity,
+                      cache->retired_count + 1))
+        return false;
+    cache->retired[cache->retired_count++] = (gc_retired){*pins, event};
+    *pins = (gc_pins){0};
+    return true;
+}
+
+/* Releases retired pins whose event has completed. With wait, waits for
+ * those of pool `only` (every pool when NULL) first. Returns the bytes of
+ * the ranges released in `only` (all when NULL). */
+static uint64_t retired_process(tp_graph_cache *cache, bool wait, tp_pool *only) {
+    uint64_t freed = 0;
+    for (size_t i = 0; i < cache->retired_count;) {
+        gc_retired *r = &cache->retired[i];
+        bool mine = !only || r->pins.pool == only;
+        bool complete = wait && mine ? wait_event(cache, r->event)
+                                     : cache->ops->event_query(cache->device, r->event) == TP_OK;
+        if (!complete) {
+            i++;
+            continue;
+        }
+        if (mine) freed += pins_bytes(&r->pins);
+        pins_release(cache, &r->pins);
+        cache->ops->event_destroy(cache->device, r->event);
+        *r = cache->retired[--cache->retired_count];
+    }
+    return freed;
+}
+
+/* ---------------------------------------------------------------- eviction */
+
+static void count_eviction(tp_graph_cache *cache, gc_reason reason) {
+    switch (reason) {
+    case REASON_COUNT: cache->stats.evictions_count++; break;
+    case REASON_BYTES: cache->stats.evictions_bytes++; break;
+    case REASON_IDLE: cache->stats.evictions_idle++; break;
+    case REASON_PRESSURE: cache->stats.evictions_pressure++; break;
+    case REASON_EXPLICIT: cache->stats.evictions_explicit++; break;
+    case REASON_INTERNAL: break;
+    }
+}
+
+/* Removes e from the cache and destroys its executable. Its pins go now if
+ * its last launch has completed (or, with wait, after waiting for it),
+ * otherwise to the retired list. Returns the pinned bytes released now in
+ * pool `in_pool` (NULL: none counted). */
+static uint64_t evict(tp_graph_cache *cache, gc_exec *e, gc_reason reason, bool wait, tp_pool *in_pool) {
+    list_unlink(&cache->seg[e->segment], e);
+    hash_remove(cache, e);
+    cache->exec_bytes -= e->bytes;
+    cache->stats.execs--;
+    count_eviction(cache, reason);
+    tp_logf(&cache->device->logger, TP_LOG_DEBUG, "graph cache: evicting key 0x%llx (%llu bytes, reason %d)",
+            (unsigned long long)e->key, (unsigned long long)e->bytes, (int)reason);
+
+    bool done = exec_idle(cache, e);
+    if (!done && (wait || e->completion_unknown)) done = exec_wait(cache, e);
+    tp_status st = cache->ops->graph_destroy(cache->device, e->exec);
+    if (st != TP_OK)
+        tp_logf(&cache->device->logger, TP_LOG_WARN, "graph cache: destroying the executable of key 0x%llx failed: %s",
+                (unsigned long long)e->key, tp_status_name(st));
+    uint64_t freed = 0;
+    if (e->pins.count) {
+        if (!done && !e->completion_unknown && e->event_recorded && retire(cache, &e->pins, e->event)) {
+            e->event = NULL;
+        } else if (done || exec_wait(cache, e)) { /* retire failed (host memory): wait instead */
+            if (in_pool && e->pins.pool == in_pool) freed = pins_bytes(&e->pins);
+            pins_release(cache, &e->pins);
+        } else {
+            pins_abandon(cache, &e->pins);
+        }
+    }
+    if (e->event) cache->ops->event_destroy(cache->device, e->event);
+    tp_host_free(cache->host, e, sizeof *e);
+    return freed;
+}
+
+typedef bool (*gc_filter)(tp_graph_cache *cache, gc_exec *e, void *ctx);
+
+/* The first accepted entry from probation's tail, then protected's tail. */
+static gc_exec *pick_victim(tp_graph_cache *cache, gc_filter filter, void *ctx, const gc_exec *exclude) {
+    for (int s = SEG_PROBATION; s <= SEG_PROTECTED; s++)
+        for (gc_exec *e = cache->seg[s].tail; e; e = e->prev)
+            if (e != exclude && (!filter || filter(cache, e, ctx))) return e;
+    return NULL;
+}
+
+static bool filter_idle(tp_graph_cache *cache, gc_exec *e, void *ctx) {
+    (void)ctx;
+    return exec_idle(cache, e);
+}
+
+static bool filter_pins_pool(tp_graph_cache *cache, gc_exec *e, void *ctx) {
+    (void)cache;
+    return e->pins.count && e->pins.pool == (tp_pool *)ctx;
+}
+
+static bool filter_idle_pins_pool(tp_graph_cache *cache, gc_exec *e, void *ctx) {
+    return filter_pins_pool(cache, e, ctx) && exec_idle(cache, e);
+}
+
+/* Evicts (non-blocking) until one more executable of extra_bytes fits. */
+static void make_room(tp_graph_cache *cache, uint32_t extra_count, uint64_t extra_bytes, const gc_exec *exclude) {
+    while (cache->stats.execs + extra_count > cache->config.max_execs) {
+        gc_exec *v = pick_victim(cache, NULL, NULL, exclude);
+        if (!v) break;
+        evict(cache, v, REASON_COUNT, false, NULL);
+    }
+    if (cache->config.max_bytes == TP_BYTES_UNLIMITED) return;
+    while (cache->exec_bytes + extra_bytes > cache->config.max_bytes) {
+        gc_exec *v = pick_victim(cache, NULL, NULL, exclude);
+        if (!v) break;
+        evict(cache, v, REASON_BYTES, false, NULL);
+    }
+}
+
+/* Evicts executables neither prepared nor launched for idle_evict_ns and
+ * computes when the next one can become due. */
+static void idle_sweep(tp_graph_cache *cache, uint64_t now) {
+    uint64_t idle = cache->config.idle_evict_ns;
+    cache->next_idle_check_ns = UINT64_MAX;
+    if (idle == TP_NS_NEVER) return;
+    for (int s = SEG_PROBATION; s <= SEG_PROTECTED; s++) {
+        for (gc_exec *e = cache->seg[s].tail; e;) {
+            gc_exec *prev = e->prev;
+            if (now >= e->last_use_ns && now - e->last_use_ns >= idle) {
+                evict(cache, e, REASON_IDLE, false, NULL);
+            } else {
+                uint64_t deadline = e->last_use_ns > UINT64_MAX - idle ? UINT64_MAX : e->last_use_ns + idle;
+                if (deadline < cache->next_idle_check_ns) cache->next_idle_check_ns = deadline;
+            }
+            e = prev;
+        }
+    }
+}
+
+static void upkeep(tp_graph_cache *cache, uint64_t now, bool force_sweep) {
+    if (cache->retired_count) retired_process(cache, false, NULL);
+    if (force_sweep || now >= cache->next_idle_check_ns) idle_sweep(cache, now);
+}
+
+/* ------------------------------------------------------------ instantiate */
+
+/* Nodes of a template, 0 when the backend cannot tell. */
+static uint64_t graph_node_count(tp_graph_cache *cache, tp_graph graph) {
+    const tp_device_ops *ops = cache->device->ops;
+    return ops->graph_node_count ? ops->graph_node_count(cache->device, graph) : 0;
+}
+
+static uint64_t recent_max(const tp_graph_cache *cache) {
+    uint64_t m = 0;
+    for (unsigned i = 0; i < GC_RECENT; i++) m = TP_MAX(m, cache->recent[i]);
+    return m;
+}
+
+/* Instantiates graph as a new variant of key. newpins (may be NULL) are
+ * consumed on every path. */
+static tp_status instantiate_new(tp_graph_cache *cache, uint64_t key, tp_graph graph, gc_pins *newpins,
+                                 uint64_t estimate, uint64_t now) {
+    const tp_logger *log = &cache->device->logger;
+    gc_exec *e = tp_host_calloc(cache->host, 1, sizeof *e);
+    if (!e) {
+        if (newpins) pins_release(cache, newpins);
+        return TP_ERR_HOST_OUT_OF_MEMORY;
+    }
+    hash_reserve(cache, (size_t)cache->stats.execs + 1);
+    make_room(cache, 1, estimate, NULL);
+
+    tp_graph_exec exec = NULL;
+    uint64_t bytes = 0, free_before = 0, free_after = 0, total = 0;
+    tp_status st;
+    for (;;) {
+        bool measured = cache->ops->mem_info(cache->device, &free_before, &total) == TP_OK;
+        st = cache->ops->graph_instantiate(cache->device, graph, &exec, &bytes);
+        if (st == TP_OK) {
+            if (bytes == 0) {
+                if (measured && cache->ops->mem_info(cache->device, &free_after, &total) == TP_OK &&
+                    free_before > free_after)
+                    bytes = free_before - free_after;
+                if (bytes == 0) {
+                    uint64_t nodes = graph_node_count(cache, graph);
+                    bytes = cache->config.node_bytes_estimate * (nodes ? nodes : 1);
+                }
+            }
+            break;
+        }
+        cache->stats.instantiate_failures++;
+        if (st != TP_ERR_OUT_OF_MEMORY) {
+            tp_logf(log, TP_LOG_WARN, "graph cache: instantiating key 0x%llx failed: %s", (unsigned long long)key,
+                    tp_status_name(st));
+            goto fail;
+        }
+        gc_exec *victim = pick_victim(cache, filter_idle, NULL, NULL);
+        if (!victim) victim = pick_victim(cache, NULL, NULL, NULL);
+        if (!victim) {
+            cache->stats.eager_fallbacks++;
+            tp_logf(log, TP_LOG_WARN,
+                    "graph cache: out of device memory instantiating key 0x%llx with nothing left to evict; "
+                    "run it eagerly", (unsigned long long)key);
+            st = TP_ERR_RUN_EAGER;
+            goto fail;
+        }
+        evict(cache, victim, REASON_PRESSURE, true, NULL);
+    }
+
+    cache->stats.instantiations++;
+    cache->recent[cache->recent_next] = bytes;
+    cache->recent_next = (cache->recent_next + 1) % GC_RECENT;
+    e->key = key;
+    e->graph = graph;
+    e->exec = exec;
+    e->bytes = bytes;
+    e->segment = SEG_PROBATION;
+    e->prepared_seq = ++cache->seq;
+    if (newpins) {
+        e->pins = *newpins;
+        *newpins = (gc_pins){0};
+    }
+    hash_insert(cache, e);
+    list_push_head(&cache->seg[SEG_PROBATION], e);
+    cache->stats.execs++;
+    cache->exec_bytes += bytes;
+    if (cache->exec_bytes > cache->stats.exec_bytes_peak) cache->stats.exec_bytes_peak = cache->exec_bytes;
+    touch(cache, e, false, now);
+
+    if (cache->config.max_bytes != TP_BYTES_UNLIMITED && bytes > cache->config.max_bytes) {
+        tp_logf(log, TP_LOG_WARN, "graph cache: key 0x%llx needs %llu bytes, more than max_bytes %llu; run it eagerly",
+                (unsigned long long)key, (unsigned long long)bytes, (unsigned long long)cache->config.max_bytes);
+        evict(cache, e, REASON_BYTES, false, NULL);
+        cache->stats.eager_fallbacks++;
+        return TP_ERR_RUN_EAGER;
+    }
+    make_room(cache, 0, 0, e);
+    return TP_OK;
+
+fail:
+    if (newpins) pins_release(cache, newpins);
+    tp_host_free(cache->host, e, sizeof *e);
+    return st;
+}
+
+/* Gives e the new pin set; the old one goes once e's launches are done. */
+static void replace_pins(tp_graph_cache *cache, gc_exec *e, gc_pins *newpins) {
+    if (e->pins.count) {
+        if (exec_idle(cache, e)) {
+            pins_release(cache, &e->pins);
+        } else if (!e->completion_unknown && retire(cache, &e->pins, e->event)) {
+            e->event = NULL; /* the record owns it; the next launch makes another */
+            e->event_recorded = false;
+        } else if (exec_wait(cache, e)) {
+            pins_release(cache, &e->pins);
+        } else {
+            pins_abandon(cache, &e->pins);
+        }
+    }
+    e->pins = *newpins;
+    *newpins = (gc_pins){0};
+}
+
+/* Try order for updates: the variant last prepared with this handle, then
+ * the most recently prepared. */
+static bool variant_before(const gc_exec *a, const gc_exec *b, tp_graph graph) {
+    bool a_same = a->graph == graph, b_same = b->graph == graph;
+    if (a_same != b_same) return a_same;
+    return a->prepared_seq > b->prepared_seq;
+}
+
+static tp_status prepare_locked(tp_graph_cache *cache, uint64_t key, tp_graph graph, gc_pins *newpins,
+                                uint64_t now) {
+    gc_exec *vars[GC_MAX_VARIANTS];
+    size_t n = find_variants(cache, key, vars);
+    /* Order: the one last prepared with this handle, then most recent first. */
+    for (size_t i = 1; i < n; i++) {
+        gc_exec *x = vars[i];
+        size_t j = i;
+        while (j > 0 && variant_before(x, vars[j - 1], graph)) {
+            vars[j] = vars[j - 1];
+            j--;
+        }
+        vars[j] = x;
+    }
+    bool refused = false;
+    uint64_t estimate = 0;
+    for (size_t i = 0; i < n; i++) {
+        gc_exec *v = vars[i];
+        tp_status st = cache->ops->graph_update(cache->device, v->exec, graph);
+        if (st == TP_OK) {
+            if (v->graph == graph) cache->stats.hits++; else cache->stats.updates++;
+            v->graph = graph;
+            v->prepared_seq = ++cache->seq;
+            v->launched_since_prepare = false;
+            touch(cache, v, true, now);
+            if (newpins) replace_pins(cache, v, newpins);
+            return TP_OK;
+        }
+        refused = true;
+        estimate = TP_MAX(estimate, v->bytes);
+        if (st != TP_ERR_TOPOLOGY_MISMATCH) {
+            tp_logf(&cache->device->logger, TP_LOG_WARN,
+                    "graph cache: updating key 0x%llx failed (%s); re-instantiating", (unsigned long long)key,
+                    tp_status_name(st));
+            evict(cache, v, REASON_INTERNAL, false, NULL);
+            vars[i] = NULL;
+        }
+    }
+    if (refused) cache->stats.update_failures++;
+    /* Keep at most GC_MAX_VARIANTS per key: drop the least recently used. */
+    size_t alive = 0;
+    gc_exec *oldest = NULL;
+    for (size_t i = 0; i < n; i++) {
+        if (!vars[i]) continue;
+        alive++;
+        if (!oldest || vars[i]->last_use_ns < oldest->last_use_ns ||
+            (vars[i]->last_use_ns == oldest->last_use_ns && vars[i]->prepared_seq < oldest->prepared_seq))
+            oldest = vars[i];
+    }
+    if (alive >= GC_MAX_VARIANTS) evict(cache, oldest, REASON_COUNT, false, NULL);
+    estimate = TP_MAX(estimate, recent_max(cache));
+    uint64_t nodes = graph_node_count(cache, graph);
+    if (nodes) estimate = TP_MAX(estimate, nodes * cache->config.node_bytes_estimate);
+    return instantiate_new(cache, key, graph, newpins, estimate, now);
+}
+
+/* ----------------------------------------------------------------- reclaim */
+
+static bool pool_attached(const tp_graph_cache *cache, const tp_pool *pool, size_t *out_index) {
+    for (size_t i = 0; i < cache->pool_count; i++) {
+        if (cache->pools[i] == pool) {
+            if (out_index) *out_index = i;
+            return true;
+        }
+    }
+    return false;
+}
+
+/* A pool ran out of memory: release what helps it, most useful first --
+ * retired pins in it, idle executables pinning it, other idle executables
+ * (only when the device itself is short), then the same with launches in
+ * flight (waiting for them). Called without the pool lock. */
+static uint64_t gc_reclaim(void *user, tp_pool *pool, uint64_t bytes_needed) {
+    tp_graph_cache *cache = user;
+    pthread_mutex_lock(&cache->lock);
+    uint64_t freed = 0;
+    if (!pool_attached(cache, pool, NULL)) goto out; /* detached while the pool was calling */
+    freed += retired_process(cache, true, pool);
+    for (int tier = 0; tier < 4 && freed < bytes_needed; tier++) {
+        gc_filter filter = tier == 0 ? filter_idle_pins_pool : tier == 1 ? filter_idle : tier == 2 ? filter_pins_pool : NULL;
+        if (tier == 1 || tier == 3) {
+            /* Evicting executables that do not pin this pool only helps when
+             * the device itself is short of memory. */
+            uint64_t free_bytes = 0, total = 0;
+            if (cache->ops->mem_info(cache->device, &free_bytes, &total) == TP_OK && free_bytes >= bytes_needed)
+                continue;
+        }
+        while (freed < bytes_needed) {
+            gc_exec *v = pick_victim(cache, filter, pool, NULL);
+            if (!v) break;
+            uint64_t bytes = v->bytes;
+            freed += evict(cache, v, REASON_PRESSURE, true, pool) + bytes;
+        }
+    }
+    tp_logf(&cache->device->logger, TP_LOG_INFO, "graph cache: reclaim for a pool needing %llu bytes freed %llu",
+            (unsigned long long)bytes_needed, (unsigned long long)freed);
+out:
+    pthread_mutex_unlock(&cache->lock);
+    return freed;
+}
+
+/* -------------------------------------------------------- background thread */
+
+static void *gc_thread_main(void *arg) {
+    tp_graph_cache *cache = arg;
+    pthread_mutex_lock(&cache->lock);
+    while (!cache->thread_stop) {
+        struct timespec deadline;
+        clock_gettime(CLOCK_MONOTONIC, &deadline);
+        uint64_t ns = (uint64_t)deadline.tv_nsec + cache->config.tick_interval_ns % 1000000000ull;
+        uint64_t secs = cache->config.tick_interval_ns / 1000000000ull + ns / 1000000000ull;
+        if (secs > (uint64_t)INT32_MAX) secs = INT32_MAX;
+        deadline.tv_sec += (time_t)secs;
+        deadline.tv_nsec = (long)(ns % 1000000000ull);
+        int rc = 0;
+        while (!cache->thread_stop && rc != ETIMEDOUT) rc = pthread_cond_timedwait(&cache->cond, &cache->lock, &deadline);
+        if (cache->thread_stop) break;
+        upkeep(cache, now_ns(cache), true);
+    }
+    pthread_mutex_unlock(&cache->lock);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------- API */
+
 tp_status tp_graph_cache_create(tp_device *device, const tp_graph_cache_config *config, tp_graph_cache **out_cache) {
-    (void)device; (void)config;
-    if (out_cache) *out_cache = NULL;
-    return TP_ERR_UNSUPPORTED;
+    if (!out_cache) return TP_ERR_INVALID_ARGUMENT;
+    *out_cache = NULL;
+    if (!device) return TP_ERR_INVALID_ARGUMENT;
+    tp_graph_cache_config c = config ? *config : (tp_graph_cache_config){0};
+    if (!c.max_execs) c.max_execs = GC_DEFAULT_MAX_EXECS;
+    if (!c.max_bytes) c.max_bytes = GC_DEFAULT_MAX_BYTES;
+    if (!c.idle_evict_ns) c.idle_evict_ns = GC_DEFAULT_IDLE_NS;
+    if (!c.protected_percent) c.protected_percent = GC_DEFAULT_PROTECTED;
+    if (!c.tick_interval_ns) c.tick_interval_ns = GC_DEFAULT_TICK_NS;
+    if (!c.node_bytes_estimate) c.node_bytes_estimate = GC_DEFAULT_NODE_BYTES;
+    if (c.protected_percent > 100) {
+        tp_logf(&device->logger, TP_LOG_ERROR, "tp_graph_cache_create: protected_percent %u is above 100",
+                c.protected_percent);
+        return TP_ERR_INVALID_ARGUMENT;
+    }
+    tp_graph_cache *cache = tp_host_calloc(&device->host, 1, sizeof *cache);
+    if (!cache) return TP_ERR_HOST_OUT_OF_MEMORY;
+    cache->device = device;
+    cache->ops = device->ops;
+    cache->host = &device->host;
+    cache->config = c;
+    cache->protected_cap = (uint32_t)((uint64_t)c.max_execs * c.protected_percent / 100);
+    cache->next_idle_check_ns = UINT64_MAX;
+    cache->stats.max_bytes = c.max_bytes;
+    cache->stats.max_execs = c.max_execs;
+    cache->bucket_count = 64;
+    cache->buckets = tp_host_calloc(cache->host, cache->bucket_count, sizeof *cache->buckets);
+    if (!cache->buckets) goto fail_alloc;
+    if (pthread_mutex_init(&cache->lock, NULL) != 0) goto fail_alloc;
+    pthread_condattr_t attr;
+    bool cond_ok = pthread_condattr_init(&attr) == 0;
+    if (cond_ok) {
+        pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+        cond_ok = pthread_cond_init(&cache->cond, &attr) == 0;
+        pthread_condattr_destroy(&attr);
+    }
+    if (!cond_ok) {
+        pthread_mutex_destroy(&cache->lock);
+        goto fail_alloc;
+    }
+    if (c.background_thread) {
+        if (pthread_create(&cache->thread, NULL, gc_thread_main, cache) != 0) {
+            tp_logf(&device->logger, TP_LOG_ERROR, "tp_graph_cache_create: could not start the background thread");
+            pthread_cond_destroy(&cache->cond);
+            pthread_mutex_destroy(&cache->lock);
+            goto fail_alloc;
+        }
+        cache->thread_started = true;
+    }
+    atomic_fetch_add(&device->users, 1);
+    *out_cache = cache;
+    return TP_OK;
+fail_alloc:
+    tp_host_free(&device->host, cache->buckets, cache->bucket_count * sizeof *cache->buckets);
+    tp_host_free(&device->host, cache, sizeof *cache);
+    return TP_ERR_HOST_OUT_OF_MEMORY;
 }
-tp_status tp_graph_cache_destroy(tp_graph_cache *cache) { (void)cache; return TP_ERR_UNSUPPORTED; }
-tp_status tp_graph_cache_attach_pool(tp_graph_cache *cache, tp_pool *pool) { (void)cache; (void)pool; return TP_ERR_UNSUPPORTED; }
-tp_status tp_graph_cache_detach_pool(tp_graph_cache *cache, tp_pool *pool) { (void)cache; (void)pool; return TP_ERR_UNSUPPORTED; }
+
+tp_status tp_graph_cache_destroy(tp_graph_cache *cache) {
+    if (!cache) return TP_ERR_INVALID_ARGUMENT;
+    tp_device *device = cache->device;
+    if (cache->thread_started) {
+        pthread_mutex_lock(&cache->lock);
+        cache->thread_stop = true;
+        pthread_cond_broadcast(&cache->cond);
+        pthread_mutex_unlock(&cache->lock);
+        pthread_join(cache->thread, NULL);
+    }
+    pthread_mutex_lock(&cache->lock);
+    for (size_t i = 0; i < cache->pool_count; i++)
+        tp_pool_remove_reclaim_callback(cache->pools[i], gc_reclaim, cache);
+    cache->pool_count = 0;
+    for (int s = SEG_PROBATION; s <= SEG_PROTECTED; s++)
+        while (cache->seg[s].tail) evict(cache, cache->seg[s].tail, REASON_INTERNAL, true, NULL);
+    retired_process(cache, true, NULL);
+    while (cache->retired_count) { /* waits the device refused */
+        gc_retired *r = &cache->retired[--cache->retired_count];
+        pins_abandon(cache, &r->pins);
+        cache->ops->event_destroy(device, r->event);
+    }
+    pthread_mutex_unlock(&cache->lock);
+    pthread_cond_destroy(&cache->cond);
+    pthread_mutex_destroy(&cache->lock);
+    const tp_host *host = cache->host;
+    tp_host_free(host, cache->retired, cache->retired_capacity * sizeof *cache->retired);
+    tp_host_free(host, cache->pools, cache->pool_capacity * sizeof *cache->pools);
+    tp_host_free(host, cache->buckets, cache->bucket_count * sizeof *cache->buckets);
+    tp_host_free(host, cache, sizeof *cache);
+    atomic_fetch_sub(&device->users, 1);
+    return TP_OK;
+}
+
+tp_status tp_graph_cache_attach_pool(tp_graph_cache *cache, tp_pool *pool) {
+    if (!cache || !pool) return TP_ERR_INVALID_ARGUMENT;
+    pthread_mutex_lock(&cache->lock);
+    tp_status st = TP_OK;
+    if (pool_attached(cache, pool, NULL))
+        st = TP_ERR_INVALID_ARGUMENT;
+    else if (!tp_host_grow(cache->host, (void **)&cache->pools, sizeof *cache->pools, &cache->pool_capacity,
+                           cache->pool_count + 1))
+        st = TP_ERR_HOST_OUT_OF_MEMORY;
+    else if ((st = tp_pool_add_reclaim_callback(pool, gc_reclaim, cache)) == TP_OK)
+        cache->pools[cache->pool_count++] = pool;
+    pthread_mutex_unlock(&cache->lock);
+    return st;
+}
+
+tp_status tp_graph_cache_detach_pool(tp_graph_cache *cache, tp_pool *pool) {
+    if (!cache || !pool) return TP_ERR_INVALID_ARGUMENT;
+    pthread_mutex_lock(&cache->lock);
+    size_t i;
+    tp_status st = TP_ERR_INVALID_ARGUMENT;
+    if (pool_attached(cache, pool, &i)) {
+        st = tp_pool_remove_reclaim_callback(pool, gc_reclaim, cache);
+        cache->pools[i] = cache->pools[--cache->pool_count];
+    }
+    pthread_mutex_unlock(&cache->lock);
+    return st;
+}
+
 tp_status tp_graph_cache_prepare(tp_graph_cache *cache, uint64_t key, tp_graph graph, const tp_graph_pins *pins) {
-    (void)cache; (void)key; (void)graph; (void)pins;
-    return TP_ERR_UNSUPPORTED;
+    if (!cache || !graph) return TP_ERR_INVALID_ARGUMENT;
+    tp_status st = pins_validate(pins);
+    if (st != TP_OK) return st;
+    pthread_mutex_lock(&cache->lock);
+    uint64_t now = now_ns(cache);
+    upkeep(cache, now, false);
+    gc_pins newpins = {0};
+    if (pins) st = pins_acquire(cache, pins, &newpins);
+    if (st == TP_OK) st = prepare_locked(cache, key, graph, pins ? &newpins : NULL, now);
+    pthread_mutex_unlock(&cache->lock);
+    return st;
 }
-tp_status tp_graph_cache_launch(tp_graph_cache *cache, uint64_t key, tp_stream stream) { (void)cache; (void)key; (void)stream; return TP_ERR_UNSUPPORTED; }
-tp_status tp_graph_cache_run(tp_graph_cache *cache, uint64_t key, tp_graph graph, const tp_graph_pins *pins, tp_stream stream) {
-    (void)cache; (void)key; (void)graph; (void)pins; (void)stream;
-    return TP_ERR_UNSUPPORTED;
+
+tp_status tp_graph_cache_launch(tp_graph_cache *cache, uint64_t key, tp_stream stream) {
+    if (!cache) return TP_ERR_INVALID_ARGUMENT;
+    const tp_device_ops *ops = cache->ops;
+    tp_device *dev = cache->device;
+    pthread_mutex_lock(&cache->lock);
+    tp_status st = TP_OK;
+    gc_exec *e = current_variant(cache, key);
+    if (!e) {
+        tp_logf(&dev->logger, TP_LOG_DEBUG, "graph cache: launch of key 0x%llx, which has no executable",
+                (unsigned long long)key);
+        st = TP_ERR_INVALID_ARGUMENT;
+        goto out;
+    }
+    if (!e->event && (st = ops->event_create(dev, &e->event)) != TP_OK) {
+        e->event = NULL;
+        goto out;
+    }
+    /* Launches of one executable run one after another (as on CUDA), so the
+     * event of the last covers all of them. */
+    if (e->event_recorded && !e->completion_unknown && e->last_stream != stream &&
+        ops->event_query(dev, e->event) != TP_OK && (st = ops->stream_wait_event(dev, stream, e->event)) != TP_OK)
+        goto out;
+    st = ops->graph_launch(dev, e->exec, stream);
+    if (st != TP_OK) {
+        tp_logf(&dev->logger, TP_LOG_WARN, "graph cache: launching key 0x%llx failed: %s", (unsigned long long)key,
+                tp_status_name(st));
+        goto out;
+    }
+    cache->stats.launches++;
+    bool reuse = e->launched_since_prepare;
+    e->launched_since_prepare = true;
+    touch(cache, e, reuse, now_ns(cache));
+    e->last_stream = stream;
+    tp_status rec = ops->event_record(dev, e->event, stream);
+    if (rec == TP_OK) {
+        e->event_recorded = true;
+        e->completion_unknown = false;
+    } else {
+        e->completion_unknown = true;
+        tp_logf(&dev->logger, TP_LOG_WARN,
+                "graph cache: recording the completion event of key 0x%llx failed (%s); its eviction will "
+                "synchronise the device", (unsigned long long)key, tp_status_name(rec));
+    }
+out:
+    pthread_mutex_unlock(&cache->lock);
+    return st;
 }
-tp_status tp_graph_cache_evict(tp_graph_cache *cache, uint64_t key) { (void)cache; (void)key; return TP_ERR_UNSUPPORTED; }
-tp_status tp_graph_cache_tick(tp_graph_cache *cache) { (void)cache; return TP_ERR_UNSUPPORTED; }
-tp_status tp_graph_cache_get_stats(tp_graph_cache *cache, tp_graph_cache_stats *out_stats) { (void)cache; (void)out_stats; return TP_ERR_UNSUPPORTED; }
+
+tp_status tp_graph_cache_run(tp_graph_cache *cache, uint64_t key, tp_graph graph, const tp_graph_pins *pins,
+                             tp_stream stream) {
+    tp_status st = tp_graph_cache_prepare(cache, key, graph, pins);
+    if (st != TP_OK) return st;
+    return tp_graph_cache_launch(cache, key, stream);
+}
+
+tp_status tp_graph_cache_evict(tp_graph_cache *cache, uint64_t key) {
+    if (!cache) return TP_ERR_INVALID_ARGUMENT;
+    pthread_mutex_lock(&cache->lock);
+    gc_exec *vars[GC_MAX_VARIANTS];
+    size_t n = find_variants(cache, key, vars);
+    for (size_t i = 0; i < n; i++) evict(cache, vars[i], REASON_EXPLICIT, false, NULL);
+    pthread_mutex_unlock(&cache->lock);
+    return n ? TP_OK : TP_ERR_INVALID_ARGUMENT;
+}
+
+tp_status tp_graph_cache_tick(tp_graph_cache *cache) {
+    if (!cache) return TP_ERR_INVALID_ARGUMENT;
+    pthread_mutex_lock(&cache->lock);
+    upkeep(cache, now_ns(cache), true);
+    pthread_mutex_unlock(&cache->lock);
+    return TP_OK;
+}
+
+tp_status tp_graph_cache_get_stats(tp_graph_cache *cache, tp_graph_cache_stats *out_stats) {
+    if (!cache || !out_stats) return TP_ERR_INVALID_ARGUMENT;
+    pthread_mutex_lock(&cache->lock);
+    *out_stats = cache->stats;
+    out_stats->exec_bytes = cache->exec_bytes;
+    pthread_mutex_unlock(&cache->lock);
+    return TP_OK;
+}
+
 tp_status tp_graph_cache_stats_json(tp_graph_cache *cache, char *buf, size_t capacity, size_t *out_length) {
-    (void)cache; (void)buf; (void)capacity; (void)out_length;
-    return TP_ERR_UNSUPPORTED;
+    if (!cache || (!buf && capacity)) return TP_ERR_INVALID_ARGUMENT;
+    tp_graph_cache_stats s;
+    tp_graph_cache_get_stats(cache, &s);
+#define U(x) (unsigned long long)(x)
+    int n = snprintf(buf, capacity,
+                     "{\"execs\":%llu,\"exec_bytes\":%llu,\"exec_bytes_peak\":%llu,\"max_bytes\":%llu,"
+                     "\"max_execs\":%llu,\"hits\":%llu,\"updates\":%llu,\"update_failures\":%llu,"
+                     "\"instantiations\":%llu,\"instantiate_failures\":%llu,\"eager_fallbacks\":%llu,"
+                     "\"launches\":%llu,\"evictions_count\":%llu,\"evictions_bytes\":%llu,\"evictions_idle\":%llu,"
+                     "\"evictions_pressure\":%llu,\"evictions_explicit\":%llu,\"pinned_ranges\":%llu}",
+                     U(s.execs), U(s.exec_bytes), U(s.exec_bytes_peak), U(s.max_bytes), U(s.max_execs), U(s.hits),
+                     U(s.updates), U(s.update_failures), U(s.instantiations), U(s.instantiate_failures),
+                     U(s.eager_fallbacks), U(s.launches), U(s.evictions_count), U(s.evictions_bytes),
+                     U(s.evictions_idle), U(s.evictions_pressure), U(s.evictions_explicit), U(s.pinned_ranges));
+#undef U
+    if (n < 0) return TP_ERR_INVALID_ARGUMENT;
+    if (out_length) *out_length = (size_t)n;
+    return (size_t)n < capacity ? TP_OK : TP_ERR_INVALID_ARGUMENT;
+}
+
+/* ------------------------------------------------------------------- check */
+
+#define GC_FAIL(...)                                                   \
+    do {                                                               \
+        if (msg && msg_capacity) snprintf(msg, msg_capacity, __VA_ARGS__); \
+        st = TP_ERR_INVALID_ARGUMENT;                                  \
+        goto out;                                                      \
+    } while (0)
+
+tp_status tp_graph_cache_check(tp_graph_cache *cache, char *msg, size_t msg_capacity) {
+    if (!cache) return TP_ERR_INVALID_ARGUMENT;
+    if (msg && msg_capacity) msg[0] = '\0';
+    tp_status st = TP_OK;
+    pthread_mutex_lock(&cache->lock);
+    uint64_t execs = 0, bytes = 0, pinned = 0, hashed = 0;
+    for (int s = SEG_PROBATION; s <= SEG_PROTECTED; s++) {
+        const gc_list *l = &cache->seg[s];
+        uint32_t count = 0;
+        const gc_exec *prev = NULL;
+        for (const gc_exec *e = l->head; e; e = e->next) {
+            if (++count > l->count) GC_FAIL("segment %d longer than its count %u", s, l->count);
+            if (e->prev != prev) GC_FAIL("segment %d: broken back link at key 0x%llx", s, (unsigned long long)e->key);
+            if (e->segment != s) GC_FAIL("key 0x%llx in segment %d says %d", (unsigned long long)e->key, s, e->segment);
+            if (!e->exec) GC_FAIL("key 0x%llx has no executable", (unsigned long long)e->key);
+            if (e->event_recorded && !e->event) GC_FAIL("key 0x%llx: recorded without an event", (unsigned long long)e->key);
+            if (e->pins.count && (!e->pins.ranges || !e->pins.pool))
+                GC_FAIL("key 0x%llx: pins without ranges or pool", (unsigned long long)e->key);
+            bool found = false;
+            unsigned variants = 0;
+            for (const gc_exec *h = cache->buckets[bucket_of(cache, e->key)]; h; h = h->hnext) {
+                if (h == e) found = true;
+                if (h->key == e->key) {
+                    variants++;
+                    if (h != e && h->prepared_seq == e->prepared_seq)
+                        GC_FAIL("key 0x%llx: two variants share a prepare number", (unsigned long long)e->key);
+                }
+            }
+            if (!found) GC_FAIL("key 0x%llx is not in the hash table", (unsigned long long)e->key);
+            if (variants > GC_MAX_VARIANTS) GC_FAIL("key 0x%llx has %u variants", (unsigned long long)e->key, variants);
+            execs++;
+            bytes += e->bytes;
+            pinned += e->pins.count;
+            prev = e;
+        }
+        if (count != l->count) GC_FAIL("segment %d: %u entries, count says %u", s, count, l->count);
+        if (prev != l->tail) GC_FAIL("segment %d: tail is not the last entry", s);
+    }
+    for (size_t b = 0; b < cache->bucket_count; b++)
+        for (const gc_exec *h = cache->buckets[b]; h; h = h->hnext) {
+            if (bucket_of(cache, h->key) != b) GC_FAIL("key 0x%llx in the wrong bucket", (unsigned long long)h->key);
+            if (++hashed > execs) GC_FAIL("hash table holds more entries than the lists");
+        }
+    if (hashed != execs) GC_FAIL("hash table holds %llu entries, lists %llu", (unsigned long long)hashed,
+                                 (unsigned long long)execs);
+    if (execs != cache->stats.execs) GC_FAIL("execs %llu, stats say %llu", (unsigned long long)execs,
+                                             (unsigned long long)cache->stats.execs);
+    if (bytes != cache->exec_bytes) GC_FAIL("exec bytes %llu, accounted %llu", (unsigned long long)bytes,
+                                            (unsigned long long)cache->exec_bytes);
+    if (execs > cache->config.max_execs) GC_FAIL("%llu execs above max_execs %u", (unsigned long long)execs,
+                                                 cache->config.max_execs);
+    if (cache->config.max_bytes != TP_BYTES_UNLIMITED && bytes > cache->config.max_bytes)
+        GC_FAIL("%llu exec bytes above max_bytes %llu", (unsigned long long)bytes,
+                (unsigned long long)cache->config.max_bytes);
+    if (cache->stats.exec_bytes_peak < bytes) GC_FAIL("peak below current");
+    if (cache->seg[SEG_PROTECTED].count > cache->protected_cap)
+        GC_FAIL("protected holds %u, cap %u", cache->seg[SEG_PROTECTED].count, cache->protected_cap);
+    for (size_t i = 0; i < cache->retired_count; i++) {
+        const gc_retired *r = &cache->retired[i];
+        if (!r->event || !r->pins.count || !r->pins.ranges || !r->pins.pool) GC_FAIL("retired record %zu is malformed", i);
+        pinned += r->pins.count;
+    }
+    if (pinned != cache->stats.pinned_ranges) GC_FAIL("pinned ranges %llu, stats say %llu",
+                                                      (unsigned long long)pinned,
+                                                      (unsigned long long)cache->stats.pinned_ranges);
+    for (size_t i = 0; i < cache->pool_count; i++)
+        for (size_t k = i + 1; k < cache->pool_count; k++)
+            if (cache->pools[i] == cache->pools[k]) GC_FAIL("pool attached twice");
+out:
+    pthread_mutex_unlock(&cache->lock);
+    return st;
 }

@@ -110,6 +110,8 @@ typedef struct tp_device_ops {
     tp_status (*graph_update)(tp_device *device, tp_graph_exec exec, tp_graph graph);
     tp_status (*graph_launch)(tp_device *device, tp_graph_exec exec, tp_stream stream);
     tp_status (*graph_destroy)(tp_device *device, tp_graph_exec exec);
+    /* Optional: nodes of a graph template (for byte estimates); 0 if unknown. */
+    uint64_t (*graph_node_count)(tp_device *device, tp_graph graph);
 } tp_device_ops;
 
 struct tp_device {

@@ -675,9 +675,11 @@ static uint64_t run_reclaimers(tp_pool *pool, uint64_t need) {
     pool_reclaimer local[16];
     if (count > 16) count = 16;
     memcpy(local, pool->reclaimers, count * sizeof *local);
+    pool->reclaims_in_flight++; /* tp_pool_remove_reclaim_callback waits for us */
     pthread_mutex_unlock(&pool->lock);
     for (size_t i = 0; i < count; i++) reclaimed += local[i].fn(local[i].user, pool, need);
     pthread_mutex_lock(&pool->lock);
+    if (--pool->reclaims_in_flight == 0) pthread_cond_broadcast(&pool->reclaims_done);
     pool->stats.reclaim_calls += count;
     return reclaimed;
 }
@@ -775,6 +777,11 @@ tp_status tp_pool_create(tp_device *device, const tp_pool_config *config, tp_poo
         tp_host_free(&device->host, pool, sizeof *pool);
         return TP_ERR_HOST_OUT_OF_MEMORY;
     }
+    if (pthread_cond_init(&pool->reclaims_done, NULL) != 0) {
+        pthread_mutex_destroy(&pool->lock);
+        tp_host_free(&device->host, pool, sizeof *pool);
+        return TP_ERR_HOST_OUT_OF_MEMORY;
+    }
     st = TP_ERR_HOST_OUT_OF_MEMORY;
     if (!tp_host_grow(pool->host, (void **)&pool->streams, sizeof *pool->streams, &pool->stream_capacity, 4)) goto fail;
     memset(&pool->streams[0], 0, sizeof pool->streams[0]);
@@ -796,6 +803,7 @@ fail:
     tp_host_free(pool->host, pool->tcache, RA_BIN_COUNT * sizeof *pool->tcache);
     tp_host_free(pool->host, pool->tcache_count, RA_BIN_COUNT);
     tp_host_free(pool->host, pool->streams, pool->stream_capacity * sizeof *pool->streams);
+    pthread_cond_destroy(&pool->reclaims_done);
     pthread_mutex_destroy(&pool->lock);
     tp_host_free(&device->host, pool, sizeof *pool);
     return st;
@@ -841,6 +849,7 @@ tp_status tp_pool_destroy(tp_pool *pool) {
     tp_host_free(host, pool->tcache_count, RA_BIN_COUNT);
     tp_ra_destroy(&pool->ra);
     pthread_mutex_unlock(&pool->lock);
+    pthread_cond_destroy(&pool->reclaims_done);
     pthread_mutex_destroy(&pool->lock);
     tp_host_free(host, pool, sizeof *pool);
     atomic_fetch_sub(&device->users, 1);
@@ -1057,6 +1066,9 @@ tp_status tp_pool_remove_reclaim_callback(tp_pool *pool, tp_reclaim_fn fn, void 
             break;
         }
     }
+    /* A reclaim round that copied the list before the removal may still be
+     * calling fn: once this returns, fn is never called again. */
+    while (st == TP_OK && pool->reclaims_in_flight) pthread_cond_wait(&pool->reclaims_done, &pool->lock);
     pthread_mutex_unlock(&pool->lock);
     return st;
 }

@@ -120,6 +120,8 @@ struct tp_pool {
 
     pool_reclaimer *reclaimers;
     size_t reclaimer_count, reclaimer_capacity;
+    uint32_t reclaims_in_flight;   /* reclaim rounds running without the lock */
+    pthread_cond_t reclaims_done;  /* signalled when one ends */
 
     uint64_t zombie_bytes; /* freed-but-pinned */
     uint64_t high_water_allocated; /* highest allocated bytes ever (not reset) */

@@ -741,6 +741,11 @@ static tp_status sim_graph_destroy(tp_device *device, tp_graph_exec exec_handle)
     return TP_OK;
 }
 
+static uint64_t sim_graph_node_count(tp_device *device, tp_graph graph) {
+    (void)device;
+    return graph ? ((const sim_graph *)graph)->node_count : 0;
+}
+
 static const tp_device_ops sim_ops = {
     .backend = "sim",
     .close = sim_close,
@@ -767,6 +772,7 @@ static const tp_device_ops sim_ops = {
     .graph_update = sim_graph_update,
     .graph_launch = sim_graph_launch,
     .graph_destroy = sim_graph_destroy,
+    .graph_node_count = sim_graph_node_count,
 };
 
 tp_status tp_sim_device_create(tp_device *device, const tp_device_options *options) {

@@ -1,0 +1,700 @@
+/*
+ * test_graph_cache.c -- the graph cache's API on the simulated device: bad
+ * input, prepare/launch/hit/update, the count and byte bounds, segmented
+ * LRU protection, pins (taken, replaced, released after completion),
+ * destroy with live pins, fault injection on instantiate/update/events
+ * (including a fail-at-N loop), statistics and JSON, and the byte-estimate
+ * path for devices that do not report an executable's size.
+ */
+#include "gc_test.h"
+
+#include "internal.h"
+
+static tp_graph_cache *make_cache(tp_device *dev, tp_graph_cache_config cfg) {
+    tp_graph_cache *cache = NULL;
+    tp_status st = tp_graph_cache_create(dev, &cfg, &cache);
+    REQUIRE(st == TP_OK && cache);
+    return cache;
+}
+
+static void test_bad_input(void) {
+    test_log log = {0};
+    tp_device *dev = gt_open("sim:1GiB,graph_node_bytes=1MiB", &log);
+    tp_graph_cache *cache = (tp_graph_cache *)&log;
+    CHECK_STATUS(tp_graph_cache_create(NULL, NULL, &cache), TP_ERR_INVALID_ARGUMENT);
+    CHECK(cache == NULL);
+    CHECK_STATUS(tp_graph_cache_create(dev, NULL, NULL), TP_ERR_INVALID_ARGUMENT);
+    tp_graph_cache_config bad = {.protected_percent = 101};
+    CHECK_STATUS(tp_graph_cache_create(dev, &bad, &cache), TP_ERR_INVALID_ARGUMENT);
+    CHECK(cache == NULL);
+    CHECK_OK(tp_graph_cache_create(dev, NULL, &cache));
+    REQUIRE(cache);
+    tp_graph g = gt_graph(dev, 4, 1, 0);
+    tp_pool *pool = NULL;
+    CHECK_OK(tp_pool_create(dev, NULL, &pool));
+    tp_graph_cache_stats s;
+    char buf[64];
+    size_t len = 0;
+
+    /* NULL handles */
+    CHECK_STATUS(tp_graph_cache_destroy(NULL), TP_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(tp_graph_cache_attach_pool(NULL, pool), TP_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(tp_graph_cache_detach_pool(NULL, pool), TP_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(tp_graph_cache_prepare(NULL, 1, g, NULL), TP_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(tp_graph_cache_launch(NULL, 1, TP_STREAM_DEFAULT), TP_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(tp_graph_cache_run(NULL, 1, g, NULL, TP_STREAM_DEFAULT), TP_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(tp_graph_cache_evict(NULL, 1), TP_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(tp_graph_cache_tick(NULL), TP_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(tp_graph_cache_get_stats(NULL, &s), TP_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(tp_graph_cache_get_stats(cache, NULL), TP_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(tp_graph_cache_stats_json(NULL, buf, sizeof buf, &len), TP_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(tp_graph_cache_stats_json(cache, NULL, 8, &len), TP_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(tp_graph_cache_prepare(cache, 1, NULL, NULL), TP_ERR_INVALID_ARGUMENT);
+
+    /* malformed pins: nothing is instantiated, nothing pinned */
+    tp_graph_pins pins = {.pool = NULL, .ranges = NULL, .count = 1};
+    CHECK_STATUS(tp_graph_cache_prepare(cache, 1, g, &pins), TP_ERR_INVALID_ARGUMENT);
+    pins.pool = pool;
+    CHECK_STATUS(tp_graph_cache_prepare(cache, 1, g, &pins), TP_ERR_INVALID_ARGUMENT);
+    tp_range zero = {0x1000, 0};
+    pins.ranges = &zero;
+    CHECK_STATUS(tp_graph_cache_prepare(cache, 1, g, &pins), TP_ERR_INVALID_ARGUMENT);
+    tp_range foreign = {0x1000, 4096}; /* not memory of this pool */
+    pins.ranges = &foreign;
+    tp_status st = tp_graph_cache_prepare(cache, 1, g, &pins);
+    CHECK(st != TP_OK);
+    s = gt_stats(cache);
+    CHECK(s.execs == 0 && s.instantiations == 0 && s.pinned_ranges == 0);
+    CHECK(gt_sim_execs(dev) == 0);
+
+    /* unknown keys */
+    CHECK_STATUS(tp_graph_cache_launch(cache, 99, TP_STREAM_DEFAULT), TP_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(tp_graph_cache_evict(cache, 99), TP_ERR_INVALID_ARGUMENT);
+    CHECK(gt_counters(dev).calls[TP_SIM_OP_GRAPH_LAUNCH] == 0);
+
+    /* attach / detach */
+    CHECK_STATUS(tp_graph_cache_attach_pool(cache, NULL), TP_ERR_INVALID_ARGUMENT);
+    CHECK_OK(tp_graph_cache_attach_pool(cache, pool));
+    CHECK_STATUS(tp_graph_cache_attach_pool(cache, pool), TP_ERR_INVALID_ARGUMENT);
+    CHECK_OK(tp_graph_cache_detach_pool(cache, pool));
+    CHECK_STATUS(tp_graph_cache_detach_pool(cache, pool), TP_ERR_INVALID_ARGUMENT);
+    CHECK_OK(tp_graph_cache_attach_pool(cache, pool)); /* destroy detaches */
+
+    /* JSON sizing */
+    CHECK_STATUS(tp_graph_cache_stats_json(cache, NULL, 0, &len), TP_ERR_INVALID_ARGUMENT);
+    CHECK(len > 100);
+    memset(buf, 'x', sizeof buf);
+    CHECK_STATUS(tp_graph_cache_stats_json(cache, buf, sizeof buf, NULL), TP_ERR_INVALID_ARGUMENT);
+    CHECK(buf[sizeof buf - 1] == '\0');
+
+    CHECK_STATUS(tp_device_close(dev), TP_ERR_BUSY); /* cache and pool open */
+    CHECK_CACHE(cache);
+    CHECK_OK(tp_graph_cache_destroy(cache));
+    /* destroy removed the reclaim callback: an out-of-memory allocation
+     * calls no reclaimer (and does not touch the freed cache) */
+    void *huge = NULL;
+    CHECK_OK(tp_sim_occupy(dev, 900 * TEST_MiB));
+    CHECK_STATUS(tp_pool_alloc(pool, 512 * TEST_MiB, TP_STREAM_DEFAULT, &huge), TP_ERR_OUT_OF_MEMORY);
+    CHECK(gt_pool_stats(pool).oom_retries > 0 || gt_pool_stats(pool).ooms == 1);
+    CHECK(gt_pool_stats(pool).reclaim_calls == 0);
+    CHECK_OK(tp_sim_occupy(dev, 0));
+    CHECK_OK(tp_pool_destroy(pool));
+    CHECK_OK(tp_sim_graph_destroy(dev, g));
+    CHECK_OK(tp_device_close(dev));
+}
+
+static void test_prepare_launch_hit_update(void) {
+    test_log log = {0};
+    tp_device *dev = gt_open("sim:1GiB,graph_node_bytes=1MiB", &log);
+    tp_graph_cache *cache =
+        make_cache(dev, (tp_graph_cache_config){.max_execs = 16, .max_bytes = TP_BYTES_UNLIMITED,
+                                                .idle_evict_ns = TP_NS_NEVER});
+    tp_stream s;
+    CHECK_OK(tp_stream_create(dev, &s));
+    tp_graph g1 = gt_graph(dev, 8, 1, 1 * MS);
+    tp_graph g1b = gt_graph(dev, 8, 1, 2 * MS); /* same topology, other parameters */
+
+    CHECK_OK(tp_graph_cache_prepare(cache, 42, g1, NULL));
+    tp_graph_cache_stats st = gt_stats(cache);
+    CHECK(st.instantiations == 1 && st.execs == 1 && st.exec_bytes == 8 * TEST_MiB);
+    CHECK(gt_sim_exec_bytes(dev) == 8 * TEST_MiB);
+
+    uint64_t t0 = gt_now(dev);
+    CHECK_OK(tp_graph_cache_launch(cache, 42, s));
+    CHECK(gt_counters(dev).pending_kernels == 1);
+    CHECK_OK(tp_stream_synchronize(dev, s));
+    CHECK(gt_now(dev) - t0 == 1 * MS);
+
+    CHECK_OK(tp_graph_cache_prepare(cache, 42, g1, NULL)); /* same handle: a hit */
+    CHECK_OK(tp_graph_cache_prepare(cache, 42, g1b, NULL)); /* new handle, same topology: update */
+    st = gt_stats(cache);
+    CHECK(st.hits == 1 && st.updates == 1 && st.instantiations == 1 && st.update_failures == 0);
+    t0 = gt_now(dev);
+    CHECK_OK(tp_graph_cache_launch(cache, 42, s));
+    CHECK_OK(tp_stream_synchronize(dev, s));
+    CHECK_MSG(gt_now(dev) - t0 == 2 * MS, "the update did not take effect (ran %llu ns)",
+              (unsigned long long)(gt_now(dev) - t0));
+
+    CHECK_OK(tp_graph_cache_run(cache, 7, g1, NULL, s));
+    st = gt_stats(cache);
+    CHECK(st.instantiations == 2 && st.launches == 3 && st.execs == 2);
+    CHECK_OK(tp_graph_cache_evict(cache, 42));
+    CHECK_STATUS(tp_graph_cache_launch(cache, 42, s), TP_ERR_INVALID_ARGUMENT);
+    CHECK_OK(tp_graph_cache_tick(cache)); /* idle eviction off: nothing happens */
+    st = gt_stats(cache);
+    CHECK(st.evictions_explicit == 1 && st.execs == 1 && st.evictions_idle == 0);
+    CHECK(gt_sim_execs(dev) == 1);
+    CHECK_CACHE(cache);
+    CHECK_OK(tp_graph_cache_destroy(cache));
+    CHECK(gt_sim_execs(dev) == 0 && gt_sim_exec_bytes(dev) == 0);
+    CHECK_OK(tp_sim_graph_destroy(dev, g1));
+    CHECK_OK(tp_sim_graph_destroy(dev, g1b));
+    CHECK_OK(tp_device_synchronize(dev));
+    CHECK_OK(tp_stream_destroy(dev, s));
+    CHECK(log.errors == 0);
+    CHECK_OK(tp_device_close(dev));
+}
+
+static void test_count_bound(void) {
+    test_log log = {0};
+    tp_device *dev = gt_open("sim:1GiB,graph_node_bytes=1MiB", &log);
+    tp_graph_cache *cache =
+        make_cache(dev, (tp_graph_cache_config){.max_execs = 8, .max_bytes = TP_BYTES_UNLIMITED,
+                                                .idle_evict_ns = TP_NS_NEVER});
+    tp_graph g = gt_graph(dev, 1, 1, 0);
+    for (uint64_t k = 0; k < 20; k++) {
+        CHECK_OK(tp_graph_cache_prepare(cache, k, g, NULL));
+        CHECK(gt_stats(cache).execs <= 8);
+        CHECK(gt_sim_execs(dev) <= 8);
+    }
+    tp_graph_cache_stats st = gt_stats(cache);
+    CHECK(st.execs == 8 && st.evictions_count == 12 && st.max_execs == 8);
+    for (uint64_t k = 0; k < 20; k++) /* least recently used went first */
+        CHECK_STATUS(tp_graph_cache_launch(cache, k, TP_STREAM_DEFAULT), k >= 12 ? TP_OK : TP_ERR_INVALID_ARGUMENT);
+    CHECK_CACHE(cache);
+    CHECK_OK(tp_graph_cache_destroy(cache));
+
+    /* one slot: no protected share; a reused key still stays in bounds */
+    cache = make_cache(dev, (tp_graph_cache_config){.max_execs = 1, .protected_percent = 100,
+                                                    .idle_evict_ns = TP_NS_NEVER});
+    for (uint64_t k = 0; k < 5; k++) {
+        CHECK_OK(tp_graph_cache_run(cache, k, g, NULL, TP_STREAM_DEFAULT));
+        CHECK_OK(tp_graph_cache_run(cache, k, g, NULL, TP_STREAM_DEFAULT));
+        CHECK_OK(tp_graph_cache_launch(cache, k, TP_STREAM_DEFAULT));
+        CHECK(gt_stats(cache).execs == 1);
+        CHECK_CACHE(cache);
+    }
+    CHECK(gt_stats(cache).evictions_count == 4 && gt_stats(cache).hits == 5);
+    CHECK_OK(tp_graph_cache_destroy(cache));
+    CHECK_OK(tp_sim_graph_destroy(dev, g));
+    CHECK_OK(tp_device_synchronize(dev));
+    CHECK_OK(tp_device_close(dev));
+}
+
+static void test_byte_bound(void) {
+    test_log log = {0};
+    tp_device *dev = gt_open("sim:1GiB,graph_node_bytes=1MiB", &log);
+    tp_graph_cache *cache =
+        make_cache(dev, (tp_graph_cache_config){.max_bytes = 10 * TEST_MiB, .idle_evict_ns = TP_NS_NEVER});
+    tp_graph g3 = gt_graph(dev, 3, 1, 0);
+    for (uint64_t k = 0; k < 10; k++) {
+        CHECK_OK(tp_graph_cache_prepare(cache, k, g3, NULL));
+        CHECK(gt_stats(cache).exec_bytes <= 10 * TEST_MiB);
+        CHECK(gt_sim_exec_bytes(dev) <= 10 * TEST_MiB);
+    }
+    tp_graph_cache_stats st = gt_stats(cache);
+    CHECK(st.execs == 3 && st.exec_bytes == 9 * TEST_MiB && st.evictions_bytes == 7);
+    CHECK_MSG(st.exec_bytes_peak <= 10 * TEST_MiB, "peak %llu", (unsigned long long)st.exec_bytes_peak);
+    CHECK(st.max_bytes == 10 * TEST_MiB);
+
+    /* bigger than the cap on its own: never cached */
+    tp_graph g11 = gt_graph(dev, 11, 2, 0);
+    CHECK_STATUS(tp_graph_cache_prepare(cache, 100, g11, NULL), TP_ERR_RUN_EAGER);
+    st = gt_stats(cache);
+    CHECK(st.eager_fallbacks == 1 && st.exec_bytes <= 10 * TEST_MiB);
+    CHECK(gt_sim_exec_bytes(dev) == st.exec_bytes);
+    CHECK_STATUS(tp_graph_cache_launch(cache, 100, TP_STREAM_DEFAULT), TP_ERR_INVALID_ARGUMENT);
+    CHECK_CACHE(cache);
+
+    /* unlimited */
+    tp_graph_cache *big =
+        make_cache(dev, (tp_graph_cache_config){.max_bytes = TP_BYTES_UNLIMITED, .idle_evict_ns = TP_NS_NEVER});
+    for (uint64_t k = 0; k < 5; k++) CHECK_OK(tp_graph_cache_prepare(big, k, g11, NULL));
+    st = gt_stats(big);
+    CHECK(st.execs == 5 && st.exec_bytes == 55 * TEST_MiB && st.max_bytes == TP_BYTES_UNLIMITED);
+    CHECK_CACHE(big);
+    CHECK_OK(tp_graph_cache_destroy(big));
+    CHECK_OK(tp_graph_cache_destroy(cache));
+    CHECK_OK(tp_sim_graph_destroy(dev, g3));
+    CHECK_OK(tp_sim_graph_destroy(dev, g11));
+    CHECK_OK(tp_device_close(dev));
+}
+
+static void test_segmented_lru(void) {
+    test_log log = {0};
+    tp_device *dev = gt_open("sim:1GiB,graph_node_bytes=64KiB", &log);
+    /* 10 slots, 5 of them protected */
+    tp_graph_cache *cache = make_cache(dev, (tp_graph_cache_config){.max_execs = 10, .protected_percent = 50,
+                                                                    .max_bytes = TP_BYTES_UNLIMITED,
+                                                                    .idle_evict_ns = TP_NS_NEVER});
+    tp_graph g = gt_graph(dev, 2, 1, 0);
+    tp_stream s = TP_STREAM_DEFAULT;
+    /* hot keys: run, then replayed (second launch since the prepare) */
+    for (uint64_t k = 100; k < 104; k++) {
+        CHECK_OK(tp_graph_cache_run(cache, k, g, NULL, s));
+        CHECK_OK(tp_graph_cache_launch(cache, k, s));
+    }
+    /* used again through a second prepare */
+    CHECK_OK(tp_graph_cache_prepare(cache, 104, g, NULL));
+    CHECK_OK(tp_graph_cache_prepare(cache, 104, g, NULL));
+    /* a burst of 200 one-shot keys */
+    for (uint64_t k = 1000; k < 1200; k++) {
+        CHECK_OK(tp_graph_cache_run(cache, k, g, NULL, s));
+        CHECK(gt_stats(cache).execs <= 10);
+    }
+    for (uint64_t k = 100; k < 105; k++) CHECK_OK(tp_graph_cache_launch(cache, k, s)); /* all survived */
+    tp_graph_cache_stats st = gt_stats(cache);
+    CHECK(st.execs == 10 && st.evictions_count == 200 - 5 && st.instantiations == 205);
+    CHECK_CACHE(cache);
+
+    /* 7 more keys promoted: protected keeps its 5 most recent, the rest
+     * drop to probation and are the first victims of the next burst */
+    for (uint64_t k = 300; k < 307; k++) {
+        CHECK_OK(tp_graph_cache_run(cache, k, g, NULL, s));
+        CHECK_OK(tp_graph_cache_launch(cache, k, s));
+    }
+    for (uint64_t k = 2000; k < 2020; k++) CHECK_OK(tp_graph_cache_run(cache, k, g, NULL, s));
+    for (uint64_t k = 302; k < 307; k++) CHECK_OK(tp_graph_cache_launch(cache, k, s));
+    for (uint64_t k = 100; k < 105; k++) CHECK_STATUS(tp_graph_cache_launch(cache, k, s), TP_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(tp_graph_cache_launch(cache, 300, s), TP_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(tp_graph_cache_launch(cache, 301, s), TP_ERR_INVALID_ARGUMENT);
+    CHECK_CACHE(cache);
+    CHECK_OK(tp_graph_cache_destroy(cache));
+    CHECK_OK(tp_sim_graph_destroy(dev, g));
+    CHECK_OK(tp_device_synchronize(dev));
+    CHECK_OK(tp_device_close(dev));
+}
+
+static void *alloc_or_die(tp_pool *pool, size_t bytes, tp_stream s) {
+    void *p = NULL;
+    tp_status st = tp_pool_alloc(pool, bytes, s, &p);
+    REQUIRE(st == TP_OK && p);
+    return p;
+}
+
+static void test_pins(void) {
+    test_log log = {0};
+    tp_device *dev = gt_open("sim:1GiB", &log);
+    tp_pool *pool = NULL;
+    CHECK_OK(tp_pool_create(dev, NULL, &pool));
+    tp_graph_cache *cache = make_cache(dev, (tp_graph_cache_config){.idle_evict_ns = TP_NS_NEVER});
+    tp_stream s;
+    CHECK_OK(tp_stream_create(dev, &s));
+
+    /* the cache pins a live block; the caller frees it; eviction releases
+     * the pin only after the launch that reads it has completed */
+    void *a = alloc_or_die(pool, 8 * TEST_MiB, s);
+    tp_range ra = {(uint64_t)(uintptr_t)a, 8 * TEST_MiB};
+    tp_graph ga = gt_graph_ranges(dev, 10, 1, 100 * MS, &ra, 1);
+    tp_graph_pins pa = {pool, &ra, 1, false};
+    CHECK_OK(tp_graph_cache_prepare(cache, 1, ga, &pa));
+    CHECK(gt_pool_stats(pool).pinned_bytes.current == 8 * TEST_MiB);
+    CHECK(gt_stats(cache).pinned_ranges == 1);
+    CHECK_OK(tp_pool_free(pool, a, s));
+    CHECK_OK(tp_graph_cache_launch(cache, 1, s));
+    CHECK_OK(tp_graph_cache_evict(cache, 1));
+    CHECK(gt_stats(cache).execs == 0);
+    CHECK_MSG(gt_pool_stats(pool).pinned_bytes.current == 8 * TEST_MiB, "pin released before the launch completed");
+    CHECK_OK(tp_graph_cache_tick(cache));
+    CHECK(gt_pool_stats(pool).pinned_bytes.current == 8 * TEST_MiB);
+    CHECK_OK(tp_sim_advance(dev, 50 * MS));
+    CHECK_OK(tp_graph_cache_tick(cache));
+    CHECK(gt_pool_stats(pool).pinned_bytes.current == 8 * TEST_MiB);
+    CHECK_OK(tp_sim_advance(dev, 60 * MS));
+    CHECK_OK(tp_graph_cache_tick(cache));
+    CHECK(gt_pool_stats(pool).pinned_bytes.current == 0);
+    CHECK(gt_stats(cache).pinned_ranges == 0);
+    uint64_t released = 0;
+    CHECK_OK(tp_pool_trim(pool, 0, &released));
+    CHECK(gt_pool_stats(pool).reserved_bytes.current == 0);
+    CHECK_POOL(pool);
+    CHECK_CACHE(cache);
+
+    /* launched on two streams: the second launch is ordered after the
+     * first, so one event covers both and the pin outlives the longer */
+    tp_stream s2;
+    CHECK_OK(tp_stream_create(dev, &s2));
+    void *d = alloc_or_die(pool, 2 * TEST_MiB, s);
+    tp_range rd = {(uint64_t)(uintptr_t)d, 2 * TEST_MiB};
+    tp_graph gd = gt_graph_ranges(dev, 10, 9, 100 * MS, &rd, 1);
+    tp_graph_pins pd = {pool, &rd, 1, false};
+    uint64_t t1 = gt_now(dev);
+    CHECK_OK(tp_graph_cache_run(cache, 9, gd, &pd, s));
+    CHECK_OK(tp_pool_free(pool, d, s));
+    CHECK_OK(tp_graph_cache_launch(cache, 9, s2));
+    CHECK_OK(tp_graph_cache_evict(cache, 9));
+    CHECK_OK(tp_sim_advance(dev, 150 * MS)); /* the first launch is done, the second is not */
+    CHECK_OK(tp_graph_cache_tick(cache));
+    CHECK_MSG(gt_pool_stats(pool).pinned_bytes.current == 2 * TEST_MiB,
+              "pin released while the launch on the second stream still runs");
+    CHECK_OK(tp_sim_advance(dev, 60 * MS));
+    CHECK_OK(tp_graph_cache_tick(cache));
+    CHECK(gt_pool_stats(pool).pinned_bytes.current == 0);
+    CHECK(gt_now(dev) - t1 >= 200 * MS);
+    CHECK_OK(tp_pool_trim(pool, 0, NULL));
+    CHECK(gt_counters(dev).hazards == 0);
+
+    /* pins replaced by an update: the old set goes once the launch is done */
+    void *b1 = alloc_or_die(pool, 4 * TEST_MiB, s), *b2 = alloc_or_die(pool, 4 * TEST_MiB, s);
+    tp_range r1 = {(uint64_t)(uintptr_t)b1, 4 * TEST_MiB}, r2 = {(uint64_t)(uintptr_t)b2, 4 * TEST_MiB};
+    tp_graph g1 = gt_graph_ranges(dev, 10, 2, 100 * MS, &r1, 1), g2 = gt_graph_ranges(dev, 10, 2, 100 * MS, &r2, 1);
+    tp_graph_pins p1 = {pool, &r1, 1, false}, p2 = {pool, &r2, 1, false};
+    CHECK_OK(tp_graph_cache_run(cache, 2, g1, &p1, s));
+    CHECK_OK(tp_pool_free(pool, b1, s));
+    CHECK_OK(tp_graph_cache_prepare(cache, 2, g2, &p2));
+    CHECK_OK(tp_pool_free(pool, b2, s));
+    CHECK(gt_stats(cache).updates == 1);
+    CHECK(gt_pool_stats(pool).pinned_bytes.current == 8 * TEST_MiB); /* b1 still read by the pending launch */
+    CHECK(gt_stats(cache).pinned_ranges == 2);
+    CHECK_OK(tp_sim_advance(dev, 200 * MS));
+    CHECK_OK(tp_graph_cache_prepare(cache, 2, g2, NULL)); /* NULL keeps b2's pin; upkeep drops b1's */
+    CHECK(gt_pool_stats(pool).pinned_bytes.current == 4 * TEST_MiB);
+    CHECK(gt_stats(cache).hits == 1);
+    tp_graph_pins none = {pool, NULL, 0, false};
+    CHECK_OK(tp_graph_cache_prepare(cache, 2, g2, &none)); /* an empty set drops them */
+    CHECK(gt_pool_stats(pool).pinned_bytes.current == 0);
+    CHECK(gt_stats(cache).pinned_ranges == 0);
+    CHECK_POOL(pool);
+    CHECK_CACHE(cache);
+
+    /* already_pinned pins are consumed even when prepare fails */
+    CHECK_OK(tp_pool_capture_begin(pool, s));
+    void *c = alloc_or_die(pool, 2 * TEST_MiB, s);
+    tp_range *captured = NULL;
+    size_t n = 0;
+    CHECK_OK(tp_pool_capture_end(pool, s, &captured, &n));
+    CHECK(n == 1 && gt_pool_stats(pool).pinned_bytes.current == 2 * TEST_MiB);
+    tp_graph gc = gt_graph_ranges(dev, 10, 3, MS, captured, n);
+    tp_graph_pins pc = {pool, captured, n, true};
+    CHECK_OK(tp_sim_inject_fault(dev, TP_SIM_OP_GRAPH_INSTANTIATE, 0, 1, TP_ERR_DEVICE));
+    CHECK_STATUS(tp_graph_cache_prepare(cache, 3, gc, &pc), TP_ERR_DEVICE);
+    CHECK(gt_pool_stats(pool).pinned_bytes.current == 0);
+    tp_pool_free_ranges(pool, captured);
+    CHECK_OK(tp_pool_free(pool, c, s));
+    CHECK_POOL(pool);
+    CHECK_CACHE(cache);
+
+    tp_sim_counters ctr = gt_counters(dev);
+    CHECK(ctr.hazards == 0 && ctr.invalid_accesses == 0);
+    CHECK_OK(tp_graph_cache_destroy(cache));
+    CHECK_OK(tp_pool_destroy(pool));
+    tp_graph graphs[] = {ga, g1, g2, gc, gd};
+    for (size_t i = 0; i < 5; i++) CHECK_OK(tp_sim_graph_destroy(dev, graphs[i]));
+    CHECK_OK(tp_stream_destroy(dev, s));
+    CHECK_OK(tp_stream_destroy(dev, s2));
+    CHECK_OK(tp_device_close(dev));
+}
+
+static void test_destroy_with_live_pins(void) {
+    test_log log = {0};
+    tp_device *dev = gt_open("sim:1GiB", &log);
+    tp_pool *pool = NULL;
+    CHECK_OK(tp_pool_create(dev, NULL, &pool));
+    tp_graph_cache *cache = make_cache(dev, (tp_graph_cache_config){0});
+    tp_stream s;
+    CHECK_OK(tp_stream_create(dev, &s));
+    void *a = alloc_or_die(pool, 16 * TEST_MiB, s);
+    tp_range ra = {(uint64_t)(uintptr_t)a, 16 * TEST_MiB};
+    tp_graph g = gt_graph_ranges(dev, 10, 1, 500 * MS, &ra, 1);
+    tp_graph_pins pa = {pool, &ra, 1, false};
+    uint64_t t0 = gt_now(dev);
+    CHECK_OK(tp_graph_cache_run(cache, 1, g, &pa, s));
+    CHECK_OK(tp_pool_free(pool, a, s));
+    CHECK(gt_pool_stats(pool).pinned_bytes.current == 16 * TEST_MiB);
+    CHECK_OK(tp_graph_cache_destroy(cache)); /* waits for the launch, then unpins */
+    CHECK(gt_now(dev) >= t0 + 500 * MS);
+    CHECK(gt_pool_stats(pool).pinned_bytes.current == 0);
+    CHECK(gt_sim_execs(dev) == 0);
+    CHECK_OK(tp_pool_trim(pool, 0, NULL));
+    CHECK(gt_pool_stats(pool).reserved_bytes.current == 0);
+    tp_sim_counters ctr = gt_counters(dev);
+    CHECK(ctr.hazards == 0 && ctr.invalid_accesses == 0);
+    CHECK_POOL(pool);
+    CHECK_OK(tp_pool_forget_stream(pool, s));
+    CHECK_OK(tp_pool_destroy(pool));
+    CHECK_OK(tp_sim_graph_destroy(dev, g));
+    CHECK_OK(tp_stream_destroy(dev, s));
+    CHECK_OK(tp_device_close(dev));
+}
+
+static void test_faults(void) {
+    test_log log = {0};
+    tp_device *dev = gt_open("sim:1GiB,graph_node_bytes=1MiB", &log);
+    tp_pool *pool = NULL;
+    CHECK_OK(tp_pool_create(dev, NULL, &pool));
+    tp_graph_cache *cache =
+        make_cache(dev, (tp_graph_cache_config){.max_execs = 16, .max_bytes = TP_BYTES_UNLIMITED,
+                                                .idle_evict_ns = TP_NS_NEVER});
+    tp_stream s;
+    CHECK_OK(tp_stream_create(dev, &s));
+    tp_graph g = gt_graph(dev, 4, 1, MS);
+
+    /* instantiate fails: nothing cached, next try works */
+    CHECK_OK(tp_sim_inject_fault(dev, TP_SIM_OP_GRAPH_INSTANTIATE, 0, 1, TP_ERR_DEVICE));
+    CHECK_STATUS(tp_graph_cache_prepare(cache, 1, g, NULL), TP_ERR_DEVICE);
+    tp_graph_cache_stats st = gt_stats(cache);
+    CHECK(st.instantiate_failures == 1 && st.execs == 0 && gt_sim_execs(dev) == 0);
+    CHECK_OK(tp_graph_cache_prepare(cache, 1, g, NULL));
+    CHECK_CACHE(cache);
+
+    /* instantiate reports out of memory once: one victim, then success */
+    CHECK_OK(tp_sim_inject_fault(dev, TP_SIM_OP_GRAPH_INSTANTIATE, 0, 1, TP_ERR_OUT_OF_MEMORY));
+    CHECK_OK(tp_graph_cache_prepare(cache, 2, g, NULL));
+    st = gt_stats(cache);
+    CHECK(st.instantiate_failures == 2 && st.evictions_pressure == 1 && st.execs == 1);
+    CHECK_STATUS(tp_graph_cache_launch(cache, 1, s), TP_ERR_INVALID_ARGUMENT);
+    CHECK_CACHE(cache);
+
+    /* update fails with a device error: the executable is rebuilt */
+    CHECK_OK(tp_sim_inject_fault(dev, TP_SIM_OP_GRAPH_UPDATE, 0, 1, TP_ERR_DEVICE));
+    CHECK_OK(tp_graph_cache_prepare(cache, 2, g, NULL));
+    st = gt_stats(cache);
+    CHECK(st.update_failures == 1 && st.instantiations == 3 && st.execs == 1 && gt_sim_execs(dev) == 1);
+    CHECK_OK(tp_graph_cache_launch(cache, 2, s));
+    CHECK_CACHE(cache);
+
+    /* update and re-instantiation both fail: the key is gone, cleanly */
+    CHECK_OK(tp_sim_inject_fault(dev, TP_SIM_OP_GRAPH_UPDATE, 0, 1, TP_ERR_DEVICE));
+    CHECK_OK(tp_sim_inject_fault(dev, TP_SIM_OP_GRAPH_INSTANTIATE, 0, 1, TP_ERR_DEVICE));
+    CHECK_STATUS(tp_graph_cache_prepare(cache, 2, g, NULL), TP_ERR_DEVICE);
+    CHECK_STATUS(tp_graph_cache_launch(cache, 2, s), TP_ERR_INVALID_ARGUMENT);
+    CHECK(gt_stats(cache).execs == 0 && gt_sim_execs(dev) == 0);
+    CHECK_CACHE(cache);
+
+    /* the completion event cannot be created: nothing is launched */
+    CHECK_OK(tp_graph_cache_prepare(cache, 3, g, NULL));
+    uint64_t launches = gt_counters(dev).calls[TP_SIM_OP_GRAPH_LAUNCH];
+    uint64_t counted = gt_stats(cache).launches;
+    CHECK_OK(tp_sim_inject_fault(dev, TP_SIM_OP_EVENT, 0, 1, TP_ERR_DEVICE));
+    CHECK_STATUS(tp_graph_cache_launch(cache, 3, s), TP_ERR_DEVICE);
+    CHECK(gt_counters(dev).calls[TP_SIM_OP_GRAPH_LAUNCH] == launches);
+    CHECK(gt_stats(cache).launches == counted);
+
+    /* the launch runs but its event cannot be recorded: eviction then
+     * synchronises before releasing the pins */
+    void *a = alloc_or_die(pool, 4 * TEST_MiB, s);
+    tp_range ra = {(uint64_t)(uintptr_t)a, 4 * TEST_MiB};
+    tp_graph gr = gt_graph_ranges(dev, 4, 1, 300 * MS, &ra, 1);
+    tp_graph_pins pa = {pool, &ra, 1, false};
+    CHECK_OK(tp_graph_cache_prepare(cache, 3, gr, &pa));
+    CHECK_OK(tp_pool_free(pool, a, s));
+    CHECK_OK(tp_graph_cache_launch(cache, 3, s)); /* event created and recorded */
+    CHECK_OK(tp_sim_inject_fault(dev, TP_SIM_OP_EVENT, 0, 1, TP_ERR_DEVICE));
+    uint64_t t0 = gt_now(dev);
+    CHECK_OK(tp_graph_cache_launch(cache, 3, s)); /* record fails: completion unknown */
+    CHECK(gt_pool_stats(pool).pinned_bytes.current == 4 * TEST_MiB);
+    CHECK_OK(tp_graph_cache_evict(cache, 3));
+    CHECK(gt_pool_stats(pool).pinned_bytes.current == 0);
+    CHECK(gt_now(dev) >= t0 + 600 * MS); /* both launches were waited for */
+    CHECK(gt_counters(dev).hazards == 0);
+    CHECK_CACHE(cache);
+    CHECK_POOL(pool);
+
+    CHECK_OK(tp_graph_cache_destroy(cache));
+    CHECK_OK(tp_sim_graph_destroy(dev, g));
+    CHECK_OK(tp_sim_graph_destroy(dev, gr));
+    CHECK_OK(tp_pool_forget_stream(pool, s));
+    CHECK_OK(tp_pool_destroy(pool));
+    CHECK_OK(tp_stream_destroy(dev, s));
+    CHECK_OK(tp_device_close(dev));
+}
+
+/* One scripted workload with pins, updates, evictions and pressure, run with
+ * a fault at every possible device call in turn: whatever fails, the cache
+ * stays consistent, leaks no executable and no pin, and no launch ever
+ * reads released memory. */
+static int fail_at_n_run(uint64_t n, tp_status fault) {
+    tp_device *dev = gt_open("sim:256MiB,graph_node_bytes=1MiB", NULL);
+    tp_pool *pool = NULL;
+    REQUIRE(tp_pool_create(dev, NULL, &pool) == TP_OK);
+    tp_graph_cache *cache = NULL;
+    tp_graph_cache_config cfg = {.max_execs = 4, .max_bytes = 24 * TEST_MiB, .idle_evict_ns = 500 * MS};
+    REQUIRE(tp_graph_cache_create(dev, &cfg, &cache) == TP_OK);
+    tp_graph_cache_attach_pool(cache, pool);
+    tp_stream s1, s2;
+    REQUIRE(tp_stream_create(dev, &s1) == TP_OK && tp_stream_create(dev, &s2) == TP_OK);
+    tp_sim_inject_fault(dev, TP_SIM_OP_ANY, n, 1, fault);
+    uint64_t before = gt_counters(dev).faults_injected;
+    test_rng rng = {12345}; /* one workload; only the fault point moves */
+    tp_graph graphs[32];
+    size_t graph_count = 0;
+    for (int step = 0; step < 24; step++) {
+        uint64_t key = rng_below(&rng, 6);
+        void *p = NULL;
+        if (tp_pool_alloc(pool, (size_t)(1 + rng_below(&rng, 8)) * TEST_MiB, s1, &p) != TP_OK) p = NULL;
+        tp_range r = {(uint64_t)(uintptr_t)p, 0};
+        size_t sz = 0;
+        if (p && tp_pool_block_size(pool, p, &sz) == TP_OK) r.bytes = sz;
+        uint32_t nodes = (uint32_t)(2 + rng_below(&rng, 6));
+        uint64_t duration = (1 + rng_below(&rng, 50)) * MS;
+        tp_graph g = gt_graph_ranges(dev, nodes, key % 2, duration, p ? &r : NULL, p ? 1 : 0);
+        if (graph_count < 32) graphs[graph_count++] = g;
+        tp_graph_pins pins = {pool, &r, 1, false};
+        tp_graph_cache_run(cache, key, g, p ? &pins : NULL, rng_below(&rng, 2) ? s1 : s2);
+        if (p) tp_pool_free(pool, p, s1);
+        switch (rng_below(&rng, 5)) {
+        case 0: tp_graph_cache_evict(cache, rng_below(&rng, 6)); break;
+        case 1: tp_sim_advance(dev, 200 * MS); tp_graph_cache_tick(cache); break;
+        case 2: { /* pressure: the reclaim callback runs */
+            void *big = NULL;
+            if (tp_pool_alloc(pool, 200 * TEST_MiB, s2, &big) == TP_OK) tp_pool_free(pool, big, s2);
+            break;
+        }
+        default: tp_graph_cache_launch(cache, rng_below(&rng, 6), s2); break;
+        }
+    }
+    bool injected = gt_counters(dev).faults_injected > before;
+    tp_sim_clear_faults(dev);
+    CHECK_CACHE(cache);
+    CHECK_POOL(pool);
+    tp_graph_cache_stats st = gt_stats(cache);
+    CHECK_MSG(st.execs == gt_sim_execs(dev), "n=%llu: cache has %llu execs, device %llu", (unsigned long long)n,
+              (unsigned long long)st.execs, (unsigned long long)gt_sim_execs(dev));
+    CHECK(tp_graph_cache_destroy(cache) == TP_OK);
+    CHECK_MSG(gt_sim_execs(dev) == 0, "n=%llu: executables leaked", (unsigned long long)n);
+    CHECK_MSG(gt_pool_stats(pool).pinned_bytes.current == 0, "n=%llu: pins leaked (%llu bytes)",
+              (unsigned long long)n, (unsigned long long)gt_pool_stats(pool).pinned_bytes.current);
+    tp_sim_counters ctr = gt_counters(dev);
+    CHECK_MSG(ctr.hazards == 0 && ctr.invalid_accesses == 0, "n=%llu: hazards %llu invalid %llu",
+              (unsigned long long)n, (unsigned long long)ctr.hazards, (unsigned long long)ctr.invalid_accesses);
+    tp_pool_forget_stream(pool, s1);
+    tp_pool_forget_stream(pool, s2);
+    CHECK(tp_pool_destroy(pool) == TP_OK);
+    for (size_t i = 0; i < graph_count; i++) tp_sim_graph_destroy(dev, graphs[i]);
+    tp_device_synchronize(dev);
+    tp_stream_destroy(dev, s1);
+    tp_stream_destroy(dev, s2);
+    CHECK(tp_device_close(dev) == TP_OK);
+    return injected;
+}
+
+static void test_fail_at_n(void) {
+    int runs = 0, injected = 0;
+    for (uint64_t n = 0; n < 5000; n++) {
+        int hit = fail_at_n_run(n, n % 3 == 0 ? TP_ERR_OUT_OF_MEMORY : TP_ERR_DEVICE);
+        runs++;
+        injected += hit;
+        if (!hit) break; /* the fault point is past the workload: every point covered */
+    }
+    CHECK(injected >= 50);
+    printf("fail-at-N: %d runs, %d with a fault injected\n", runs, injected);
+}
+
+static void test_stats_json(void) {
+    test_log log = {0};
+    tp_device *dev = gt_open("sim:1GiB,graph_node_bytes=1MiB", &log);
+    tp_graph_cache *cache = make_cache(dev, (tp_graph_cache_config){0});
+    tp_graph g = gt_graph(dev, 2, 1, 0), g2 = gt_graph(dev, 2, 1, 0);
+    CHECK_OK(tp_graph_cache_run(cache, 1, g, NULL, TP_STREAM_DEFAULT));
+    CHECK_OK(tp_graph_cache_run(cache, 1, g, NULL, TP_STREAM_DEFAULT));
+    CHECK_OK(tp_graph_cache_run(cache, 1, g2, NULL, TP_STREAM_DEFAULT));
+    CHECK_OK(tp_graph_cache_prepare(cache, 2, g, NULL));
+    CHECK_OK(tp_graph_cache_evict(cache, 2));
+    char buf[1024];
+    size_t len = 0;
+    CHECK_OK(tp_graph_cache_stats_json(cache, buf, sizeof buf, &len));
+    CHECK(len == strlen(buf));
+    const char *expect[] = {"{\"execs\":1,", "\"exec_bytes\":2097152,", "\"exec_bytes_peak\":4194304,",
+                            "\"max_bytes\":268435456,", "\"max_execs\":64,", "\"hits\":1,", "\"updates\":1,",
+                            "\"update_failures\":0,", "\"instantiations\":2,", "\"instantiate_failures\":0,",
+                            "\"eager_fallbacks\":0,", "\"launches\":3,", "\"evictions_count\":0,",
+                            "\"evictions_bytes\":0,", "\"evictions_idle\":0,", "\"evictions_pressure\":0,",
+                            "\"evictions_explicit\":1,", "\"pinned_ranges\":0}"};
+    for (size_t i = 0; i < sizeof expect / sizeof *expect; i++)
+        CHECK_MSG(strstr(buf, expect[i]) != NULL, "missing %s in %s", expect[i], buf);
+    CHECK(buf[len - 1] == '}');
+    /* exactly len bytes do not fit (NUL), len + 1 do */
+    char small[1024];
+    size_t len2 = 0;
+    CHECK_STATUS(tp_graph_cache_stats_json(cache, small, len, &len2), TP_ERR_INVALID_ARGUMENT);
+    CHECK(len2 == len && small[len - 1] == '\0');
+    CHECK_OK(tp_graph_cache_stats_json(cache, small, len + 1, NULL));
+    CHECK(strcmp(small, buf) == 0);
+    tp_graph_cache_stats s = gt_stats(cache);
+    CHECK(s.execs == 1 && s.hits == 1 && s.updates == 1 && s.launches == 3 && s.instantiations == 2);
+    CHECK_OK(tp_graph_cache_destroy(cache));
+    CHECK_OK(tp_sim_graph_destroy(dev, g));
+    CHECK_OK(tp_sim_graph_destroy(dev, g2));
+    CHECK_OK(tp_device_synchronize(dev));
+    CHECK_OK(tp_device_close(dev));
+}
+
+/* A backend that does not report an executable's size (and one that cannot
+ * even report free memory): the cache measures or estimates. */
+static tp_status (*real_instantiate)(tp_device *, tp_graph, tp_graph_exec *, uint64_t *);
+static tp_status instantiate_unreported(tp_device *device, tp_graph graph, tp_graph_exec *out_exec,
+                                        uint64_t *out_bytes) {
+    tp_status st = real_instantiate(device, graph, out_exec, out_bytes);
+    if (st == TP_OK) *out_bytes = 0;
+    return st;
+}
+static tp_status mem_info_broken(tp_device *device, uint64_t *out_free, uint64_t *out_total) {
+    (void)device;
+    (void)out_free;
+    (void)out_total;
+    return TP_ERR_DEVICE;
+}
+
+static void test_byte_estimate(void) {
+    test_log log = {0};
+    tp_device *dev = gt_open("sim:1GiB,graph_node_bytes=1MiB", &log);
+    const tp_device_ops *real_ops = dev->ops;
+    static tp_device_ops wrapped;
+    wrapped = *real_ops;
+    real_instantiate = real_ops->graph_instantiate;
+    wrapped.graph_instantiate = instantiate_unreported;
+    dev->ops = &wrapped;
+
+    /* measured: the drop of free device memory across the instantiation */
+    tp_graph_cache *cache =
+        make_cache(dev, (tp_graph_cache_config){.max_bytes = 12 * TEST_MiB, .idle_evict_ns = TP_NS_NEVER});
+    tp_graph g5 = gt_graph(dev, 5, 1, 0);
+    CHECK_OK(tp_graph_cache_prepare(cache, 1, g5, NULL));
+    CHECK_MSG(gt_stats(cache).exec_bytes == 5 * TEST_MiB, "measured %llu",
+              (unsigned long long)gt_stats(cache).exec_bytes);
+    CHECK_OK(tp_graph_cache_prepare(cache, 2, g5, NULL));
+    CHECK_OK(tp_graph_cache_prepare(cache, 3, g5, NULL));
+    tp_graph_cache_stats st = gt_stats(cache);
+    CHECK(st.execs == 2 && st.exec_bytes == 10 * TEST_MiB && st.evictions_bytes == 1);
+    CHECK(gt_sim_exec_bytes(dev) == 10 * TEST_MiB);
+    CHECK_CACHE(cache);
+    CHECK_OK(tp_graph_cache_destroy(cache));
+
+    /* not measurable: node_bytes_estimate per node of the template */
+    wrapped.mem_info = mem_info_broken;
+    cache = make_cache(dev, (tp_graph_cache_config){.node_bytes_estimate = 3 * TEST_MiB,
+                                                    .idle_evict_ns = TP_NS_NEVER});
+    CHECK_OK(tp_graph_cache_prepare(cache, 1, g5, NULL));
+    CHECK(gt_stats(cache).exec_bytes == 5 * 3 * TEST_MiB);
+    CHECK_CACHE(cache);
+    CHECK_OK(tp_graph_cache_destroy(cache));
+
+    dev->ops = real_ops;
+    CHECK_OK(tp_sim_graph_destroy(dev, g5));
+    CHECK_OK(tp_device_close(dev));
+}
+
+int main(void) {
+    test_bad_input();
+    test_prepare_launch_hit_update();
+    test_count_bound();
+    test_byte_bound();
+    test_segmented_lru();
+    test_pins();
+    test_destroy_with_live_pins();
+    test_faults();
+    test_fail_at_n();
+    test_stats_json();
+    test_byte_estimate();
+    return check_report("test_graph_cache");
+}
