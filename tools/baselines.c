@@ -7,13 +7,19 @@
  * once); on a miss, malloc 1.05 x the request rounded up to 256 B. free:
  * park the buffer in the first empty slot, or free it to the device when all
  * 256 are taken. Out of memory, as merged: synchronise, free every parked
- * buffer, retry once; if that fails the backend aborts (fatal here).
+ * buffer of this pool, retry once; if that fails the backend aborts (fatal
+ * here). ggml keeps one such pool per device and stream of a backend
+ * context (pools[device][stream]), and a second context (the vision
+ * encoder's, in llama.cpp's multimodal server) has pools of its own; so the
+ * model keeps one pool per trace stream, a buffer goes back to the pool it
+ * came from, and a flush frees only the flushing pool's idle buffers while
+ * the others keep theirs.
  *
  * ggml-vmm: reserve 32 GiB of address space (capped by the device), a bump
  * pointer over it; grow the mapped part by whole granules when the bump
  * passes it; never unmap; a free must be the most recent allocation (LIFO):
  * anything else is counted as a violation (the real pool asserts). Out of
- * memory when mapping is fatal.
+ * memory when mapping is fatal. One pool serves every stream.
  */
 #include "replay.h"
 
@@ -30,28 +36,42 @@ typedef struct legacy_slot {
     uint64_t bytes;
 } legacy_slot;
 
+/* The pool of one stream: its parked buffers. */
+typedef struct legacy_stream_pool {
+    tp_stream stream;
+    legacy_slot slots[LEGACY_SLOTS];
+    uint64_t parked_bytes;
+} legacy_stream_pool;
+
 typedef struct legacy_pool {
     tp_device *device;
-    legacy_slot slots[LEGACY_SLOTS];
-    uint64_t pool_bytes; /* every buffer malloced and not freed */
+    legacy_stream_pool *pools;
+    size_t pool_count, pool_capacity;
+    uint64_t pool_bytes;   /* every buffer malloced and not freed */
     uint64_t peak_bytes;
-    uint64_t device_calls, device_allocs, flushes;
-    /* live buffers: address -> actual size */
+    uint64_t parked_bytes; /* idle in the slots of all pools */
+    uint64_t device_calls, device_allocs;
+    uint64_t flushes, recoveries; /* out-of-memory flushes; those whose retry succeeded */
+    /* live buffers: address -> actual size and the pool it came from */
     uint64_t *keys, *sizes;
+    uint32_t *owners;
     size_t capacity, count;
+    char last_oom[448];
 } legacy_pool;
 
 static size_t slot_of(uint64_t key, size_t capacity) {
     return (size_t)((key * 0x9E3779B97F4A7C15ull) >> 21) & (capacity - 1);
 }
 
-static bool live_put(legacy_pool *p, uint64_t address, uint64_t bytes) {
+static bool live_put(legacy_pool *p, uint64_t address, uint64_t bytes, uint32_t owner) {
     if ((p->count + 1) * 2 > p->capacity) {
         size_t cap = p->capacity ? p->capacity * 2 : 1024;
         uint64_t *keys = calloc(cap, sizeof *keys), *sizes = calloc(cap, sizeof *sizes);
-        if (!keys || !sizes) {
+        uint32_t *owners = calloc(cap, sizeof *owners);
+        if (!keys || !sizes || !owners) {
             free(keys);
             free(sizes);
+            free(owners);
             return false;
         }
         for (size_t i = 0; i < p->capacity; i++) {
@@ -60,27 +80,34 @@ static bool live_put(legacy_pool *p, uint64_t address, uint64_t bytes) {
             while (keys[j]) j = (j + 1) & (cap - 1);
             keys[j] = p->keys[i];
             sizes[j] = p->sizes[i];
+            owners[j] = p->owners[i];
         }
         free(p->keys);
         free(p->sizes);
+        free(p->owners);
         p->keys = keys;
         p->sizes = sizes;
+        p->owners = owners;
         p->capacity = cap;
     }
     size_t i = slot_of(address, p->capacity);
     while (p->keys[i]) i = (i + 1) & (p->capacity - 1);
     p->keys[i] = address;
     p->sizes[i] = bytes;
+    p->owners[i] = owner;
     p->count++;
     return true;
 }
 
-static uint64_t live_take(legacy_pool *p, uint64_t address) {
+/* Removes address from the live table; returns its size (0 if unknown). */
+static uint64_t live_take(legacy_pool *p, uint64_t address, uint32_t *out_owner) {
+    if (!p->capacity) return 0;
     size_t mask = p->capacity - 1;
     size_t i = slot_of(address, p->capacity);
     while (p->keys[i] && p->keys[i] != address) i = (i + 1) & mask;
     if (!p->keys[i]) return 0;
     uint64_t bytes = p->sizes[i];
+    *out_owner = p->owners[i];
     size_t hole = i;
     for (size_t j = (hole + 1) & mask; p->keys[j]; j = (j + 1) & mask) {
         size_t home = slot_of(p->keys[j], p->capacity);
@@ -88,6 +115,7 @@ static uint64_t live_take(legacy_pool *p, uint64_t address) {
         if (movable) {
             p->keys[hole] = p->keys[j];
             p->sizes[hole] = p->sizes[j];
+            p->owners[hole] = p->owners[j];
             hole = j;
         }
     }
@@ -105,6 +133,27 @@ static void *legacy_create(tp_device *device, const tp_pool_config *config, char
     return p;
 }
 
+/* The pool of stream (made on first use); NULL when host memory runs out. */
+static legacy_stream_pool *legacy_pool_of(legacy_pool *p, tp_stream stream, uint32_t *out_index) {
+    for (size_t i = 0; i < p->pool_count; i++)
+        if (p->pools[i].stream == stream) {
+            *out_index = (uint32_t)i;
+            return &p->pools[i];
+        }
+    if (p->pool_count == p->pool_capacity) {
+        size_t cap = p->pool_capacity ? 2 * p->pool_capacity : 2;
+        legacy_stream_pool *pools = realloc(p->pools, cap * sizeof *pools);
+        if (!pools) return NULL;
+        p->pools = pools;
+        p->pool_capacity = cap;
+    }
+    legacy_stream_pool *sp = &p->pools[p->pool_count];
+    memset(sp, 0, sizeof *sp);
+    sp->stream = stream;
+    *out_index = (uint32_t)p->pool_count++;
+    return sp;
+}
+
 static tp_status legacy_device_free(legacy_pool *p, uint64_t address, uint64_t bytes) {
     p->device_calls++;
     tp_status st = p->device->ops->mem_free(p->device, address, bytes);
@@ -112,13 +161,61 @@ static tp_status legacy_device_free(legacy_pool *p, uint64_t address, uint64_t b
     return st;
 }
 
+/* Frees every parked buffer of one pool; returns how many and the bytes. */
+static unsigned legacy_flush(legacy_pool *p, legacy_stream_pool *sp, uint64_t *out_bytes) {
+    unsigned buffers = 0;
+    uint64_t bytes = 0;
+    for (int i = 0; i < LEGACY_SLOTS; i++) {
+        legacy_slot *s = &sp->slots[i];
+        if (!s->address) continue;
+        if (legacy_device_free(p, s->address, s->bytes) == TP_OK) {
+            buffers++;
+            bytes += s->bytes;
+        }
+        *s = (legacy_slot){0, 0};
+    }
+    sp->parked_bytes -= bytes;
+    p->parked_bytes -= bytes;
+    *out_bytes = bytes;
+    return buffers;
+}
+
+/* The out-of-memory report: what failed, what the flush gave back, and
+ * (when the retry failed too) where the rest of the device went. */
+static void legacy_note_oom(legacy_pool *p, uint64_t request, uint64_t look_ahead, unsigned flushed,
+                            uint64_t flushed_bytes, bool retry_failed) {
+    uint64_t free_bytes = 0, total_bytes = 0;
+    tp_device_mem_info(p->device, &free_bytes, &total_bytes);
+    uint64_t live = p->pool_bytes - p->parked_bytes;
+    char req[32], ask[32], fr[32], tot[32], fl[32], other[32], used[32];
+    tp_format_bytes(request, req, sizeof req);
+    tp_format_bytes(look_ahead, ask, sizeof ask);
+    tp_format_bytes(free_bytes, fr, sizeof fr);
+    tp_format_bytes(total_bytes, tot, sizeof tot);
+    tp_format_bytes(flushed_bytes, fl, sizeof fl);
+    tp_format_bytes(p->parked_bytes, other, sizeof other);
+    tp_format_bytes(live, used, sizeof used);
+    if (!retry_failed)
+        snprintf(p->last_oom, sizeof p->last_oom,
+                 "cudaMalloc of %s (request %s x 1.05) failed; the pool synchronised the device, freed its %u idle "
+                 "buffers (%s) and the retry succeeded",
+                 ask, req, flushed, fl);
+    else
+        snprintf(p->last_oom, sizeof p->last_oom,
+                 "cudaMalloc of %s (request %s x 1.05) failed again after the pool freed its %u idle buffers (%s): "
+                 "%s free of %s, %s in use, %s idle in other pools out of its reach; ggml aborts",
+                 ask, req, flushed, fl, fr, tot, used, other);
+}
+
 static replay_status legacy_alloc(void *impl, uint64_t bytes, tp_stream stream, uint64_t *out) {
-    (void)stream;
     legacy_pool *p = impl;
+    uint32_t owner;
+    legacy_stream_pool *sp = legacy_pool_of(p, stream, &owner);
+    if (!sp) return REPLAY_ERROR;
     int best = -1;
     uint64_t best_diff = UINT64_MAX;
     for (int i = 0; i < LEGACY_SLOTS; i++) {
-        legacy_slot *s = &p->slots[i];
+        legacy_slot *s = &sp->slots[i];
         if (!s->address || s->bytes < bytes) continue;
         uint64_t diff = s->bytes - bytes;
         if (diff < best_diff) {
@@ -128,9 +225,11 @@ static replay_status legacy_alloc(void *impl, uint64_t bytes, tp_stream stream, 
         }
     }
     if (best >= 0) {
-        legacy_slot s = p->slots[best];
-        p->slots[best] = (legacy_slot){0, 0};
-        if (!live_put(p, s.address, s.bytes)) return REPLAY_ERROR;
+        legacy_slot s = sp->slots[best];
+        sp->slots[best] = (legacy_slot){0, 0};
+        sp->parked_bytes -= s.bytes;
+        p->parked_bytes -= s.bytes;
+        if (!live_put(p, s.address, s.bytes, owner)) return REPLAY_ERROR;
         *out = s.address;
         return REPLAY_OK;
     }
@@ -140,37 +239,42 @@ static replay_status legacy_alloc(void *impl, uint64_t bytes, tp_stream stream, 
     uint64_t address = 0;
     p->device_calls++;
     tp_status st = p->device->ops->mem_alloc(p->device, look_ahead, &address);
+    bool recovered = false;
     if (st == TP_ERR_OUT_OF_MEMORY) {
-        /* the merged fix: synchronise, free everything parked, retry once */
+        /* the merged fix: synchronise, free everything this pool parked, retry once */
         p->flushes++;
         p->device->ops->device_synchronize(p->device);
-        for (int i = 0; i < LEGACY_SLOTS; i++) {
-            if (!p->slots[i].address) continue;
-            legacy_device_free(p, p->slots[i].address, p->slots[i].bytes);
-            p->slots[i] = (legacy_slot){0, 0};
-        }
+        uint64_t flushed_bytes;
+        unsigned flushed = legacy_flush(p, sp, &flushed_bytes);
         p->device_calls++;
         st = p->device->ops->mem_alloc(p->device, look_ahead, &address);
+        legacy_note_oom(p, bytes, look_ahead, flushed, flushed_bytes, st == TP_ERR_OUT_OF_MEMORY);
         if (st == TP_ERR_OUT_OF_MEMORY) return REPLAY_FATAL; /* GGML_ABORT */
+        recovered = st == TP_OK;
+        p->recoveries += recovered;
     }
     if (st != TP_OK) return REPLAY_ERROR;
     p->device_allocs++;
     p->pool_bytes += look_ahead;
     if (p->pool_bytes > p->peak_bytes) p->peak_bytes = p->pool_bytes;
-    if (!live_put(p, address, look_ahead)) return REPLAY_ERROR;
+    if (!live_put(p, address, look_ahead, owner)) return REPLAY_ERROR;
     *out = address;
-    return REPLAY_OK;
+    return recovered ? REPLAY_RECOVERED : REPLAY_OK;
 }
 
 static replay_status legacy_free(void *impl, uint64_t address, uint64_t bytes, tp_stream stream) {
     (void)bytes;
-    (void)stream;
+    (void)stream; /* ggml returns a buffer to the pool it came from */
     legacy_pool *p = impl;
-    uint64_t actual = live_take(p, address);
+    uint32_t owner = 0;
+    uint64_t actual = live_take(p, address, &owner);
     if (!actual) return REPLAY_ERROR;
+    legacy_stream_pool *sp = &p->pools[owner];
     for (int i = 0; i < LEGACY_SLOTS; i++) {
-        if (p->slots[i].address) continue;
-        p->slots[i] = (legacy_slot){address, actual};
+        if (sp->slots[i].address) continue;
+        sp->slots[i] = (legacy_slot){address, actual};
+        sp->parked_bytes += actual;
+        p->parked_bytes += actual;
         return REPLAY_OK;
     }
     /* all slots taken: a synchronous free on the hot path */
@@ -179,34 +283,45 @@ static replay_status legacy_free(void *impl, uint64_t address, uint64_t bytes, t
 
 static void legacy_counters(void *impl, replay_counters *out) {
     legacy_pool *p = impl;
-    uint64_t parked = 0;
-    for (int i = 0; i < LEGACY_SLOTS; i++) parked += p->slots[i].bytes;
     *out = (replay_counters){.reserved_bytes = p->pool_bytes,
                              .peak_reserved_bytes = p->peak_bytes,
-                             .cached_bytes = parked,
+                             .cached_bytes = p->parked_bytes,
                              .device_calls = p->device_calls,
-                             .device_allocs = p->device_allocs};
+                             .device_allocs = p->device_allocs,
+                             .oom_recoveries = p->recoveries};
 }
 
 static void legacy_extra(void *impl, char *buf, size_t cap) {
     legacy_pool *p = impl;
     int used = 0;
-    for (int i = 0; i < LEGACY_SLOTS; i++) used += p->slots[i].address != 0;
-    snprintf(buf, cap, "\"slots_used_end\":%d,\"oom_flushes\":%llu", used, (unsigned long long)p->flushes);
+    for (size_t k = 0; k < p->pool_count; k++)
+        for (int i = 0; i < LEGACY_SLOTS; i++) used += p->pools[k].slots[i].address != 0;
+    snprintf(buf, cap, "\"slots_used_end\":%d,\"oom_flushes\":%llu,\"stream_pools\":%zu", used,
+             (unsigned long long)p->flushes, p->pool_count);
+}
+
+static void legacy_oom_report(void *impl, char *buf, size_t cap) {
+    legacy_pool *p = impl;
+    snprintf(buf, cap, "%s", p->last_oom);
 }
 
 static void legacy_destroy(void *impl) {
     legacy_pool *p = impl;
-    for (int i = 0; i < LEGACY_SLOTS; i++)
-        if (p->slots[i].address) legacy_device_free(p, p->slots[i].address, p->slots[i].bytes);
+    for (size_t k = 0; k < p->pool_count; k++) {
+        uint64_t flushed_bytes;
+        legacy_flush(p, &p->pools[k], &flushed_bytes);
+    }
     for (size_t i = 0; i < p->capacity; i++)
         if (p->keys[i]) legacy_device_free(p, p->keys[i], p->sizes[i]);
     free(p->keys);
     free(p->sizes);
+    free(p->owners);
+    free(p->pools);
     free(p);
 }
 
-static const replay_pool_ops legacy_ops = {legacy_alloc, legacy_free, legacy_counters, legacy_extra, legacy_destroy};
+static const replay_pool_ops legacy_ops = {legacy_alloc,      legacy_free,      legacy_counters,
+                                           legacy_extra,      legacy_oom_report, legacy_destroy};
 const replay_pool_factory replay_ggml_legacy_factory = {"ggml-legacy", false, legacy_create, &legacy_ops};
 
 /* ------------------------------------------------------------- ggml-vmm */
@@ -289,5 +404,13 @@ static void ggml_vmm_destroy(void *impl) {
     free(p);
 }
 
-static const replay_pool_ops ggml_vmm_ops = {ggml_vmm_alloc, ggml_vmm_free, ggml_vmm_counters, NULL, ggml_vmm_destroy};
+static void ggml_vmm_oom_report(void *impl, char *buf, size_t cap) {
+    ggml_vmm_pool *p = impl;
+    char mapped[32], used[32];
+    snprintf(buf, cap, "mapping more of the pool failed with %s mapped, %s in use; ggml aborts (no retry)",
+             tp_format_bytes(p->mapped, mapped, sizeof mapped), tp_format_bytes(p->used, used, sizeof used));
+}
+
+static const replay_pool_ops ggml_vmm_ops = {ggml_vmm_alloc, ggml_vmm_free,       ggml_vmm_counters,
+                                             NULL,           ggml_vmm_oom_report, ggml_vmm_destroy};
 const replay_pool_factory replay_ggml_vmm_factory = {"ggml-vmm", true, ggml_vmm_create, &ggml_vmm_ops};

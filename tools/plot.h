@@ -12,4 +12,15 @@
 int plot_replay_svg(const char *path, const char *title, const replay_result *results, size_t count, char *err,
                     size_t capacity);
 
+/* One chart of a multi-chart figure: the results of one run. */
+typedef struct plot_panel {
+    const char *title;
+    const replay_result *results;
+    size_t count;
+} plot_panel;
+
+/* Several charts stacked in one SVG under a common title. */
+int plot_replay_svg_panels(const char *path, const char *title, const plot_panel *panels, size_t panel_count,
+                           char *err, size_t capacity);
+
 #endif

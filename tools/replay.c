@@ -84,6 +84,7 @@ static void tidepool_counters(void *impl, replay_counters *out) {
     out->device_allocs = s.device_allocs;
     out->hazards = s.hazards;
     out->lifo_violations = 0;
+    out->oom_recoveries = s.oom_retries;
 }
 
 static void tidepool_extra(void *impl, char *buf, size_t cap) {
@@ -96,14 +97,23 @@ static void tidepool_extra(void *impl, char *buf, size_t cap) {
              (unsigned long long)s.cache_hits, (unsigned long long)s.synchronizations, s.fragmentation);
 }
 
+static void tidepool_oom_report(void *impl, char *buf, size_t cap) {
+    tidepool_adapter *a = impl;
+    tp_oom_report report;
+    if (tp_pool_last_oom_report(a->pool, &report) == TP_OK)
+        snprintf(buf, cap, "%s", report.message);
+    else if (cap)
+        buf[0] = '\0';
+}
+
 static void tidepool_destroy(void *impl) {
     tidepool_adapter *a = impl;
     tp_pool_destroy(a->pool);
     free(a);
 }
 
-static const replay_pool_ops tidepool_ops = {tidepool_alloc, tidepool_free, tidepool_counters, tidepool_extra,
-                                             tidepool_destroy};
+static const replay_pool_ops tidepool_ops = {tidepool_alloc,  tidepool_free,       tidepool_counters,
+                                             tidepool_extra,  tidepool_oom_report, tidepool_destroy};
 
 extern const replay_pool_factory replay_ggml_legacy_factory;
 extern const replay_pool_factory replay_ggml_vmm_factory;
@@ -196,6 +206,7 @@ typedef struct replay_lane {
     tp_device *device;
     bool is_sim;
     uint64_t sim_now_ns;
+    uint64_t last_event_ns; /* trace time of the latest event, for the final sample */
     addr_map live;
     stream_entry streams[MAX_STREAMS];
     size_t stream_count;
@@ -255,8 +266,13 @@ static tp_stream lane_stream(replay_lane *lane, uint32_t trace_id) {
     return s;
 }
 
+static void lane_oom_report(replay_lane *lane, char *buf, size_t capacity) {
+    if (lane->factory->ops->oom_report) lane->factory->ops->oom_report(lane->impl, buf, capacity);
+}
+
 static void lane_event(replay_lane *lane, const trace_event *e, bool follow_time) {
     replay_result *r = &lane->result;
+    lane->last_event_ns = e->time_ns;
     if (lane->is_sim && follow_time && e->time_ns > lane->sim_now_ns) {
         tp_sim_advance(lane->device, e->time_ns - lane->sim_now_ns);
         lane->sim_now_ns = e->time_ns;
@@ -268,8 +284,18 @@ static void lane_event(replay_lane *lane, const trace_event *e, bool follow_time
         if (!e->bytes) return; /* zero-byte requests are not memory */
         uint64_t address = 0;
         replay_status st = lane->factory->ops->alloc(lane->impl, e->bytes, lane_stream(lane, e->stream), &address);
+        if (st == REPLAY_RECOVERED) {
+            if (!r->first_recovery_event) {
+                r->first_recovery_event = r->events;
+                lane_oom_report(lane, r->first_recovery_report, sizeof r->first_recovery_report);
+            }
+            st = REPLAY_OK;
+        }
         if (st == REPLAY_OOM || st == REPLAY_FATAL) {
-            if (!r->ooms) r->first_oom_event = r->events;
+            if (!r->ooms) {
+                r->first_oom_event = r->events;
+                lane_oom_report(lane, r->first_oom_report, sizeof r->first_oom_report);
+            }
             r->ooms++;
             if (st == REPLAY_FATAL) {
                 r->fatal = true;
@@ -333,6 +359,16 @@ replay_run *replay_begin(const char *pool_names, const replay_options *options, 
         tp_device_info info;
         tp_device_get_info(lane->device, &info);
         lane->is_sim = strcmp(info.backend, "sim") == 0;
+        if (run->options.occupied_bytes) {
+            tp_status occupy = tp_sim_occupy(lane->device, run->options.occupied_bytes);
+            if (occupy != TP_OK) {
+                char bytes[32];
+                snprintf(err, cap, "cannot occupy %s of device '%s': %s",
+                         tp_format_bytes(run->options.occupied_bytes, bytes, sizeof bytes), run->options.device_spec,
+                         occupy == TP_ERR_UNSUPPORTED ? "only simulated devices can be occupied" : tp_status_name(occupy));
+                goto fail;
+            }
+        }
         if (f->needs_vmm && !info.vmm_enabled) {
             snprintf(err, cap, "pool '%s' needs a device with VMM; '%s' has none (try segment or ggml-legacy)", name,
                      run->options.device_spec);
@@ -385,7 +421,7 @@ size_t replay_finish(replay_run *run, replay_result **out_results) {
         replay_lane *lane = &run->lanes[l];
         replay_counters c = {0};
         lane->factory->ops->counters(lane->impl, &c);
-        if (lane->samples_capacity) lane_sample(lane, 0);
+        if (lane->samples_capacity) lane_sample(lane, lane->last_event_ns);
         replay_result *r = &lane->result;
         r->end_reserved_bytes = c.reserved_bytes;
         r->peak_reserved_bytes = c.peak_reserved_bytes;
@@ -393,6 +429,7 @@ size_t replay_finish(replay_run *run, replay_result **out_results) {
         r->device_allocs = c.device_allocs;
         r->hazards = c.hazards;
         r->lifo_violations = c.lifo_violations;
+        r->oom_recoveries = c.oom_recoveries;
         if (lane->factory->ops->extra_json) lane->factory->ops->extra_json(lane->impl, r->extra, sizeof r->extra);
     }
     if (!run->results) run->results = calloc(run->lane_count, sizeof *run->results);
@@ -464,16 +501,18 @@ void replay_result_json(const replay_result *r, FILE *out) {
             "{\"pool\":\"%s\",\"device\":\"%s\",\"events\":%llu,\"allocs\":%llu,\"frees\":%llu,"
             "\"peak_live_bytes\":%llu,\"peak_reserved_bytes\":%llu,\"reserved_to_live_ratio\":%.4f,"
             "\"end_reserved_bytes\":%llu,\"device_calls\":%llu,\"device_allocs\":%llu,\"ooms\":%llu,"
-            "\"errors\":%llu,\"unknown_frees\":%llu,\"hazards\":%llu,\"lifo_violations\":%llu,\"fatal\":%s,"
-            "\"ns_per_event\":%.1f",
+            "\"errors\":%llu,\"unknown_frees\":%llu,\"hazards\":%llu,\"lifo_violations\":%llu,"
+            "\"oom_recoveries\":%llu,\"fatal\":%s,\"ns_per_event\":%.1f",
             r->pool, r->device, (unsigned long long)r->events, (unsigned long long)r->allocs,
             (unsigned long long)r->frees, (unsigned long long)r->peak_live_bytes,
             (unsigned long long)r->peak_reserved_bytes, replay_ratio(r), (unsigned long long)r->end_reserved_bytes,
             (unsigned long long)r->device_calls, (unsigned long long)r->device_allocs, (unsigned long long)r->ooms,
             (unsigned long long)r->errors, (unsigned long long)r->unknown_frees, (unsigned long long)r->hazards,
-            (unsigned long long)r->lifo_violations, r->fatal ? "true" : "false",
+            (unsigned long long)r->lifo_violations, (unsigned long long)r->oom_recoveries, r->fatal ? "true" : "false",
             r->events ? (double)r->replay_ns / (double)r->events : 0.0);
     if (r->ooms) fprintf(out, ",\"first_oom_event\":%llu", (unsigned long long)r->first_oom_event);
+    if (r->first_recovery_event)
+        fprintf(out, ",\"first_recovery_event\":%llu", (unsigned long long)r->first_recovery_event);
     if (r->fatal) fprintf(out, ",\"fatal_event\":%llu", (unsigned long long)r->fatal_event);
     if (r->extra[0]) fprintf(out, ",%s", r->extra);
     fputc('}', out);

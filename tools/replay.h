@@ -16,7 +16,16 @@
 #include <stdbool.h>
 #include <stdio.h>
 
-typedef enum replay_status { REPLAY_OK = 0, REPLAY_OOM = 1, REPLAY_FATAL = 2, REPLAY_ERROR = 3 } replay_status;
+/* REPLAY_RECOVERED: the allocation succeeded, but only after the pool ran
+ * out of device memory and released its cache (ggml-legacy's
+ * flush-and-retry); it counts as success. */
+typedef enum replay_status {
+    REPLAY_OK = 0,
+    REPLAY_OOM = 1,
+    REPLAY_FATAL = 2,
+    REPLAY_ERROR = 3,
+    REPLAY_RECOVERED = 4
+} replay_status;
 
 typedef struct replay_counters {
     uint64_t reserved_bytes;  /* device memory the pool holds now */
@@ -26,6 +35,7 @@ typedef struct replay_counters {
     uint64_t device_allocs;
     uint64_t hazards;
     uint64_t lifo_violations; /* ggml-vmm only */
+    uint64_t oom_recoveries;  /* out-of-memory recoveries (tidepool: OOM-ladder steps; ggml-legacy: flushes) */
 } replay_counters;
 
 typedef struct replay_pool_ops {
@@ -34,6 +44,9 @@ typedef struct replay_pool_ops {
     void (*counters)(void *impl, replay_counters *out);
     /* Extra JSON members ("\"key\":value,...") or "" (optional). */
     void (*extra_json)(void *impl, char *buf, size_t capacity);
+    /* One line on the most recent out-of-memory: what was asked, what the
+     * pool and the device held, what it did about it (optional). */
+    void (*oom_report)(void *impl, char *buf, size_t capacity);
     void (*destroy)(void *impl);
 } replay_pool_ops;
 
@@ -73,9 +86,13 @@ typedef struct replay_result {
     uint64_t unknown_frees;  /* frees of addresses the trace never allocated */
     uint64_t hazards;
     uint64_t lifo_violations;
+    uint64_t oom_recoveries; /* see replay_counters */
     bool fatal;              /* the pool gave up (ggml-vmm aborts on OOM) */
     uint64_t fatal_event;
-    uint64_t first_oom_event;
+    uint64_t first_oom_event;      /* 1-based event index of the first failed allocation */
+    uint64_t first_recovery_event; /* ... of the first REPLAY_RECOVERED (0: none reported) */
+    char first_oom_report[448];      /* the pool's oom_report at first_oom_event */
+    char first_recovery_report[448]; /* ... at first_recovery_event */
     uint64_t replay_ns;      /* host time spent replaying (not parsing) */
     char extra[512];
     /* Downsampled curve: buckets keep their maxima, so peaks survive. */
@@ -88,6 +105,9 @@ typedef struct replay_options {
     tp_pool_config pool_config;
     bool keep_samples;
     bool follow_trace_time;  /* advance the simulated clock with the trace (default on) */
+    /* Device memory another tenant holds for the whole replay (e.g. model
+     * weights outside the pool); simulated devices only. */
+    uint64_t occupied_bytes;
 } replay_options;
 
 typedef struct replay_run replay_run;

@@ -34,19 +34,24 @@ struct trace_reader {
 static const char TIDEPOOL_HEADER[] = "time_us,action,addr,size,stream";
 static const char RMM_HEADER[] = "Thread,Time,Action,Pointer,Size,Stream";
 
-/* Next line without its terminator; NULL at the end. *too_long on overflow. */
+/* Next line without its terminator; NULL at the end. *too_long when the
+ * line does not fit the buffer or holds a NUL byte (not text). */
 static char *next_line(trace_reader *r, bool *too_long) {
     *too_long = false;
     size_t n = 0;
     if (r->gz) {
         if (!gzgets(r->gz, r->buf, sizeof r->buf)) return NULL;
+        r->line++;
         n = strlen(r->buf);
-        if (n == sizeof r->buf - 1 && r->buf[n - 1] != '\n' && !gzeof(r->gz)) {
+        /* gzgets stops at a newline, a full buffer or the end of the file;
+         * anything else means strlen stopped at a NUL inside the line. */
+        if ((n == 0 || r->buf[n - 1] != '\n') && !gzeof(r->gz)) {
             *too_long = true;
             return r->buf;
         }
     } else {
         if (r->offset >= r->length) return NULL;
+        r->line++;
         const char *start = r->data + r->offset;
         const char *nl = memchr(start, '\n', r->length - r->offset);
         size_t len = nl ? (size_t)(nl - start) + 1 : r->length - r->offset;
@@ -58,12 +63,12 @@ static char *next_line(trace_reader *r, bool *too_long) {
         memcpy(r->buf, start, len);
         r->buf[len] = '\0';
         n = len;
+        if (memchr(r->buf, '\0', n)) { /* an embedded NUL: not text */
+            *too_long = true;
+            return r->buf;
+        }
     }
     while (n && (r->buf[n - 1] == '\n' || r->buf[n - 1] == '\r')) r->buf[--n] = '\0';
-    if (memchr(r->buf, '\0', n)) { /* an embedded NUL: treat like junk */
-        *too_long = true;
-    }
-    r->line++;
     return r->buf;
 }
 
@@ -133,18 +138,19 @@ void trace_close(trace_reader *r) {
 
 trace_format trace_get_format(const trace_reader *r) { return r->format; }
 
-/* Splits line at commas into exactly n fields. */
+/* Splits line at commas into exactly n fields; more or fewer is an error. */
 static bool split_fields(char *line, char **fields, int n) {
     int count = 0;
     char *p = line;
-    while (count < n) {
+    for (;;) {
         fields[count++] = p;
         char *comma = strchr(p, ',');
         if (!comma) break;
+        if (count == n) return false; /* a field too many */
         *comma = '\0';
         p = comma + 1;
     }
-    return count == n && !strchr(fields[n - 1], ',');
+    return count == n;
 }
 
 static bool parse_u64(const char *s, uint64_t *out) {

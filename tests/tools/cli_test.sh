@@ -1,0 +1,140 @@
+#!/bin/sh
+# cli_test.sh -- the tide command line as a user meets it: help, usage errors
+# (exit status 2 with a message naming the problem), malformed input (exit 1,
+# the file and line named), scenario traces written and replayed, charts that
+# parse as XML, and the demo.
+#
+# usage: cli_test.sh TIDE DATA_DIR SCRATCH_DIR XMLLINT GROUP
+#   GROUP: usage | replay | scenario | svg | demo
+set -u
+tide=$1 data=$2 scratch=$3 xmllint=$4 group=$5
+mkdir -p "$scratch"
+failures=0
+out="$scratch/out.txt" err="$scratch/err.txt"
+
+fail() {
+    echo "FAIL: $*"
+    echo "--- stdout:"; head -c 3000 "$out"
+    echo "--- stderr:"; head -c 3000 "$err"
+    failures=$((failures + 1))
+}
+
+# expect STATUS PATTERN COMMAND...: exit status STATUS and PATTERN (grep -E)
+# somewhere in stdout or stderr.
+expect() {
+    status=$1 pattern=$2
+    shift 2
+    "$@" >"$out" 2>"$err"
+    got=$?
+    if [ "$got" -ne "$status" ]; then
+        fail "$* exited $got, expected $status"
+    elif ! cat "$out" "$err" | grep -Eq -- "$pattern"; then
+        fail "$* did not print /$pattern/"
+    fi
+}
+
+need_xmllint() {
+    if [ ! -x "$xmllint" ] && ! command -v "$xmllint" >/dev/null 2>&1; then
+        echo "FAIL: xmllint not found ('$xmllint'): install it (Debian: apt-get install libxml2-utils)"
+        exit 1
+    fi
+}
+
+# svg_ok FILE: exists and parses as XML.
+svg_ok() {
+    if [ ! -s "$1" ]; then
+        failures=$((failures + 1)); echo "FAIL: $1 was not written"
+    elif ! "$xmllint" --noout "$1"; then
+        failures=$((failures + 1)); echo "FAIL: $1 is not well-formed XML"
+    fi
+}
+
+case $group in
+usage)
+    expect 2 "usage: tide COMMAND" "$tide"
+    expect 0 "replay.*scenario|scenario.*replay" "$tide" --help
+    expect 0 "demo" "$tide" --help
+    expect 2 "unknown command 'frobnicate'" "$tide" frobnicate
+    expect 2 "no trace file given" "$tide" replay
+    expect 2 "unknown option '--bogus'" "$tide" replay "$data/qwen2vl_excerpt.csv" --bogus
+    expect 2 "--limit needs a size" "$tide" replay "$data/qwen2vl_excerpt.csv" --limit 12XB
+    expect 2 "--device needs a value" "$tide" replay "$data/qwen2vl_excerpt.csv" --device
+    expect 2 "unknown pool 'nope'" "$tide" replay "$data/qwen2vl_excerpt.csv" --pool vmm,nope
+    expect 2 "--idle-release-ms needs a whole number" "$tide" replay "$data/qwen2vl_excerpt.csv" --idle-release-ms soon
+    expect 2 "cannot open device 'warp:9'" "$tide" replay "$data/qwen2vl_excerpt.csv" --device warp:9
+    expect 0 "usage: tide replay" "$tide" replay --help
+    expect 2 "usage: tide scenario" "$tide" scenario
+    expect 2 "unknown scenario 'nope'" "$tide" scenario nope
+    expect 2 "fa-decode takes no --requests" "$tide" scenario fa-decode --requests 3
+    expect 2 "--context needs a whole number" "$tide" scenario fa-decode --context 12k
+    expect 2 "--context must be at least" "$tide" scenario image-requests --context 100
+    expect 2 "--out writes the trace; --pool is for replaying" "$tide" scenario fa-decode --out "$scratch/x.csv" --pool vmm
+    expect 2 "unknown option '--bogus'" "$tide" demo --bogus
+    expect 2 "--requests needs a whole number" "$tide" demo --requests 0
+    expect 0 "usage: tide demo" "$tide" demo --help
+    # --help lists every scenario with its parameters
+    expect 0 "usage: tide scenario" "$tide" scenario --help
+    for name in fa-decode size-rotation oom-reclaim high-water out-of-order cross-stream image-requests; do
+        grep -q "^  $name " "$out" || fail "tide scenario --help does not list $name"
+    done
+    for param in --context --requests --steps --rounds --minutes --seed; do
+        grep -q -- "$param N" "$out" || fail "tide scenario --help does not list $param"
+    done
+    ;;
+replay)
+    expect 0 "peak live" "$tide" replay "$data/qwen2vl_excerpt.csv" "$data/qwen2vl_excerpt.csv.gz" --pool vmm,segment
+    # the same events in both formats and compressions give the same figures
+    for f in qwen2vl_excerpt.csv qwen2vl_excerpt.csv.gz qwen2vl_excerpt.rmm.csv; do
+        "$tide" replay "$data/$f" --pool segment,ggml-legacy --json |
+            sed 's/"trace":"[^"]*",//; s/"ns_per_event":[0-9.]*,//' >"$scratch/$f.json" || fail "replay $f"
+    done
+    cmp -s "$scratch/qwen2vl_excerpt.csv.json" "$scratch/qwen2vl_excerpt.csv.gz.json" || fail "gzip and plain replays differ"
+    cmp -s "$scratch/qwen2vl_excerpt.csv.json" "$scratch/qwen2vl_excerpt.rmm.csv.json" || fail "RMM and CSV replays differ"
+    # frees of addresses allocated before the window: counted, not fatal
+    expect 0 '"unknown_frees":[1-9]' "$tide" replay "$data/gemma3_window.csv" --json
+    # malformed files: exit 1, file and line named
+    printf 'time_us,action,addr,size,stream\n1,alloc,1,2,0\n2,alloc,3,four,0\n' >"$scratch/bad.csv"
+    expect 1 "bad.csv:3: bad size 'four'" "$tide" replay "$scratch/bad.csv"
+    printf 'time,what\n' | gzip >"$scratch/bad_header.csv.gz"
+    expect 1 "bad_header.csv.gz:1: unknown header" "$tide" replay "$scratch/bad_header.csv.gz"
+    expect 1 "missing.csv: cannot open" "$tide" replay "$scratch/missing.csv"
+    ;;
+scenario)
+    expect 0 "frees out of LIFO order" "$tide" scenario out-of-order --steps 100 --pool ggml-vmm
+    expect 0 "ggml-legacy" "$tide" scenario fa-decode --context 2048 --pool segment,ggml-legacy
+    # written then replayed gives what replaying directly gives
+    expect 0 "wrote .*ir.csv.gz" "$tide" scenario image-requests --requests 4 --out "$scratch/ir.csv.gz"
+    "$tide" scenario image-requests --requests 4 --pool segment,ggml-legacy --json |
+        sed 's/"scenario":"[^"]*",//; s/"ns_per_event":[0-9.]*,//' >"$scratch/direct.json"
+    "$tide" replay "$scratch/ir.csv.gz" --device sim:6GiB,novmm --occupy 3GiB --pool segment,ggml-legacy --json |
+        sed 's/"trace":"[^"]*",//; s/"ns_per_event":[0-9.]*,//' >"$scratch/written.json"
+    [ -s "$scratch/direct.json" ] || fail "no JSON from the direct replay"
+    cmp -s "$scratch/direct.json" "$scratch/written.json" || { fail "written trace replays differently"; diff "$scratch/direct.json" "$scratch/written.json"; }
+    expect 0 "^time_us,action,addr,size,stream" "$tide" scenario cross-stream --steps 3 --out -
+    ;;
+svg)
+    need_xmllint
+    # a title with markup characters (the file name)
+    cp "$data/qwen2vl_excerpt.csv" "$scratch/a&b<c>'d'.csv"
+    expect 0 "wrote" "$tide" replay "$scratch/a&b<c>'d'.csv" --pool vmm,segment,ggml-legacy,ggml-vmm --plot "$scratch/replay.svg"
+    svg_ok "$scratch/replay.svg"
+    expect 0 "wrote" "$tide" scenario high-water --minutes 1 --pool vmm,segment,ggml-legacy --plot "$scratch/scenario.svg"
+    svg_ok "$scratch/scenario.svg"
+    expect 1 "cannot create" "$tide" scenario fa-decode --context 300 --plot "$scratch/no/such/dir/x.svg"
+    ;;
+demo)
+    need_xmllint
+    expect 0 "tidepool: no errors, no hazards, no out-of-memory failures" "$tide" demo --plot "$scratch/demo.svg"
+    grep -q "ggml-legacy ABORTED at request" "$out" || fail "the demo does not tell when ggml-legacy aborted"
+    grep -q "ggml-legacy ran out of device memory at token" "$out" || fail "the demo does not tell when ggml-legacy ran out"
+    svg_ok "$scratch/demo.svg"
+    ;;
+*)
+    echo "unknown group $group"; exit 2 ;;
+esac
+
+if [ "$failures" -ne 0 ]; then
+    echo "cli_test $group: $failures failure(s)"
+    exit 1
+fi
+echo "cli_test $group: all checks passed"

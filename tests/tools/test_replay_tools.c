@@ -1,0 +1,372 @@
+/*
+ * test_replay_tools.c -- the replay engine, the ggml baselines, the
+ * scenario generators and the SVG writer (tools/).
+ *   - generated traces keep their invariants (each free names a live
+ *     allocation with its size and stream; time never runs backwards) and
+ *     the same parameters give the same trace;
+ *   - tidepool's pools replay every scenario without errors or hazards,
+ *     and keep the invariants of design.md section 2 where a trace can
+ *     show them;
+ *   - the baselines reproduce the documented behaviour: ggml-legacy holds
+ *     more than 5x peak live on fa-decode, ggml-vmm counts LIFO violations
+ *     on out-of-order (and none on fa-decode, whose frees are LIFO), and
+ *     ggml-legacy's flush frees only its own stream's pool;
+ *   - a free of an address the trace never allocated is counted, not fatal;
+ *   - the chart escapes its title.
+ * argv[1]: a scratch directory.
+ */
+#include "../check.h"
+#include "plot.h"
+#include "replay.h"
+#include "scenarios.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define MiB (1024ull * 1024ull)
+#define GiB (1024ull * MiB)
+
+static const char *scratch_dir;
+
+/* Replays a scenario with params through pools on device (occupied bytes taken first). */
+static replay_run *replay_scenario(const char *name, const scenario_params *params, const char *pools,
+                                   const char *device, uint64_t occupied_bytes, bool samples, replay_result **out,
+                                   size_t *out_count) {
+    const scenario *s = scenario_find(name);
+    REQUIRE(s != NULL);
+    replay_options options = {.device_spec = device, .keep_samples = samples, .follow_trace_time = true,
+                              .occupied_bytes = occupied_bytes};
+    char err[512];
+    replay_run *run = replay_begin(pools, &options, err, sizeof err);
+    if (!run) fprintf(stderr, "replay_begin: %s\n", err);
+    REQUIRE(run != NULL);
+    REQUIRE(scenario_replay(s, params, &run, 1, NULL) == 0);
+    *out_count = replay_finish(run, out);
+    return run;
+}
+
+static const replay_result *find_result(replay_result *results, size_t count, const char *pool) {
+    for (size_t i = 0; i < count; i++)
+        if (!strcmp(results[i].pool, pool)) return &results[i];
+    REQUIRE(!"pool missing from the results");
+    return NULL;
+}
+
+/* ---------------------------------------------- generated trace checks */
+
+typedef struct live_entry {
+    uint64_t address, bytes;
+    uint32_t stream;
+    bool used;
+} live_entry;
+
+typedef struct trace_checker {
+    live_entry *table;
+    size_t capacity, live;
+    uint64_t events, last_time_ns, hash;
+    uint64_t bad_frees, time_reversals, duplicate_addresses;
+} trace_checker;
+
+static live_entry *checker_slot(trace_checker *c, uint64_t address) {
+    size_t i = (size_t)((address * 0x9E3779B97F4A7C15ull) >> 40) & (c->capacity - 1);
+    while (c->table[i].used && c->table[i].address != address) i = (i + 1) & (c->capacity - 1);
+    return &c->table[i];
+}
+
+static int check_events(void *user, const trace_event *events, size_t count) {
+    trace_checker *c = user;
+    for (size_t k = 0; k < count; k++) {
+        const trace_event *e = &events[k];
+        c->events++;
+        c->hash = (c->hash ^ e->time_ns ^ (e->address << 1) ^ (e->bytes << 2) ^ e->stream ^ e->action) *
+                  0x100000001B3ull;
+        if (e->time_ns < c->last_time_ns) c->time_reversals++;
+        c->last_time_ns = e->time_ns;
+        live_entry *slot = checker_slot(c, e->address);
+        if (e->action == TRACE_ALLOC) {
+            if (slot->used) c->duplicate_addresses++;
+            *slot = (live_entry){e->address, e->bytes, e->stream, true};
+            c->live++;
+            REQUIRE(c->live * 2 < c->capacity);
+        } else if (!slot->used || slot->bytes != e->bytes || slot->stream != e->stream) {
+            c->bad_frees++;
+        } else {
+            /* backward-shift deletion */
+            size_t hole = (size_t)(slot - c->table), mask = c->capacity - 1;
+            slot->used = false;
+            for (size_t j = (hole + 1) & mask; c->table[j].used; j = (j + 1) & mask) {
+                size_t home = (size_t)((c->table[j].address * 0x9E3779B97F4A7C15ull) >> 40) & mask;
+                bool movable = (j > hole) ? (home <= hole || home > j) : (home <= hole && home > j);
+                if (movable) {
+                    c->table[hole] = c->table[j];
+                    c->table[j].used = false;
+                    hole = j;
+                }
+            }
+            c->live--;
+        }
+    }
+    return 0;
+}
+
+static trace_checker check_scenario(const scenario *s, const scenario_params *p) {
+    trace_checker c = {.capacity = 1 << 16};
+    c.table = calloc(c.capacity, sizeof *c.table);
+    REQUIRE(c.table != NULL);
+    scenario_sink sink = {check_events, NULL, &c};
+    CHECK(s->generate(p, &sink) == 0);
+    free(c.table);
+    c.table = NULL;
+    return c;
+}
+
+/* Small parameters so that every scenario runs in well under a second. */
+static void small_params(const scenario *s, scenario_params *p) {
+    scenario_defaults(s, p);
+    if (!strcmp(s->name, "fa-decode")) p->context_tokens = 4096;
+    if (!strcmp(s->name, "size-rotation")) p->rounds = 2;
+    if (!strcmp(s->name, "high-water")) p->minutes = 2;
+    if (!strcmp(s->name, "out-of-order") || !strcmp(s->name, "cross-stream")) p->steps = 300;
+    if (!strcmp(s->name, "image-requests")) p->requests = 12;
+}
+
+static void test_generated_traces(void) {
+    size_t count;
+    const scenario *list = scenario_list(&count);
+    const char *required[] = {"fa-decode",    "size-rotation", "oom-reclaim",   "high-water",
+                              "out-of-order", "cross-stream",  "image-requests"};
+    for (size_t i = 0; i < sizeof required / sizeof *required; i++)
+        CHECK_MSG(scenario_find(required[i]) != NULL, "scenario %s missing", required[i]);
+    for (size_t i = 0; i < count; i++) {
+        const scenario *s = &list[i];
+        if (!s->generate) continue;
+        scenario_params p;
+        small_params(s, &p);
+        trace_checker a = check_scenario(s, &p), b = check_scenario(s, &p);
+        printf("  %-15s %8llu events, %llu live at the end\n", s->name, (unsigned long long)a.events,
+               (unsigned long long)a.live);
+        CHECK_MSG(a.events > 0 && a.bad_frees == 0 && a.time_reversals == 0 && a.duplicate_addresses == 0,
+                  "%s: %llu events, %llu bad frees, %llu time reversals, %llu reused addresses", s->name,
+                  (unsigned long long)a.events, (unsigned long long)a.bad_frees,
+                  (unsigned long long)a.time_reversals, (unsigned long long)a.duplicate_addresses);
+        CHECK_MSG(a.hash == b.hash && a.events == b.events, "%s: not deterministic", s->name);
+        if (s->params & SCENARIO_USES(SCENARIO_PARAM_SEED)) {
+            p.seed++;
+            trace_checker other = check_scenario(s, &p);
+            CHECK_MSG(other.hash != a.hash, "%s: the seed changes nothing", s->name);
+        }
+    }
+    /* fa-decode: 22 allocations and 22 frees a token, nothing left live. */
+    scenario_params p;
+    scenario_defaults(scenario_find("fa-decode"), &p);
+    p.context_tokens = 100;
+    trace_checker fa = check_scenario(scenario_find("fa-decode"), &p);
+    CHECK(fa.events == 100 * 44 && fa.live == 0);
+}
+
+/* ------------------------------------------------------ tidepool pools */
+
+static void test_tidepool_on_scenarios(void) {
+    size_t count;
+    const scenario *list = scenario_list(&count);
+    for (size_t i = 0; i < count; i++) {
+        const scenario *s = &list[i];
+        if (!s->generate) continue;
+        scenario_params p;
+        small_params(s, &p);
+        /* vmm on the scenario's device with VMM, segment on it without */
+        const char *base = s->device ? s->device : "sim:64GiB";
+        char novmm[96];
+        snprintf(novmm, sizeof novmm, "%s%s", base, strstr(base, "novmm") ? "" : ",novmm");
+        char vmm[96];
+        snprintf(vmm, sizeof vmm, "%.*s", (int)(strstr(base, ",novmm") ? strstr(base, ",novmm") - base : (long)strlen(base)), base);
+        const char *devices[2] = {vmm, novmm}, *pools[2] = {"vmm", "segment"};
+        for (int k = 0; k < 2; k++) {
+            replay_result *results;
+            size_t n;
+            replay_run *run = replay_scenario(s->name, &p, pools[k], devices[k], s->occupied_bytes, false, &results, &n);
+            const replay_result *r = &results[0];
+            printf("  %-15s %-8s on %-18s held %7.1f MiB for %7.1f MiB live (%.3fx), %llu ooms, %llu recoveries\n",
+                   s->name, r->pool, devices[k], r->peak_reserved_bytes / (double)MiB,
+                   r->peak_live_bytes / (double)MiB, replay_ratio(r), (unsigned long long)r->ooms,
+                   (unsigned long long)r->oom_recoveries);
+            CHECK_MSG(r->errors == 0 && r->hazards == 0 && r->unknown_frees == 0 && !r->fatal,
+                      "%s/%s: errors %llu hazards %llu unknown frees %llu fatal %d", s->name, r->pool,
+                      (unsigned long long)r->errors, (unsigned long long)r->hazards,
+                      (unsigned long long)r->unknown_frees, r->fatal);
+            if (!strcmp(s->name, "high-water")) {
+                /* the 5 GiB request cannot fit in 4 GiB: one error, not an abort, and the pool goes on */
+                CHECK_MSG(r->ooms == 1, "%s/%s: %llu ooms", s->name, r->pool, (unsigned long long)r->ooms);
+                CHECK(r->allocs == r->frees);
+            } else {
+                /* everything fits: oom-reclaim only if the pool gives back idle cache */
+                CHECK_MSG(r->ooms == 0, "%s/%s: %llu ooms", s->name, r->pool, (unsigned long long)r->ooms);
+            }
+            replay_free(run);
+        }
+    }
+}
+
+/* ------------------------------------------------------------ baselines */
+
+static void test_baselines(void) {
+    replay_result *results;
+    size_t n;
+    scenario_params p;
+
+    /* fa-decode as design.md states it, t = 1..131072 */
+    scenario_defaults(scenario_find("fa-decode"), &p);
+    REQUIRE(p.context_tokens == 131072);
+    replay_run *run = replay_scenario("fa-decode", &p, "ggml-legacy,ggml-vmm,segment,vmm", "sim:1TiB", 0, false,
+                                      &results, &n);
+    const replay_result *legacy = find_result(results, n, "ggml-legacy");
+    const replay_result *ggml_vmm = find_result(results, n, "ggml-vmm");
+    const replay_result *segment = find_result(results, n, "segment");
+    const replay_result *vmm = find_result(results, n, "vmm");
+    printf("  fa-decode %llu tokens: ggml-legacy %.2fx, ggml-vmm %.3fx, segment %.3fx (%llu device allocs), vmm "
+           "%.3fx (%llu device allocs) peak live\n",
+           (unsigned long long)p.context_tokens, replay_ratio(legacy), replay_ratio(ggml_vmm), replay_ratio(segment),
+           (unsigned long long)segment->device_allocs, replay_ratio(vmm), (unsigned long long)vmm->device_allocs);
+    CHECK_MSG(replay_ratio(legacy) > 5.0, "ggml-legacy holds only %.2fx peak live", replay_ratio(legacy));
+    CHECK(legacy->peak_live_bytes == segment->peak_live_bytes && vmm->peak_live_bytes == segment->peak_live_bytes);
+    CHECK(ggml_vmm->lifo_violations == 0); /* fa-decode frees in reverse */
+    /* design.md's invariant for tidepool: held <= 1.1x peak live */
+    CHECK_MSG(replay_ratio(segment) <= 1.1 && replay_ratio(vmm) <= 1.1, "segment %.3fx, vmm %.3fx",
+              replay_ratio(segment), replay_ratio(vmm));
+    CHECK(segment->errors == 0 && vmm->errors == 0 && segment->ooms == 0 && vmm->ooms == 0);
+    replay_free(run);
+
+    scenario_defaults(scenario_find("out-of-order"), &p);
+    run = replay_scenario("out-of-order", &p, "ggml-vmm,vmm", "sim:64GiB", 0, false, &results, &n);
+    ggml_vmm = find_result(results, n, "ggml-vmm");
+    printf("  out-of-order %llu steps: ggml-vmm %llu LIFO violations\n", (unsigned long long)p.steps,
+           (unsigned long long)ggml_vmm->lifo_violations);
+    CHECK(ggml_vmm->lifo_violations >= p.steps); /* every step frees A before B */
+    CHECK(find_result(results, n, "vmm")->lifo_violations == 0);
+    replay_free(run);
+}
+
+/* ggml-legacy's flush frees only the pool of the stream that ran out: the
+ * same events on one stream recover, on two streams they abort. */
+static int feed_events(replay_run *run, const trace_event *events, size_t count) {
+    replay_feed(run, events, count);
+    return 0;
+}
+
+static void test_legacy_flush_scope(void) {
+    for (uint32_t other_stream = 0; other_stream < 2; other_stream++) {
+        /* 1 GiB device: 600 MiB used and parked by `other_stream`, then 600 MiB on stream 0. */
+        const trace_event events[] = {
+            {0, 0x1000, 600 * MiB, other_stream, TRACE_ALLOC},
+            {1000, 0x1000, 600 * MiB, other_stream, TRACE_FREE},
+            {2000, 0x2000, 700 * MiB, 0, TRACE_ALLOC},
+            {3000, 0x2000, 700 * MiB, 0, TRACE_FREE},
+        };
+        replay_options options = {.device_spec = "sim:1GiB,novmm", .follow_trace_time = true};
+        char err[512];
+        replay_run *run = replay_begin("ggml-legacy,segment", &options, err, sizeof err);
+        REQUIRE(run != NULL);
+        feed_events(run, events, sizeof events / sizeof *events);
+        replay_result *results;
+        size_t n = replay_finish(run, &results);
+        const replay_result *legacy = find_result(results, n, "ggml-legacy");
+        const replay_result *segment = find_result(results, n, "segment");
+        if (other_stream == 0) {
+            CHECK(!legacy->fatal && legacy->ooms == 0 && legacy->oom_recoveries == 1);
+            CHECK(legacy->first_recovery_event == 3 && strstr(legacy->first_recovery_report, "retry succeeded"));
+        } else {
+            CHECK(legacy->fatal && legacy->fatal_event == 3 && legacy->first_oom_event == 3);
+            CHECK_MSG(strstr(legacy->first_oom_report, "idle in other pools"), "'%s'", legacy->first_oom_report);
+        }
+        CHECK(segment->ooms == 0 && !segment->fatal); /* tidepool gives back its idle memory either way */
+        replay_free(run);
+    }
+}
+
+/* ------------------------------------------------------- engine, chart */
+
+static void test_unknown_free(void) {
+    const trace_event events[] = {
+        {0, 0x10, 4096, 0, TRACE_ALLOC},
+        {10, 0x99, 4096, 0, TRACE_FREE}, /* never allocated */
+        {20, 0x10, 4096, 0, TRACE_FREE},
+        {30, 0x20, 8192, 0, TRACE_ALLOC},
+    };
+    replay_options options = {.follow_trace_time = true};
+    char err[512];
+    replay_run *run = replay_begin("vmm,segment,ggml-legacy,ggml-vmm", &options, err, sizeof err);
+    REQUIRE(run != NULL);
+    feed_events(run, events, 4);
+    replay_result *results;
+    size_t n = replay_finish(run, &results);
+    CHECK(n == 4);
+    for (size_t i = 0; i < n; i++) {
+        const replay_result *r = &results[i];
+        CHECK_MSG(r->unknown_frees == 1 && r->errors == 0 && !r->fatal && r->events == 4 && r->allocs == 2 &&
+                      r->frees == 2 && r->peak_live_bytes == 8192,
+                  "%s: unknown %llu errors %llu", r->pool, (unsigned long long)r->unknown_frees,
+                  (unsigned long long)r->errors);
+    }
+    replay_free(run);
+    /* An unknown pool is refused with its name. */
+    CHECK(replay_begin("vmm,nope", &options, err, sizeof err) == NULL && strstr(err, "'nope'"));
+}
+
+static void test_units(void) {
+    scenario_units units = {0};
+    scenario_unit_start starts[] = {{1, 0}, {2, 44}, {3, 88}};
+    units.starts = starts;
+    units.count = 3;
+    CHECK(scenario_unit_of(&units, 1) == 1 && scenario_unit_of(&units, 44) == 1);
+    CHECK(scenario_unit_of(&units, 45) == 2 && scenario_unit_of(&units, 89) == 3 && scenario_unit_of(&units, 5000) == 3);
+}
+
+static char *slurp(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *text = calloc(1, (size_t)size + 1);
+    if (text && fread(text, 1, (size_t)size, f) != (size_t)size) text[0] = '\0';
+    fclose(f);
+    return text;
+}
+
+static void test_plot(void) {
+    scenario_params p;
+    scenario_defaults(scenario_find("fa-decode"), &p);
+    p.context_tokens = 2048;
+    replay_result *results;
+    size_t n;
+    replay_run *run = replay_scenario("fa-decode", &p, "segment,ggml-legacy", "sim:16GiB,novmm", 0, true, &results,
+                                      &n);
+    char path[1024], err[512];
+    snprintf(path, sizeof path, "%s/unit.svg", scratch_dir);
+    CHECK(plot_replay_svg(path, "a&b <c> \"d\" \x01 \xff", results, n, err, sizeof err) == 0);
+    char *svg = slurp(path);
+    REQUIRE(svg != NULL);
+    CHECK(strncmp(svg, "<?xml", 5) == 0 && strstr(svg, "</svg>"));
+    CHECK(strstr(svg, "a&amp;b &lt;c&gt; &quot;d&quot; ? ?") != NULL);
+    CHECK(strstr(svg, "segment peak") && strstr(svg, "ggml-legacy peak") && strstr(svg, "MiB"));
+    free(svg);
+    /* Without samples there is nothing to draw: an error, not an empty chart. */
+    replay_result bare = results[0];
+    bare.samples = NULL;
+    bare.sample_count = 0;
+    CHECK(plot_replay_svg(path, "x", &bare, 1, err, sizeof err) == -1 && strstr(err, "no samples"));
+    replay_free(run);
+}
+
+int main(int argc, char **argv) {
+    REQUIRE(argc == 2);
+    scratch_dir = argv[1];
+    test_generated_traces();
+    test_tidepool_on_scenarios();
+    test_baselines();
+    test_legacy_flush_scope();
+    test_unknown_free();
+    test_units();
+    test_plot();
+    return check_report("test_replay_tools");
+}

@@ -1,0 +1,93 @@
+/*
+ * test_small_traces.c -- replays the real traces of ../shared/traces/small
+ * (recorded with PyTorch on the H200) through tidepool's vmm and segment
+ * pools: no errors, no hazards, no out-of-memory, no unknown frees, and
+ * memory held within RATIO_BOUND of peak live. The bound was set from the
+ * measured ratios (vmm 1.064 / 1.019 / 1.016, segment 1.016 / 1.072 /
+ * 1.054 on decode_growing_kv / gemma3_mtmd / qwen2vl_dynres) with margin;
+ * PyTorch's own allocator held 1.044 / 1.077 / 1.171 on the full traces.
+ * The peak live the replay computes is checked against PyTorch's own
+ * figure for the run (the .json beside each trace): PyTorch rounds every
+ * request up to 512 bytes, so its peak is a little higher, never lower.
+ * argv[1]: the shared directory. Exits 77 (skipped) when it is absent.
+ */
+#include "../check.h"
+#include "replay.h"
+
+#include <dirent.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define RATIO_BOUND 1.12
+#define SKIPPED 77
+
+/* PyTorch's "peak_allocated" from the trace's .json, or 0. */
+static uint64_t pytorch_peak_allocated(const char *trace_path) {
+    char json_path[2048];
+    size_t len = strlen(trace_path);
+    if (len < 7 || len + 8 > sizeof json_path) return 0;
+    snprintf(json_path, sizeof json_path, "%.*s.json", (int)(len - 7), trace_path); /* minus ".csv.gz" */
+    FILE *f = fopen(json_path, "r");
+    if (!f) return 0;
+    char text[4096];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    const char *key = strstr(text, "\"peak_allocated\":");
+    return key ? strtoull(key + strlen("\"peak_allocated\":"), NULL, 10) : 0;
+}
+
+static int by_name(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+int main(int argc, char **argv) {
+    REQUIRE(argc == 2);
+    char dir_path[1024];
+    snprintf(dir_path, sizeof dir_path, "%s/traces/small", argv[1]);
+    DIR *dir = opendir(dir_path);
+    if (!dir) {
+        printf("SKIP: %s is absent (the shared traces live beside the project, in ../shared)\n", dir_path);
+        return SKIPPED;
+    }
+    char *names[64];
+    int count = 0;
+    for (struct dirent *entry; (entry = readdir(dir)) && count < 64;) {
+        size_t len = strlen(entry->d_name);
+        if (len > 7 && !strcmp(entry->d_name + len - 7, ".csv.gz")) names[count++] = strdup(entry->d_name);
+    }
+    closedir(dir);
+    qsort(names, (size_t)count, sizeof *names, by_name);
+    CHECK_MSG(count >= 3, "%d traces in %s, expected the three workloads", count, dir_path);
+    replay_options options = {.follow_trace_time = true};
+    for (int i = 0; i < count; i++) {
+        char path[2048], err[512];
+        snprintf(path, sizeof path, "%s/%s", dir_path, names[i]);
+        replay_run *run = NULL;
+        int rc = replay_file(path, "vmm,segment", &options, &run, NULL, err, sizeof err);
+        CHECK_MSG(rc == 0, "%s", err);
+        if (rc) continue;
+        replay_result *results;
+        size_t n = replay_finish(run, &results);
+        uint64_t pytorch_peak = pytorch_peak_allocated(path);
+        for (size_t k = 0; k < n; k++) {
+            const replay_result *r = &results[k];
+            printf("  %-34s %-8s %9llu events, peak live %8.1f MiB, held %8.1f MiB, ratio %.3f, %llu device calls\n",
+                   names[i], r->pool, (unsigned long long)r->events, r->peak_live_bytes / 1048576.0,
+                   r->peak_reserved_bytes / 1048576.0, replay_ratio(r), (unsigned long long)r->device_calls);
+            CHECK_MSG(r->errors == 0 && r->hazards == 0 && r->ooms == 0 && r->unknown_frees == 0 && !r->fatal,
+                      "%s/%s: errors %llu hazards %llu ooms %llu unknown frees %llu", names[i], r->pool,
+                      (unsigned long long)r->errors, (unsigned long long)r->hazards, (unsigned long long)r->ooms,
+                      (unsigned long long)r->unknown_frees);
+            CHECK_MSG(replay_ratio(r) <= RATIO_BOUND, "%s/%s holds %.3fx peak live (bound %.2f)", names[i], r->pool,
+                      replay_ratio(r), RATIO_BOUND);
+            CHECK_MSG(r->allocs + r->frees == r->events, "%s: %llu events are neither alloc nor free", names[i],
+                      (unsigned long long)(r->events - r->allocs - r->frees));
+            if (pytorch_peak)
+                CHECK_MSG(r->peak_live_bytes <= pytorch_peak && r->peak_live_bytes >= pytorch_peak - pytorch_peak / 50,
+                          "%s: peak live %llu, PyTorch's peak allocated %llu", names[i],
+                          (unsigned long long)r->peak_live_bytes, (unsigned long long)pytorch_peak);
+        }
+        replay_free(run);
+        free(names[i]);
+    }
+    return check_report("test_small_traces");
+}

@@ -1,0 +1,285 @@
+/*
+ * test_trace.c -- the trace reader and writer (tools/trace.c): both formats,
+ * gzip and plain, from files and from memory; malformed lines and files
+ * with errors that name the file and the line; the writer read back.
+ * argv[1]: the test data directory; argv[2]: a scratch directory.
+ */
+#include "../check.h"
+#include "trace.h"
+
+#include <stdint.h>
+#include <string.h>
+#include <zlib.h>
+
+static const char *data_dir, *scratch_dir;
+
+#define MAX_EVENTS 4096
+
+/* Reads a whole trace; returns the count or -1 (err filled). */
+static long read_all(trace_reader *r, trace_event *events, size_t capacity, char *err, size_t err_capacity) {
+    size_t total = 0;
+    for (;;) {
+        /* odd chunk sizes: events must come out the same whatever the chunking */
+        size_t chunk = capacity - total < 13 ? capacity - total : 13;
+        if (!chunk) return (long)total;
+        long n = trace_read(r, events + total, chunk, err, err_capacity);
+        if (n < 0) return -1;
+        if (n == 0) return (long)total;
+        total += (size_t)n;
+    }
+}
+
+static long read_file(const char *path, trace_event *events, trace_format *format, char *err, size_t cap) {
+    trace_reader *r = trace_open(path, err, cap);
+    if (!r) return -1;
+    if (format) *format = trace_get_format(r);
+    long n = read_all(r, events, MAX_EVENTS, err, cap);
+    trace_close(r);
+    return n;
+}
+
+static long read_memory(const char *text, trace_event *events, size_t capacity, char *err, size_t cap) {
+    trace_reader *r = trace_open_memory(text, strlen(text), err, cap);
+    if (!r) return -1;
+    long n = read_all(r, events, capacity, err, cap);
+    trace_close(r);
+    return n;
+}
+
+static int count_lines(const char *path) {
+    FILE *f = fopen(path, "r");
+    REQUIRE(f != NULL);
+    int lines = 0, c;
+    while ((c = fgetc(f)) != EOF) lines += c == '\n';
+    fclose(f);
+    return lines;
+}
+
+static bool same_events(const trace_event *a, const trace_event *b, long n) {
+    for (long i = 0; i < n; i++)
+        if (a[i].time_ns != b[i].time_ns || a[i].address != b[i].address || a[i].bytes != b[i].bytes ||
+            a[i].stream != b[i].stream || a[i].action != b[i].action)
+            return false;
+    return true;
+}
+
+static void path_in(char *buf, size_t capacity, const char *dir, const char *name) {
+    snprintf(buf, capacity, "%s/%s", dir, name);
+}
+
+/* The tidepool CSV, plain and gzip, and the same events as an RMM log. */
+static void test_formats(void) {
+    static trace_event plain[MAX_EVENTS], gz[MAX_EVENTS], rmm[MAX_EVENTS];
+    char path[1024], err[512];
+    trace_format format;
+    path_in(path, sizeof path, data_dir, "qwen2vl_excerpt.csv");
+    int expected = count_lines(path) - 1; /* minus the header */
+    long n_plain = read_file(path, plain, &format, err, sizeof err);
+    CHECK_MSG(n_plain == expected, "%ld events, file has %d lines of events (%s)", n_plain, expected, err);
+    CHECK(format == TRACE_FORMAT_TIDEPOOL);
+    /* The first event is the origin of time; the first line of the file is
+     * "1795975054429409,alloc,139827366330368,3010560,0". */
+    CHECK(plain[0].time_ns == 0 && plain[0].action == TRACE_ALLOC && plain[0].address == 139827366330368ull &&
+          plain[0].bytes == 3010560 && plain[0].stream == 0);
+    bool monotonic = true;
+    for (long i = 1; i < n_plain; i++) monotonic &= plain[i].time_ns >= plain[i - 1].time_ns;
+    CHECK(monotonic);
+
+    path_in(path, sizeof path, data_dir, "qwen2vl_excerpt.csv.gz");
+    long n_gz = read_file(path, gz, &format, err, sizeof err);
+    CHECK_MSG(n_gz == n_plain && same_events(plain, gz, n_plain), "gzip: %ld events (%s)", n_gz, err);
+
+    path_in(path, sizeof path, data_dir, "qwen2vl_excerpt.rmm.csv");
+    long n_rmm = read_file(path, rmm, &format, err, sizeof err);
+    CHECK_MSG(n_rmm == n_plain, "rmm: %ld events (%s)", n_rmm, err);
+    CHECK(format == TRACE_FORMAT_RMM);
+    CHECK(same_events(plain, rmm, n_plain));
+}
+
+static void test_rmm_details(void) {
+    trace_event e[8];
+    char err[512] = "";
+    const char *log = "Thread,Time,Action,Pointer,Size,Stream\n"
+                      "7,1634567890.5,allocate,0x7f00,256,0x0\n"
+                      "7,1634567890.750000001,allocate failure,0x0,4096,0x0\n"
+                      "7,1634567891,deallocate,0x7f00,256,0x10\n"
+                      "7,1634567889,free,32512,256,0\n";
+    long n = read_memory(log, e, 8, err, sizeof err);
+    CHECK_MSG(n == 4, "%ld (%s)", n, err);
+    CHECK(e[0].time_ns == 0 && e[0].address == 0x7f00 && e[0].action == TRACE_ALLOC);
+    CHECK(e[1].time_ns == 250000001ull && e[1].action == TRACE_ALLOC_FAILURE && e[1].bytes == 4096);
+    CHECK(e[2].time_ns == 500000000ull && e[2].action == TRACE_FREE && e[2].stream == 0x10);
+    CHECK(e[3].time_ns == 0); /* before the origin: clamped, the clock only moves on */
+    CHECK(e[3].address == 0x7f00); /* decimal pointers too */
+    /* HH:MM:SS.ffffff */
+    const char *clock = "Thread,Time,Action,Pointer,Size,Stream\n"
+                        "1,01:02:03.000004,allocate,0x1,1,0x0\n"
+                        "1,01:03:03.5,free,0x1,1,0x0\n";
+    n = read_memory(clock, e, 8, err, sizeof err);
+    CHECK(n == 2 && e[1].time_ns == 60ull * 1000000000ull + 499996000ull);
+}
+
+/* Accepted variations: CRLF, a byte-order mark, blank lines, no final newline, hex addresses. */
+static void test_lenient(void) {
+    trace_event e[8];
+    char err[512] = "";
+    long n = read_memory("\xEF\xBB\xBFtime_us,action,addr,size,stream\r\n10,alloc,0x10,5,2\r\n\r\n\n12,free,16,5,2", e,
+                         8, err, sizeof err);
+    CHECK_MSG(n == 2, "%ld (%s)", n, err);
+    CHECK(e[0].address == 16 && e[1].address == 16 && e[1].time_ns == 2000 && e[1].stream == 2);
+}
+
+/* Expects a malformed trace to fail with "<where>:<line>: " and `what` in the message. */
+static void expect_bad(const char *text, const char *where, int line, const char *what) {
+    trace_event e[8];
+    char err[512] = "", prefix[600];
+    long n = read_memory(text, e, 8, err, sizeof err);
+    snprintf(prefix, sizeof prefix, "%s:%d: ", where, line);
+    CHECK_MSG(n == -1 && strncmp(err, prefix, strlen(prefix)) == 0 && strstr(err, what),
+              "expected '%s...%s', got %ld '%s'", prefix, what, n, err);
+}
+
+static void test_malformed_lines(void) {
+    const char *h = "time_us,action,addr,size,stream\n";
+    char text[2048];
+    struct {
+        const char *line;
+        const char *what;
+    } bad[] = {
+        {"1,alloc,1,2", "expected 5 comma-separated fields"},
+        {"1,alloc,1,2,0,9", "expected 5 comma-separated fields"},
+        {"x1,alloc,1,2,0", "bad time_us"},
+        {"1,allocate,1,2,0", "bad action"},
+        {"1,alloc,-1,2,0", "bad addr"},
+        {"1,alloc,0x,2,0", "bad addr"},
+        {"1,alloc,1,2.5,0", "bad size"},
+        {"1,alloc,1,18446744073709551616,0", "bad size"},
+        {"1,alloc,1,2, 0", "bad stream"},
+        {"18446744073709552,alloc,1,2,0", "bad time_us"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        /* two good lines first, so the bad one is line 4 */
+        snprintf(text, sizeof text, "%s1,alloc,1,2,0\n\n%s\n5,free,1,2,0\n", h, bad[i].line);
+        expect_bad(text, "<memory>", 4, bad[i].what);
+    }
+    const char *rh = "Thread,Time,Action,Pointer,Size,Stream\n";
+    struct {
+        const char *line;
+        const char *what;
+    } rmm_bad[] = {
+        {"1,25:99:00,allocate,0x1,1,0x0", "bad Time"},
+        {"1,1.,allocate,0x1,1,0x0", "bad Time"},
+        {"1,1.5,alloc,0x1,1,0x0", "bad Action"},
+        {"1,1.5,allocate,zz,1,0x0", "bad Pointer"},
+        {"1,1.5,allocate,0x1,-1,0x0", "bad Size"},
+        {"1,1.5,allocate,0x1,1", "expected 6 comma-separated fields"},
+    };
+    for (size_t i = 0; i < sizeof rmm_bad / sizeof *rmm_bad; i++) {
+        snprintf(text, sizeof text, "%s%s\n", rh, rmm_bad[i].line);
+        expect_bad(text, "<memory>", 2, rmm_bad[i].what);
+    }
+    /* A line longer than the reader's buffer is an error at that line. */
+    static char long_text[4096];
+    int used = snprintf(long_text, sizeof long_text, "%s1,alloc,1,2,0\n1,alloc,1,", h);
+    memset(long_text + used, '7', 2000);
+    strcpy(long_text + used + 2000, ",0\n");
+    expect_bad(long_text, "<memory>", 3, "line too long");
+    /* A NUL byte inside a line. */
+    static const char nul_text[] = "time_us,action,addr,size,stream\n1,alloc,1,2,0\n1,al\0loc,1,2,0\n";
+    trace_event e[4];
+    char err[512] = "";
+    trace_reader *r = trace_open_memory(nul_text, sizeof nul_text - 1, err, sizeof err);
+    REQUIRE(r != NULL);
+    long n = read_all(r, e, 4, err, sizeof err);
+    CHECK_MSG(n == -1 && strstr(err, "<memory>:3: ") == err && strstr(err, "not text"), "%ld '%s'", n, err);
+    trace_close(r);
+}
+
+static void write_text(const char *path, const char *text, size_t length, bool gzip) {
+    if (gzip) {
+        gzFile gz = gzopen(path, "wb");
+        REQUIRE(gz != NULL);
+        REQUIRE(gzwrite(gz, text, (unsigned)length) == (int)length);
+        REQUIRE(gzclose(gz) == Z_OK);
+    } else {
+        FILE *f = fopen(path, "wb");
+        REQUIRE(f != NULL);
+        REQUIRE(fwrite(text, 1, length, f) == length);
+        REQUIRE(fclose(f) == 0);
+    }
+}
+
+/* Errors from files name the file and the line, gzip or plain. */
+static void test_malformed_files(void) {
+    static trace_event e[MAX_EVENTS];
+    char path[1024], err[512], expected[1100];
+    for (int gzip = 0; gzip < 2; gzip++) {
+        path_in(path, sizeof path, scratch_dir, gzip ? "bad_size.csv.gz" : "bad_size.csv");
+        const char *text = "time_us,action,addr,size,stream\n1,alloc,1,2,0\n2,alloc,3,4,0\n3,free,1,2,0\n"
+                           "4,alloc,5,six,0\n";
+        write_text(path, text, strlen(text), gzip);
+        long n = read_file(path, e, NULL, err, sizeof err);
+        snprintf(expected, sizeof expected, "%s:5: bad size 'six'", path);
+        CHECK_MSG(n == -1 && strcmp(err, expected) == 0, "got '%s', expected '%s'", err, expected);
+
+        path_in(path, sizeof path, scratch_dir, gzip ? "empty.csv.gz" : "empty.csv");
+        write_text(path, "", 0, gzip);
+        CHECK(trace_open(path, err, sizeof err) == NULL && strstr(err, path) == err && strstr(err, "empty file"));
+
+        path_in(path, sizeof path, scratch_dir, gzip ? "header.csv.gz" : "header.csv");
+        write_text(path, "time;action\n1;alloc\n", 20, gzip);
+        snprintf(expected, sizeof expected, "%s:1: unknown header", path);
+        CHECK_MSG(trace_open(path, err, sizeof err) == NULL && strncmp(err, expected, strlen(expected)) == 0, "'%s'",
+                  err);
+
+        /* A NUL inside a line of a file (gzip and plain take different paths). */
+        path_in(path, sizeof path, scratch_dir, gzip ? "nul.csv.gz" : "nul.csv");
+        static const char nul_text[] = "time_us,action,addr,size,stream\n1,alloc,1,2,0\n1,al\0loc,1,2,0\n2,free,1,2,0\n";
+        write_text(path, nul_text, sizeof nul_text - 1, gzip);
+        n = read_file(path, e, NULL, err, sizeof err);
+        snprintf(expected, sizeof expected, "%s:3: ", path);
+        CHECK_MSG(n == -1 && strncmp(err, expected, strlen(expected)) == 0, "%ld '%s'", n, err);
+    }
+    path_in(path, sizeof path, scratch_dir, "does-not-exist.csv");
+    CHECK(trace_open(path, err, sizeof err) == NULL && strstr(err, "cannot open"));
+}
+
+/* What the writer writes, the reader reads back (times in whole microseconds). */
+static void test_writer_round_trip(void) {
+    static trace_event in[MAX_EVENTS], out[MAX_EVENTS];
+    uint64_t x = 12345;
+    size_t count = 1000;
+    for (size_t i = 0; i < count; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        in[i] = (trace_event){i * 1000 + (i ? 7000 : 0), x >> 8, (x >> 40) + 1, (uint32_t)(x % 3),
+                              (uint8_t)(i % 2 ? TRACE_FREE : TRACE_ALLOC)};
+    }
+    for (int gzip = 0; gzip < 2; gzip++) {
+        char path[1024], err[512];
+        path_in(path, sizeof path, scratch_dir, gzip ? "round.csv.gz" : "round.csv");
+        trace_writer *w = trace_writer_open(path, err, sizeof err);
+        REQUIRE(w != NULL);
+        for (size_t i = 0; i < count; i++) REQUIRE(trace_write(w, &in[i]) == 0);
+        REQUIRE(trace_writer_close(w) == 0);
+        long n = read_file(path, out, NULL, err, sizeof err);
+        CHECK_MSG(n == (long)count, "%ld (%s)", n, err);
+        bool same = n == (long)count;
+        for (size_t i = 0; same && i < count; i++)
+            same = out[i].time_ns == in[i].time_ns - in[0].time_ns && out[i].address == in[i].address &&
+                   out[i].bytes == in[i].bytes && out[i].stream == in[i].stream && out[i].action == in[i].action;
+        CHECK_MSG(same, "%s differs from what was written", path);
+    }
+}
+
+int main(int argc, char **argv) {
+    REQUIRE(argc == 3);
+    data_dir = argv[1];
+    scratch_dir = argv[2];
+    test_formats();
+    test_rmm_details();
+    test_lenient();
+    test_malformed_lines();
+    test_malformed_files();
+    test_writer_round_trip();
+    return check_report("test_trace");
+}

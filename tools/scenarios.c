@@ -1,0 +1,530 @@
+/*
+ * scenarios.c -- the scenario generators (see scenarios.h).
+ *
+ * A generator walks its workload and emits one trace event per allocation
+ * and free through a small buffer that is handed to the sink in chunks.
+ * Invariants of every generated trace: each free names a live allocation
+ * (same address, size and stream as its alloc: a buffer is freed on the
+ * stream it was allocated on), addresses are unique identities (never
+ * reused, so the trace means the same to any reader), and time never runs
+ * backwards. Times are realistic (a decode step about 20 ms, requests
+ * seconds apart) because replays move the simulated clock with them and
+ * pools release idle memory on time (tidepool: after 10 s by default).
+ * Random choices come from a seeded generator: the same parameters give
+ * the same trace.
+ */
+#include "scenarios.h"
+
+#include "internal.h"
+
+#include <math.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MS 1000000ull
+#define SECOND 1000000000ull
+#define CHUNK_EVENTS 4096
+
+/* ------------------------------------------------------------ generator */
+
+typedef struct gen {
+    const scenario_sink *sink;
+    trace_event chunk[CHUNK_EVENTS];
+    size_t pending;
+    uint64_t emitted; /* events handed to the sink or pending */
+    uint64_t now_ns;
+    uint64_t next_address;
+    uint64_t rng;
+    bool stopped;
+} gen;
+
+/* An allocation of the trace, to be freed later. */
+typedef struct block {
+    uint64_t address;
+    uint64_t bytes;
+    uint32_t stream;
+} block;
+
+static void gen_flush(gen *g) {
+    if (g->pending && !g->stopped && g->sink->events(g->sink->user, g->chunk, g->pending) != 0) g->stopped = true;
+    g->pending = 0;
+}
+
+static void gen_emit(gen *g, uint8_t action, uint64_t address, uint64_t bytes, uint32_t stream) {
+    if (g->stopped) return;
+    g->chunk[g->pending++] = (trace_event){g->now_ns, address, bytes, stream, action};
+    g->emitted++;
+    if (g->pending == CHUNK_EVENTS) gen_flush(g);
+}
+
+static block gen_alloc(gen *g, uint64_t bytes, uint32_t stream) {
+    block b = {g->next_address, bytes, stream};
+    g->next_address += tp_align_up(bytes ? bytes : 1, 512);
+    gen_emit(g, TRACE_ALLOC, b.address, b.bytes, b.stream);
+    return b;
+}
+
+static void gen_free(gen *g, block *b) {
+    if (!b->bytes && !b->address) return;
+    gen_emit(g, TRACE_FREE, b->address, b->bytes, b->stream);
+    *b = (block){0, 0, 0};
+}
+
+static void gen_wait(gen *g, uint64_t ns) { g->now_ns += ns; }
+
+static void gen_mark(gen *g, uint64_t unit) {
+    if (g->sink->mark && !g->stopped) g->sink->mark(g->sink->user, unit, g->emitted);
+}
+
+/* splitmix64 */
+static uint64_t gen_random(gen *g) {
+    uint64_t z = (g->rng += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* Uniform in [low, high]. */
+static uint64_t gen_between(gen *g, uint64_t low, uint64_t high) { return low + gen_random(g) % (high - low + 1); }
+
+/* Log-uniform in [low, high]. */
+static uint64_t gen_log_between(gen *g, uint64_t low, uint64_t high) {
+    double u = (double)(gen_random(g) >> 11) / 9007199254740992.0;
+    double value = (double)low * exp2(u * log2((double)high / (double)low));
+    uint64_t bytes = (uint64_t)value;
+    return bytes < low ? low : bytes > high ? high : bytes;
+}
+
+/* Frees blocks[count-1] .. blocks[0], spacing them by gap_ns. */
+static void gen_free_reverse(gen *g, block *blocks, size_t count, uint64_t gap_ns) {
+    for (size_t i = count; i-- > 0;) {
+        gen_free(g, &blocks[i]);
+        gen_wait(g, gap_ns);
+    }
+}
+
+/* ----------------------------------------------- 1. flash-attention decode */
+
+/* Every decode step t: K and V converted to f16 for flash attention,
+ * n_kv x 2048 B each with n_kv = 256 * ceil((512 + t) / 256), then 20 small
+ * temporaries; all freed in reverse. The step takes 20 ms. */
+static const uint64_t fa_small_bytes[20] = {4096, 8192, 16384, 65536, 131072, 262144, 1 << 20, 2048, 512, 98304,
+                                            4096, 8192, 16384, 65536, 131072, 262144, 1 << 20, 2048, 512, 98304};
+
+static int gen_fa_decode(gen *g, const scenario_params *p) {
+    enum { BLOCKS = 22 };
+    const uint64_t event_gap_ns = 20 * MS / (2 * BLOCKS);
+    block blocks[BLOCKS];
+    for (uint64_t t = 1; t <= p->context_tokens && !g->stopped; t++) {
+        gen_mark(g, t);
+        uint64_t n_kv = 256 * ((512 + t + 255) / 256);
+        for (size_t i = 0; i < BLOCKS; i++) {
+            blocks[i] = gen_alloc(g, i < 2 ? n_kv * 2048 : fa_small_bytes[i - 2], 0);
+            gen_wait(g, event_gap_ns);
+        }
+        gen_free_reverse(g, blocks, BLOCKS, event_gap_ns);
+    }
+    return 0;
+}
+
+/* ----------------------------------------------------- 2. size rotation */
+
+/* 300 distinct sizes, 1..300 MiB, each allocated, used 100 us and freed,
+ * one a millisecond, round after round. */
+static int gen_size_rotation(gen *g, const scenario_params *p) {
+    uint64_t step = 0;
+    for (uint64_t round = 0; round < p->rounds && !g->stopped; round++) {
+        for (uint64_t mib = 1; mib <= 300; mib++) {
+            gen_mark(g, ++step);
+            block b = gen_alloc(g, mib * TP_MiB, 0);
+            gen_wait(g, MS / 10);
+            gen_free(g, &b);
+            gen_wait(g, MS - MS / 10);
+        }
+    }
+    return 0;
+}
+
+/* ------------------------------------------- 3. OOM with reclaimable cache */
+
+/* On an 8 GiB device: 6 GiB live, 40 x 45 MiB allocated together and freed
+ * (idle in the pool), then a 1.5 GiB request a moment later: it fits only
+ * if the pool gives back idle memory. Units: the phases (1 live, 2 idle
+ * cache, 3 big request). */
+static int gen_oom_reclaim(gen *g, const scenario_params *p) {
+    (void)p;
+    block live[6], idle[40];
+    gen_mark(g, 1);
+    for (size_t i = 0; i < 6; i++) {
+        live[i] = gen_alloc(g, TP_GiB, 0);
+        gen_wait(g, MS);
+    }
+    gen_mark(g, 2);
+    for (size_t i = 0; i < 40; i++) {
+        idle[i] = gen_alloc(g, 45 * TP_MiB, 0);
+        gen_wait(g, MS);
+    }
+    for (size_t i = 0; i < 40; i++) { /* oldest first */
+        gen_free(g, &idle[i]);
+        gen_wait(g, MS);
+    }
+    gen_wait(g, 100 * MS);
+    gen_mark(g, 3);
+    block big = gen_alloc(g, 1536 * TP_MiB, 0);
+    gen_wait(g, 200 * MS);
+    gen_free(g, &big);
+    gen_wait(g, MS);
+    gen_free_reverse(g, live, 6, MS);
+    return 0;
+}
+
+/* --------------------------------------------------------- 5. high water */
+
+/* One 3 GiB temporary, then --minutes of 10 MiB temporaries at 20 Hz, then
+ * one request larger than the scenario's 4 GiB device (5 GiB: it must fail
+ * with an error, not abort), then 100 more 10 MiB temporaries: the pool
+ * must keep working. Units: minutes (0 is the 3 GiB temporary). */
+static void ten_mib_steps(gen *g, uint64_t count) {
+    for (uint64_t i = 0; i < count && !g->stopped; i++) {
+        block b = gen_alloc(g, 10 * TP_MiB, 0);
+        gen_wait(g, MS);
+        gen_free(g, &b);
+        gen_wait(g, 49 * MS);
+    }
+}
+
+static int gen_high_water(gen *g, const scenario_params *p) {
+    gen_mark(g, 0);
+    block huge = gen_alloc(g, 3 * TP_GiB, 0);
+    gen_wait(g, 5 * SECOND);
+    gen_free(g, &huge);
+    gen_wait(g, 50 * MS);
+    for (uint64_t minute = 1; minute <= p->minutes && !g->stopped; minute++) {
+        gen_mark(g, minute);
+        ten_mib_steps(g, 60 * 20);
+    }
+    block too_big = gen_alloc(g, 5 * TP_GiB, 0);
+    gen_wait(g, MS);
+    gen_free(g, &too_big);
+    gen_wait(g, 49 * MS);
+    ten_mib_steps(g, 100);
+    return 0;
+}
+
+/* ------------------------------------------------------- 6. out of order */
+
+/* Per step: alloc A on stream 1, alloc B on stream 2, free A, free B;
+ * sizes log-uniform in 256 B..64 MiB; a step a millisecond. */
+static int gen_out_of_order(gen *g, const scenario_params *p) {
+    for (uint64_t step = 1; step <= p->steps && !g->stopped; step++) {
+        gen_mark(g, step);
+        block a = gen_alloc(g, gen_log_between(g, 256, 64 * TP_MiB), 1);
+        gen_wait(g, MS / 10);
+        block b = gen_alloc(g, gen_log_between(g, 256, 64 * TP_MiB), 2);
+        gen_wait(g, MS / 10);
+        gen_free(g, &a);
+        gen_wait(g, MS / 10);
+        gen_free(g, &b);
+        gen_wait(g, MS - 3 * (MS / 10));
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------ 11. cross stream */
+
+/* Per step, one size of 4 KiB, 3 MiB and 100 MiB in turn: alloc on stream
+ * 1 (its kernel runs 1 ms), free; alloc the same size on stream 2, free;
+ * again on stream 1; 5 ms later on stream 3. */
+static int gen_cross_stream(gen *g, const scenario_params *p) {
+    static const uint64_t sizes[3] = {4 * TP_KiB, 3 * TP_MiB, 100 * TP_MiB};
+    for (uint64_t step = 1; step <= p->steps && !g->stopped; step++) {
+        gen_mark(g, step);
+        uint64_t bytes = sizes[(step - 1) % 3];
+        block first = gen_alloc(g, bytes, 1);
+        gen_wait(g, MS);
+        gen_free(g, &first);
+        static const uint32_t streams[3] = {2, 1, 3};
+        for (size_t i = 0; i < 3; i++) {
+            if (i == 2) gen_wait(g, 5 * MS);
+            block b = gen_alloc(g, bytes, streams[i]);
+            gen_wait(g, MS / 100);
+            gen_free(g, &b);
+        }
+        gen_wait(g, MS);
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------- image requests */
+
+/* A vision-language server (design.md section 1): a 4B-class text model
+ * (Gemma 3 4B shapes) on stream 0 and a SigLIP-class vision encoder in a
+ * backend context of its own, on stream 1. Every request brings 1 or 2
+ * images of 64..1024 image tokens (dynamic resolution), 16..256 text tokens
+ * and asks for 8..48 new tokens. Requests continue one conversation (its
+ * KV cache kept) until the next would not fit in --context tokens; then the
+ * conversation starts over.
+ *   vision: per image and encoder layer, f16 temporaries of the patches
+ *     (4 per image token) x the layer widths, and the f16 attention scores
+ *     (16 heads x patches^2, the encoder has no flash attention), freed in
+ *     reverse after the attention and after the MLP;
+ *   text: prompt in micro-batches of up to 512 tokens, then one token a
+ *     step; per batch and layer the KV cache grows (new K and V buffers for
+ *     all tokens so far, the old ones freed, as torch.cat does), then
+ *     temporaries: quantized activations (q8_1) and the flash-attention K
+ *     and V conversions of n_kv x 2048 B (n_kv padded to 256).
+ * Times: an encoder layer 1 ms + 2 us a patch, a text batch 20 ms + 0.15 ms
+ * a token, 0.5..4 s between requests. */
+#define TEXT_LAYERS 34
+#define TEXT_HIDDEN 2560
+#define TEXT_FFN 10240
+#define KV_BYTES_PER_TOKEN 2048 /* K (and V) of one layer: 1024 f16 values */
+#define FA_BYTES_PER_KV 2048
+#define VISION_LAYERS 27
+#define VISION_WIDTH 1152
+#define VISION_FFN 4304
+#define VISION_HEADS 16
+#define PATCHES_PER_IMAGE_TOKEN 4
+#define UBATCH_TOKENS 512
+#define TEXT_STREAM 0
+#define VISION_STREAM 1
+#define MAX_REQUEST_TOKENS (2 * 1024 + 256 + 48)
+
+static uint64_t q8_1_bytes(uint64_t values) { return (values + 31) / 32 * 36; }
+
+typedef struct conversation {
+    block k[TEXT_LAYERS], v[TEXT_LAYERS];
+    uint64_t n_past;
+} conversation;
+
+/* Allocates the temporaries of one phase of a layer, spaced by gap_ns, and
+ * frees them in reverse. */
+static void gen_phase(gen *g, const uint64_t *bytes, size_t count, uint32_t stream, uint64_t gap_ns) {
+    block temps[8];
+    for (size_t i = 0; i < count; i++) {
+        temps[i] = gen_alloc(g, bytes[i], stream);
+        gen_wait(g, gap_ns);
+    }
+    gen_free_reverse(g, temps, count, gap_ns);
+}
+
+static void vision_encode(gen *g, uint64_t image_tokens) {
+    uint64_t patches = PATCHES_PER_IMAGE_TOKEN * image_tokens;
+    /* attention: input, Q/K/V and output in f16 for cuBLAS, and the f16
+     * scores of the batched Q.K^T (heads x patches^2: no flash attention) */
+    const uint64_t attention[4] = {patches * VISION_WIDTH * 2, patches * 3 * VISION_WIDTH * 2,
+                                   VISION_HEADS * patches * patches * 2, patches * VISION_WIDTH * 2};
+    /* MLP: input, up-projection output and down-projection input in f16 */
+    const uint64_t mlp[3] = {patches * VISION_WIDTH * 2, patches * VISION_FFN * 2, patches * VISION_FFN * 2};
+    uint64_t gap_ns = (MS + patches * 2000) / 14;
+    for (int layer = 0; layer < VISION_LAYERS && !g->stopped; layer++) {
+        gen_phase(g, attention, 4, VISION_STREAM, gap_ns);
+        gen_phase(g, mlp, 3, VISION_STREAM, gap_ns);
+    }
+}
+
+static void text_batch(gen *g, conversation *c, uint64_t n_tokens) {
+    enum { TEMPS = 4, EVENTS_PER_LAYER = 4 + 2 * TEMPS };
+    uint64_t n_total = c->n_past + n_tokens;
+    uint64_t n_kv = 256 * ((n_total + 255) / 256);
+    uint64_t gap_ns = (20 * MS + n_tokens * 150000) / TEXT_LAYERS / EVENTS_PER_LAYER;
+    for (int layer = 0; layer < TEXT_LAYERS && !g->stopped; layer++) {
+        block k = gen_alloc(g, n_total * KV_BYTES_PER_TOKEN, TEXT_STREAM);
+        gen_wait(g, gap_ns);
+        block v = gen_alloc(g, n_total * KV_BYTES_PER_TOKEN, TEXT_STREAM);
+        gen_wait(g, gap_ns);
+        gen_free(g, &c->k[layer]);
+        gen_wait(g, gap_ns);
+        gen_free(g, &c->v[layer]);
+        gen_wait(g, gap_ns);
+        c->k[layer] = k;
+        c->v[layer] = v;
+        const uint64_t bytes[TEMPS] = {q8_1_bytes(n_tokens * TEXT_HIDDEN), n_kv * FA_BYTES_PER_KV,
+                                       n_kv * FA_BYTES_PER_KV, q8_1_bytes(n_tokens * TEXT_FFN)};
+        gen_phase(g, bytes, TEMPS, TEXT_STREAM, gap_ns);
+    }
+    c->n_past = n_total;
+}
+
+static void conversation_end(gen *g, conversation *c) {
+    for (int layer = TEXT_LAYERS; layer-- > 0;) {
+        gen_free(g, &c->v[layer]);
+        gen_free(g, &c->k[layer]);
+    }
+    c->n_past = 0;
+}
+
+static int gen_image_requests(gen *g, const scenario_params *p) {
+    conversation c;
+    memset(&c, 0, sizeof c);
+    for (uint64_t request = 1; request <= p->requests && !g->stopped; request++) {
+        gen_mark(g, request);
+        uint64_t images = gen_between(g, 1, 2), image_tokens[2] = {0, 0};
+        for (uint64_t i = 0; i < images; i++) image_tokens[i] = 64 * gen_between(g, 1, 16);
+        uint64_t text_tokens = gen_between(g, 16, 256), new_tokens = gen_between(g, 8, 48);
+        uint64_t prompt = image_tokens[0] + image_tokens[1] + text_tokens;
+        if (c.n_past + prompt + new_tokens > p->context_tokens) conversation_end(g, &c);
+        for (uint64_t i = 0; i < images; i++) vision_encode(g, image_tokens[i]);
+        for (uint64_t done = 0; done < prompt;) {
+            uint64_t n = prompt - done < UBATCH_TOKENS ? prompt - done : UBATCH_TOKENS;
+            text_batch(g, &c, n);
+            done += n;
+        }
+        for (uint64_t t = 0; t < new_tokens; t++) text_batch(g, &c, 1);
+        gen_wait(g, gen_between(g, 500, 4000) * MS);
+    }
+    return 0; /* the last conversation stays: a server keeps its cache */
+}
+
+static const char *check_image_requests(const scenario_params *p) {
+    return p->context_tokens < MAX_REQUEST_TOKENS ? "--context must be at least 2352 tokens (the largest request)"
+                                                  : NULL;
+}
+
+/* ---------------------------------------------------------------- table */
+
+const scenario_param_info scenario_param_table[SCENARIO_PARAM_COUNT_] = {
+    [SCENARIO_PARAM_CONTEXT] = {"--context", "context length in tokens", offsetof(scenario_params, context_tokens), 1,
+                                1u << 24},
+    [SCENARIO_PARAM_REQUESTS] = {"--requests", "number of requests", offsetof(scenario_params, requests), 1, 1000000},
+    [SCENARIO_PARAM_STEPS] = {"--steps", "number of steps", offsetof(scenario_params, steps), 1, 100000000},
+    [SCENARIO_PARAM_ROUNDS] = {"--rounds", "rounds through the sizes", offsetof(scenario_params, rounds), 1, 100000},
+    [SCENARIO_PARAM_MINUTES] = {"--minutes", "minutes of small temporaries", offsetof(scenario_params, minutes), 0,
+                                100000},
+    [SCENARIO_PARAM_SEED] = {"--seed", "seed of the random choices", offsetof(scenario_params, seed), 0, UINT64_MAX},
+};
+
+typedef int (*gen_fn)(gen *g, const scenario_params *p);
+
+/* The generate entry of each scenario: runs its gen_fn over a generator. */
+static int generate_with(gen_fn fn, const scenario_params *p, const scenario_sink *sink) {
+    gen *g = calloc(1, sizeof *g);
+    if (!g) return -1;
+    g->sink = sink;
+    g->next_address = 0x7f0000000000ull;
+    g->rng = p->seed;
+    fn(g, p);
+    gen_flush(g);
+    int status = g->stopped ? -1 : 0;
+    free(g);
+    return status;
+}
+
+#define GENERATOR(name)                                                                   \
+    static int generate_##name(const scenario_params *p, const scenario_sink *sink) {    \
+        return generate_with(gen_##name, p, sink);                                        \
+    }
+GENERATOR(fa_decode)
+GENERATOR(size_rotation)
+GENERATOR(oom_reclaim)
+GENERATOR(high_water)
+GENERATOR(out_of_order)
+GENERATOR(cross_stream)
+GENERATOR(image_requests)
+
+static const scenario scenarios[] = {
+    {"fa-decode", "flash-attention decode, memory growing with the context (failure mode 1)",
+     "every token t: K and V temporaries of n_kv x 2048 B, n_kv = 256*ceil((512+t)/256), and 20 small\n"
+     "temporaries, freed in reverse; 20 ms a token",
+     "token", SCENARIO_USES(SCENARIO_PARAM_CONTEXT), {.context_tokens = 131072}, NULL, 0, NULL, generate_fa_decode,
+     NULL},
+    {"size-rotation", "more sizes than slots (failure mode 2)",
+     "300 distinct sizes, 1..300 MiB, allocated and freed in rotation, one a millisecond", "step",
+     SCENARIO_USES(SCENARIO_PARAM_ROUNDS), {.rounds = 4}, NULL, 0, NULL, generate_size_rotation, NULL},
+    {"oom-reclaim", "out of memory with reclaimable cache (failure mode 3)",
+     "8 GiB device: 6 GiB live, 40 x 45 MiB idle in the cache, then a 1.5 GiB request; it fits only if\n"
+     "the pool gives back idle memory",
+     "phase", 0, {0}, "sim:8GiB", 0, NULL, generate_oom_reclaim, NULL},
+    {"high-water", "high-water mark (failure mode 5)",
+     "4 GiB device: one 3 GiB temporary, then --minutes of 10 MiB temporaries at 20 Hz, then a 5 GiB\n"
+     "request that cannot fit (an error, not an abort), then 100 more 10 MiB temporaries",
+     "minute", SCENARIO_USES(SCENARIO_PARAM_MINUTES), {.minutes = 60}, "sim:4GiB", 0, NULL, generate_high_water,
+     NULL},
+    {"out-of-order", "out-of-order frees across streams (failure mode 6)",
+     "alloc A on stream 1, alloc B on stream 2, free A, free B; sizes log-uniform 256 B..64 MiB",
+     "step", SCENARIO_USES(SCENARIO_PARAM_STEPS) | SCENARIO_USES(SCENARIO_PARAM_SEED), {.steps = 2000, .seed = 6},
+     NULL, 0, NULL, generate_out_of_order, NULL},
+    {"cross-stream", "cross-stream reuse (failure mode 11)",
+     "alloc on stream 1, free, alloc the same size on stream 2, free, again on stream 1, then on\n"
+     "stream 3; sizes 4 KiB, 3 MiB, 100 MiB in turn",
+     "step", SCENARIO_USES(SCENARIO_PARAM_STEPS), {.steps = 3000}, NULL, 0, NULL, generate_cross_stream, NULL},
+    {"image-requests", "a vision-language server answering image+text requests (design.md section 1)",
+     "per request 1-2 images of 64..1024 tokens through a vision encoder (stream 1, its own context),\n"
+     "then prefill and decode of a 4B-class text model with a growing KV cache (stream 0); one\n"
+     "conversation until --context is full. Default device: a 6 GiB GPU without VMM with 3 GiB\n"
+     "taken by the weights (--occupy)",
+     "request",
+     SCENARIO_USES(SCENARIO_PARAM_REQUESTS) | SCENARIO_USES(SCENARIO_PARAM_CONTEXT) |
+         SCENARIO_USES(SCENARIO_PARAM_SEED),
+     {.requests = 100, .context_tokens = 16384, .seed = 1}, "sim:6GiB,novmm", 3 * TP_GiB, check_image_requests,
+     generate_image_requests, NULL},
+};
+
+const scenario *scenario_find(const char *name) {
+    for (size_t i = 0; i < sizeof scenarios / sizeof *scenarios; i++)
+        if (!strcmp(scenarios[i].name, name)) return &scenarios[i];
+    return NULL;
+}
+
+const scenario *scenario_list(size_t *count) {
+    *count = sizeof scenarios / sizeof *scenarios;
+    return scenarios;
+}
+
+void scenario_defaults(const scenario *s, scenario_params *params) { *params = s->defaults; }
+
+/* ------------------------------------------------ replaying a scenario */
+
+typedef struct replay_target {
+    replay_run *const *runs;
+    size_t run_count;
+    scenario_units *units;
+    bool out_of_memory;
+} replay_target;
+
+static int feed_runs(void *user, const trace_event *events, size_t count) {
+    replay_target *t = user;
+    for (size_t i = 0; i < t->run_count; i++) replay_feed(t->runs[i], events, count);
+    return 0;
+}
+
+static void note_unit(void *user, uint64_t unit, uint64_t events_before) {
+    replay_target *t = user;
+    scenario_units *u = t->units;
+    if (u->count == u->capacity) {
+        size_t capacity = u->capacity ? 2 * u->capacity : 1024;
+        scenario_unit_start *starts = realloc(u->starts, capacity * sizeof *starts);
+        if (!starts) {
+            t->out_of_memory = true;
+            return;
+        }
+        u->starts = starts;
+        u->capacity = capacity;
+    }
+    u->starts[u->count++] = (scenario_unit_start){unit, events_before};
+}
+
+int scenario_replay(const scenario *s, const scenario_params *params, replay_run *const *runs, size_t run_count,
+                    scenario_units *units) {
+    replay_target target = {runs, run_count, units, false};
+    scenario_sink sink = {feed_runs, units ? note_unit : NULL, &target};
+    int status = s->generate(params, &sink);
+    return status == 0 && !target.out_of_memory ? 0 : -1;
+}
+
+uint64_t scenario_unit_of(const scenario_units *units, uint64_t event) {
+    /* the last start with events_before < event */
+    size_t low = 0, high = units->count;
+    while (low < high) {
+        size_t mid = low + (high - low) / 2;
+        if (units->starts[mid].events_before < event) low = mid + 1;
+        else high = mid;
+    }
+    return low ? units->starts[low - 1].unit : 0;
+}
+
+void scenario_units_free(scenario_units *units) {
+    free(units->starts);
+    *units = (scenario_units){0};
+}

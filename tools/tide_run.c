@@ -1,0 +1,206 @@
+/*
+ * tide_run.c -- the options and the output that `tide replay` and
+ * `tide scenario` share (see tide_run.h), and the byte helpers of tide.h.
+ */
+#include "tide_run.h"
+
+#include "plot.h"
+#include "tide.h"
+
+#include "internal.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+bool tide_parse_bytes_option(const char *option, const char *value, uint64_t *out) {
+    if (!value || !tp_parse_bytes(value, out)) {
+        fprintf(stderr, "tide: %s needs a size such as 512MiB or 6GiB, got '%s'\n", option, value ? value : "");
+        return false;
+    }
+    return true;
+}
+
+const char *tide_bytes(uint64_t bytes, char *buf, size_t capacity) { return tp_format_bytes(bytes, buf, capacity); }
+
+bool tide_parse_count_option(const char *command, const char *option, const char *value, uint64_t min, uint64_t max,
+                             uint64_t *out) {
+    char *end = NULL;
+    errno = 0;
+    unsigned long long number = value && isdigit((unsigned char)value[0]) ? strtoull(value, &end, 10) : 0;
+    if (!end || *end || errno == ERANGE || number < min || number > max) {
+        fprintf(stderr, "%s: %s needs a whole number from %llu to %llu, got '%s'\n", command, option,
+                (unsigned long long)min, (unsigned long long)max, value ? value : "");
+        return false;
+    }
+    *out = number;
+    return true;
+}
+
+void tide_run_options_init(tide_run_options *options) {
+    *options = (tide_run_options){.replay = {.follow_trace_time = true}};
+}
+
+void tide_run_options_help(FILE *out) {
+    fprintf(out,
+            "  --pool LIST          pools, comma-separated: %s\n"
+            "                       (default: vmm where the device has VMM, else segment)\n"
+            "  --device SPEC        device for every pool (default sim:1TiB; e.g. sim:6GiB,novmm, cuda:0)\n"
+            "  --occupy SIZE        device memory another tenant holds throughout (e.g. model weights)\n"
+            "  --json               one JSON object per pool, one per line\n"
+            "  --plot FILE.svg      chart of live/reserved/cached bytes over the run\n"
+            "  --limit SIZE         pool byte limit (e.g. 6GiB)\n"
+            "  --release-threshold SIZE   idle bytes a tidepool pool keeps cached\n"
+            "  --idle-release-ms N  how long idle memory above the threshold stays\n"
+            "  --no-trace-time      do not move the simulated clock with the events' timestamps\n",
+            replay_pool_names());
+}
+
+/* The value of option argv[*index], or NULL (message printed). */
+static const char *option_value(const char *command, int argc, char **argv, int *index) {
+    if (*index + 1 >= argc) {
+        fprintf(stderr, "%s: %s needs a value (see %s --help)\n", command, argv[*index], command);
+        return NULL;
+    }
+    return argv[++*index];
+}
+
+int tide_run_parse_option(const char *command, int argc, char **argv, int *index, tide_run_options *o) {
+    const char *a = argv[*index];
+    static const char *const with_value[] = {"--pool",  "--device", "--plot", "--limit", "--release-threshold",
+                                             "--idle-release-ms", "--occupy"};
+    bool takes_value = false;
+    for (size_t i = 0; i < sizeof with_value / sizeof *with_value; i++) takes_value |= !strcmp(a, with_value[i]);
+    if (!strcmp(a, "--json")) {
+        o->json = true;
+        return 1;
+    }
+    if (!strcmp(a, "--no-trace-time")) {
+        o->replay.follow_trace_time = false;
+        return 1;
+    }
+    if (!takes_value) return 0;
+    const char *v = option_value(command, argc, argv, index);
+    if (!v) return -1;
+    if (!strcmp(a, "--pool")) {
+        o->pools = v;
+    } else if (!strcmp(a, "--device")) {
+        o->replay.device_spec = v;
+        o->device_given = true;
+    } else if (!strcmp(a, "--plot")) {
+        o->plot_path = v;
+    } else if (!strcmp(a, "--limit")) {
+        if (!tide_parse_bytes_option(a, v, &o->replay.pool_config.limit_bytes)) return -1;
+    } else if (!strcmp(a, "--release-threshold")) {
+        if (!tide_parse_bytes_option(a, v, &o->replay.pool_config.release_threshold_bytes)) return -1;
+    } else if (!strcmp(a, "--occupy")) {
+        if (!tide_parse_bytes_option(a, v, &o->replay.occupied_bytes)) return -1;
+        o->occupy_given = true;
+    } else { /* --idle-release-ms */
+        uint64_t ms;
+        if (!tide_parse_count_option(command, a, v, 0, UINT64_MAX / 1000000ull, &ms)) return -1;
+        o->replay.pool_config.idle_release_ns = ms * 1000000ull;
+    }
+    return 1;
+}
+
+bool tide_run_resolve_pools(const char *command, tide_run_options *o) {
+    if (o->pools) {
+        /* Check the names now: a misspelt pool is a usage error. */
+        char names[256];
+        if ((size_t)snprintf(names, sizeof names, "%s", o->pools) >= sizeof names) {
+            fprintf(stderr, "%s: --pool list too long\n", command);
+            return false;
+        }
+        char *save = NULL;
+        for (char *name = strtok_r(names, ",", &save); name; name = strtok_r(NULL, ",", &save)) {
+            while (*name == ' ') name++;
+            if (!replay_find_pool(name)) {
+                fprintf(stderr, "%s: unknown pool '%s' (known: %s)\n", command, name, replay_pool_names());
+                return false;
+            }
+        }
+        return true;
+    }
+    /* The default pool: VMM when the device has it. */
+    const char *spec = o->replay.device_spec ? o->replay.device_spec : "sim:1TiB";
+    tp_device *probe = NULL;
+    tp_device_info info = {0};
+    if (tp_device_open(spec, NULL, &probe) != TP_OK) {
+        fprintf(stderr, "%s: cannot open device '%s'\n", command, spec);
+        return false;
+    }
+    tp_device_get_info(probe, &info);
+    tp_device_close(probe);
+    o->pools = info.vmm_enabled ? "vmm" : "segment";
+    return true;
+}
+
+void tide_json_string(FILE *out, const char *text) {
+    fputc('"', out);
+    for (const unsigned char *c = (const unsigned char *)text; *c; c++) {
+        if (*c == '"' || *c == '\\')
+            fprintf(out, "\\%c", *c);
+        else if (*c < 0x20)
+            fprintf(out, "\\u%04x", *c);
+        else
+            fputc(*c, out);
+    }
+    fputc('"', out);
+}
+
+static void print_table_header(void) {
+    printf("%-12s %12s %14s %14s %7s %12s %8s %6s %7s %8s %9s\n", "pool", "events", "peak live", "peak held",
+           "ratio", "end held", "dev calls", "ooms", "errors", "hazards", "ns/event");
+}
+
+static void print_table_row(const replay_result *r) {
+    char live[32], held[32], end[32];
+    printf("%-12s %12llu %14s %14s %7.3f %12s %8llu %6llu %7llu %8llu %9.1f%s\n", r->pool,
+           (unsigned long long)r->events, tide_bytes(r->peak_live_bytes, live, sizeof live),
+           tide_bytes(r->peak_reserved_bytes, held, sizeof held), replay_ratio(r),
+           tide_bytes(r->end_reserved_bytes, end, sizeof end), (unsigned long long)r->device_calls,
+           (unsigned long long)r->ooms, (unsigned long long)r->errors, (unsigned long long)r->hazards,
+           r->events ? (double)r->replay_ns / (double)r->events : 0.0, r->fatal ? "  (aborted)" : "");
+    if (r->unknown_frees)
+        printf("%-12s %llu frees of addresses the trace never allocated\n", "", (unsigned long long)r->unknown_frees);
+    if (r->lifo_violations) printf("%-12s %llu frees out of LIFO order\n", "", (unsigned long long)r->lifo_violations);
+    if (r->oom_recoveries)
+        printf("%-12s %llu out-of-memory recoveries (cache released, then retried)\n", "",
+               (unsigned long long)r->oom_recoveries);
+    if (r->fatal) printf("%-12s aborted at event %llu: %s\n", "", (unsigned long long)r->fatal_event, r->first_oom_report);
+}
+
+int tide_run_report(const char *command, replay_run *run, const tide_run_options *o, const char *label_key,
+                    const char *label, const char *heading, const char *chart_title) {
+    replay_result *results;
+    size_t n = replay_finish(run, &results);
+    int status = 0;
+    if (o->json) {
+        for (size_t i = 0; i < n; i++) {
+            printf("{\"%s\":", label_key);
+            tide_json_string(stdout, label);
+            printf(",\"result\":");
+            replay_result_json(&results[i], stdout);
+            printf("}\n");
+        }
+    } else {
+        printf("%s\n", heading);
+        print_table_header();
+        for (size_t i = 0; i < n; i++) print_table_row(&results[i]);
+        printf("\n");
+    }
+    if (o->plot_path) {
+        char err[512];
+        if (plot_replay_svg(o->plot_path, chart_title, results, n, err, sizeof err) != 0) {
+            fprintf(stderr, "%s: %s\n", command, err);
+            status = 1;
+        } else if (!o->json) {
+            printf("wrote %s\n", o->plot_path);
+        }
+    }
+    for (size_t i = 0; i < n; i++)
+        if (results[i].errors || results[i].hazards) status = 1;
+    return status;
+}
