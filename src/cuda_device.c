@@ -1,11 +1,1146 @@
 /*
- * cuda_device.c -- placeholder until the CUDA driver backend lands: "cuda:N"
- * reports that no CUDA device is available.
+ * cuda_device.c -- the CUDA backend: the driver API, loaded at run time.
+ *
+ * Loading: dlopen("libcuda.so.1") and dlsym of each entry point, by the
+ * versioned name where the ABI has several (cuMemAlloc_v2, cuMemGetInfo_v2,
+ * cuStreamDestroy_v2, ...). No CUDA header and no link-time dependency: the
+ * few types, enum values and struct layouts the backend needs are declared
+ * below and checked against cuda.h (CUDA 13.0) by size. A missing library,
+ * a missing required symbol, a failing cuInit or a missing device make
+ * tp_device_open return TP_ERR_NO_DEVICE with the reason in the log. The
+ * library is never dlclose'd: the driver keeps threads and state that must
+ * not be unloaded under it (the CUDA runtime does the same); a second open
+ * only takes another reference.
+ *
+ * Context: the device's primary context is retained at open and released at
+ * close. Every op runs inside ctx_enter/ctx_exit: if another context (or
+ * none) is current on the calling thread, the primary context is made
+ * current for the call and the caller's context is restored afterwards, so
+ * pools work from any thread and never change what a host program
+ * (cudaSetDevice, its own driver calls) sees as current.
+ *
+ * Streams and events are the driver's, passed through: a tp_stream is a
+ * CUstream (TP_STREAM_DEFAULT = NULL = the legacy default stream), a
+ * tp_event a CUevent (CU_EVENT_DISABLE_TIMING). The plain, non-_ptsz entry
+ * points are used, so the special handles CU_STREAM_LEGACY and
+ * CU_STREAM_PER_THREAD work when a caller passes them.
+ *
+ * VMM: map(va, bytes) backs every page of the device's granularity with its
+ * own physical allocation (cuMemCreate, pinned device memory), maps each
+ * page (cuMemMap) and grants read/write access to the run in one
+ * cuMemSetAccess. Each page's handle goes into a page table, an
+ * open-addressing hash map page address -> handle (linear probing,
+ * Fibonacci hash of the page number, load <= 1/2, backward-shift deletion,
+ * so no tombstones; it shrinks when it is mostly empty). unmap(va, bytes)
+ * takes the handles of any run of mapped pages out of the table (all of
+ * them present, or nothing happens), unmaps each page (cuMemUnmap) and then
+ * releases each handle (cuMemRelease). Both are all-or-nothing: a map that
+ * fails part way unmaps and releases what it did; an unmap that fails part
+ * way maps the pages it had unmapped back and puts their handles back.
+ * Reservations (cuMemAddressReserve/Free) are tracked with a count of the
+ * pages mapped inside them: map outside a reservation, over mapped pages,
+ * and va_release of a reservation with pages still mapped are refused with
+ * TP_ERR_INVALID_ARGUMENT before the driver is called, as the simulator
+ * does.
+ *
+ * Graphs: instantiate (cuGraphInstantiateWithFlags, or cuGraphInstantiate_v2
+ * on drivers without it) reports what it cost as the drop of cuMemGetInfo's
+ * free memory around the call, 0 when that could not be measured (the
+ * caller then estimates). The measure lock is a reader/writer lock:
+ * instantiation takes it exclusively, every other op that changes device
+ * memory (map, unmap, mem_alloc, mem_free, graph update and destroy) takes
+ * it shared, so the backend's own allocations never disturb a measurement
+ * and never wait for each other. Another process or the host program's own
+ * allocations can still disturb it; a rise of free memory reads as 0.
+ * cuGraphExecUpdate_v2 failures (CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE, for
+ * any reason: topology, node type, parameters) become
+ * TP_ERR_TOPOLOGY_MISMATCH -- the executable cannot take the graph, make a
+ * new one -- with the driver's reason in the log.
+ *
+ * Errors: a failing driver call becomes a status (CUDA_ERROR_OUT_OF_MEMORY
+ * -> TP_ERR_OUT_OF_MEMORY, CUDA_ERROR_NOT_READY -> TP_NOT_READY without a
+ * message, invalid value/handle -> TP_ERR_INVALID_ARGUMENT, not supported ->
+ * TP_ERR_UNSUPPORTED, stream capture errors -> TP_ERR_CAPTURE, anything else
+ * -> TP_ERR_DEVICE) and a log line naming the call and the driver's error
+ * name (cuGetErrorName). Nothing aborts, exits or prints.
+ *
+ * Invariants: every key of the page table is a page-aligned address inside
+ * exactly one reservation, mapped to the device with read/write access and
+ * backed by the handle stored with it; a reservation's mapped_pages equals
+ * the table's keys inside it; the table's count equals its non-zero keys.
+ *
+ * Locking: table_lock guards the page table and the reservations and is
+ * never held across a slow driver call except in va_release (rare). Lock
+ * order: measure_lock, then table_lock. The function table is written once
+ * at open and only read afterwards. All ops may be called from any thread.
  */
 #include "internal.h"
 
-tp_status tp_cuda_device_create(tp_device *device, const tp_device_options *options) {
-    (void)options;
-    tp_logf(&device->logger, TP_LOG_ERROR, "cuda backend: not built into this version");
+#include <dlfcn.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+/* ------------------------------------------------------ driver declarations */
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+typedef unsigned long long CUmemGenericAllocationHandle;
+typedef struct CUctx_st *CUcontext;
+typedef struct CUstream_st *CUstream;
+typedef struct CUevent_st *CUevent;
+typedef struct CUgraph_st *CUgraph;
+typedef struct CUgraphExec_st *CUgraphExec;
+typedef struct CUgraphNode_st *CUgraphNode;
+
+enum {
+    CUDA_SUCCESS = 0,
+    CUDA_ERROR_INVALID_VALUE = 1,
+    CUDA_ERROR_OUT_OF_MEMORY = 2,
+    CUDA_ERROR_INVALID_HANDLE = 400,
+    CUDA_ERROR_NOT_READY = 600,
+    CUDA_ERROR_NOT_SUPPORTED = 801,
+    CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900,    /* 900..908: stream capture */
+    CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD = 908,
+    CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE = 910,
+};
+
+enum { CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED = 102 };
+enum { CU_STREAM_NON_BLOCKING = 0x1 };
+enum { CU_EVENT_DISABLE_TIMING = 0x2 };
+enum { CU_MEM_ALLOCATION_TYPE_PINNED = 0x1 };
+enum { CU_MEM_HANDLE_TYPE_NONE = 0x0 };
+enum { CU_MEM_LOCATION_TYPE_DEVICE = 0x1 };
+enum { CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 0x3 };
+enum { CU_MEM_ALLOC_GRANULARITY_MINIMUM = 0x0 };
+enum { CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED = 0x2 };
+
+/* Layouts as in cuda.h (CUmemLocation_v1, CUmemAllocationProp_v1,
+ * CUmemAccessDesc_v1, CUgraphExecUpdateResultInfo_v1); enums are int-sized. */
+typedef struct CUmemLocation {
+    int type;
+    int id;
+} CUmemLocation;
+
+typedef struct CUmemAllocationProp {
+    int type;                 /* CUmemAllocationType */
+    int requestedHandleTypes; /* CUmemAllocationHandleType */
+    CUmemLocation location;
+    void *win32HandleMetaData;
+    struct {
+        unsigned char compressionType;
+        unsigned char gpuDirectRDMACapable;
+        unsigned short usage;
+        unsigned char reserved[4];
+    } allocFlags;
+} CUmemAllocationProp;
+
+typedef struct CUmemAccessDesc {
+    CUmemLocation location;
+    int flags; /* CUmemAccess_flags */
+} CUmemAccessDesc;
+
+typedef struct CUgraphExecUpdateResultInfo {
+    int result; /* CUgraphExecUpdateResult */
+    CUgraphNode errorNode;
+    CUgraphNode errorFromNode;
+} CUgraphExecUpdateResultInfo;
+
+_Static_assert(sizeof(CUmemLocation) == 8, "CUmemLocation layout");
+_Static_assert(sizeof(CUmemAllocationProp) == 16 + 2 * sizeof(void *), "CUmemAllocationProp layout");
+_Static_assert(offsetof(CUmemAllocationProp, win32HandleMetaData) == 16, "CUmemAllocationProp layout");
+_Static_assert(sizeof(CUmemAccessDesc) == 12, "CUmemAccessDesc layout");
+_Static_assert(sizeof(CUgraphExecUpdateResultInfo) == 3 * sizeof(void *), "CUgraphExecUpdateResultInfo layout");
+
+/* The entry points. Required ones fail the open when missing; VMM and graph
+ * ones only disable what needs them. */
+typedef struct cu_api {
+    CUresult (*Init)(unsigned int flags);
+    CUresult (*DriverGetVersion)(int *version);
+    CUresult (*GetErrorName)(CUresult error, const char **name);
+    CUresult (*DeviceGetCount)(int *count);
+    CUresult (*DeviceGet)(CUdevice *device, int ordinal);
+    CUresult (*DeviceGetName)(char *name, int len, CUdevice device);
+    CUresult (*DeviceTotalMem)(size_t *bytes, CUdevice device);
+    CUresult (*DeviceGetAttribute)(int *value, int attribute, CUdevice device);
+    CUresult (*DevicePrimaryCtxRetain)(CUcontext *ctx, CUdevice device);
+    CUresult (*DevicePrimaryCtxRelease)(CUdevice device);
+    CUresult (*CtxGetCurrent)(CUcontext *ctx);
+    CUresult (*CtxSetCurrent)(CUcontext ctx);
+    CUresult (*CtxSynchronize)(void);
+    CUresult (*MemGetInfo)(size_t *free_bytes, size_t *total_bytes);
+    CUresult (*MemAlloc)(CUdeviceptr *ptr, size_t bytes);
+    CUresult (*MemFree)(CUdeviceptr ptr);
+    CUresult (*StreamCreate)(CUstream *stream, unsigned int flags);
+    CUresult (*StreamDestroy)(CUstream stream);
+    CUresult (*StreamSynchronize)(CUstream stream);
+    CUresult (*StreamWaitEvent)(CUstream stream, CUevent event, unsigned int flags);
+    CUresult (*EventCreate)(CUevent *event, unsigned int flags);
+    CUresult (*EventDestroy)(CUevent event);
+    CUresult (*EventRecord)(CUevent event, CUstream stream);
+    CUresult (*EventQuery)(CUevent event);
+    CUresult (*EventSynchronize)(CUevent event);
+    /* VMM */
+    CUresult (*MemAddressReserve)(CUdeviceptr *ptr, size_t bytes, size_t alignment, CUdeviceptr addr,
+                                  unsigned long long flags);
+    CUresult (*MemAddressFree)(CUdeviceptr ptr, size_t bytes);
+    CUresult (*MemCreate)(CUmemGenericAllocationHandle *handle, size_t bytes, const CUmemAllocationProp *prop,
+                          unsigned long long flags);
+    CUresult (*MemRelease)(CUmemGenericAllocationHandle handle);
+    CUresult (*MemMap)(CUdeviceptr ptr, size_t bytes, size_t offset, CUmemGenericAllocationHandle handle,
+                       unsigned long long flags);
+    CUresult (*MemUnmap)(CUdeviceptr ptr, size_t bytes);
+    CUresult (*MemSetAccess)(CUdeviceptr ptr, size_t bytes, const CUmemAccessDesc *desc, size_t count);
+    CUresult (*MemGetAllocationGranularity)(size_t *granularity, const CUmemAllocationProp *prop, int option);
+    /* graphs */
+    CUresult (*GraphInstantiateWithFlags)(CUgraphExec *exec, CUgraph graph, unsigned long long flags);
+    CUresult (*GraphInstantiateV2)(CUgraphExec *exec, CUgraph graph, CUgraphNode *error_node, char *log,
+                                   size_t log_bytes);
+    CUresult (*GraphExecUpdateV2)(CUgraphExec exec, CUgraph graph, CUgraphExecUpdateResultInfo *info);
+    CUresult (*GraphExecUpdateV1)(CUgraphExec exec, CUgraph graph, CUgraphNode *error_node, int *result);
+    CUresult (*GraphLaunch)(CUgraphExec exec, CUstream stream);
+    CUresult (*GraphExecDestroy)(CUgraphExec exec);
+} cu_api;
+
+enum { SYM_REQUIRED, SYM_VMM, SYM_OPTIONAL };
+
+typedef struct cu_symbol {
+    const char *names[2]; /* the first the library has wins; same ABI */
+    size_t offset;
+    int need;
+} cu_symbol;
+
+#define CU_SYM(field, need, ...) {{__VA_ARGS__}, offsetof(cu_api, field), need}
+
+static const cu_symbol cu_symbols[] = {
+    CU_SYM(Init, SYM_REQUIRED, "cuInit"),
+    CU_SYM(DriverGetVersion, SYM_REQUIRED, "cuDriverGetVersion"),
+    CU_SYM(GetErrorName, SYM_REQUIRED, "cuGetErrorName"),
+    CU_SYM(DeviceGetCount, SYM_REQUIRED, "cuDeviceGetCount"),
+    CU_SYM(DeviceGet, SYM_REQUIRED, "cuDeviceGet"),
+    CU_SYM(DeviceGetName, SYM_REQUIRED, "cuDeviceGetName"),
+    CU_SYM(DeviceTotalMem, SYM_REQUIRED, "cuDeviceTotalMem_v2"),
+    CU_SYM(DeviceGetAttribute, SYM_REQUIRED, "cuDeviceGetAttribute"),
+    CU_SYM(DevicePrimaryCtxRetain, SYM_REQUIRED, "cuDevicePrimaryCtxRetain"),
+    CU_SYM(DevicePrimaryCtxRelease, SYM_REQUIRED, "cuDevicePrimaryCtxRelease_v2", "cuDevicePrimaryCtxRelease"),
+    CU_SYM(CtxGetCurrent, SYM_REQUIRED, "cuCtxGetCurrent"),
+    CU_SYM(CtxSetCurrent, SYM_REQUIRED, "cuCtxSetCurrent"),
+    CU_SYM(CtxSynchronize, SYM_REQUIRED, "cuCtxSynchronize"),
+    CU_SYM(MemGetInfo, SYM_REQUIRED, "cuMemGetInfo_v2"),
+    CU_SYM(MemAlloc, SYM_REQUIRED, "cuMemAlloc_v2"),
+    CU_SYM(MemFree, SYM_REQUIRED, "cuMemFree_v2"),
+    CU_SYM(StreamCreate, SYM_REQUIRED, "cuStreamCreate"),
+    CU_SYM(StreamDestroy, SYM_REQUIRED, "cuStreamDestroy_v2", "cuStreamDestroy"),
+    CU_SYM(StreamSynchronize, SYM_REQUIRED, "cuStreamSynchronize"),
+    CU_SYM(StreamWaitEvent, SYM_REQUIRED, "cuStreamWaitEvent"),
+    CU_SYM(EventCreate, SYM_REQUIRED, "cuEventCreate"),
+    CU_SYM(EventDestroy, SYM_REQUIRED, "cuEventDestroy_v2", "cuEventDestroy"),
+    CU_SYM(EventRecord, SYM_REQUIRED, "cuEventRecord"),
+    CU_SYM(EventQuery, SYM_REQUIRED, "cuEventQuery"),
+    CU_SYM(EventSynchronize, SYM_REQUIRED, "cuEventSynchronize"),
+    CU_SYM(MemAddressReserve, SYM_VMM, "cuMemAddressReserve"),
+    CU_SYM(MemAddressFree, SYM_VMM, "cuMemAddressFree"),
+    CU_SYM(MemCreate, SYM_VMM, "cuMemCreate"),
+    CU_SYM(MemRelease, SYM_VMM, "cuMemRelease"),
+    CU_SYM(MemMap, SYM_VMM, "cuMemMap"),
+    CU_SYM(MemUnmap, SYM_VMM, "cuMemUnmap"),
+    CU_SYM(MemSetAccess, SYM_VMM, "cuMemSetAccess"),
+    CU_SYM(MemGetAllocationGranularity, SYM_VMM, "cuMemGetAllocationGranularity"),
+    CU_SYM(GraphInstantiateWithFlags, SYM_OPTIONAL, "cuGraphInstantiateWithFlags"),
+    CU_SYM(GraphInstantiateV2, SYM_OPTIONAL, "cuGraphInstantiate_v2"),
+    CU_SYM(GraphExecUpdateV2, SYM_OPTIONAL, "cuGraphExecUpdate_v2"),
+    CU_SYM(GraphExecUpdateV1, SYM_OPTIONAL, "cuGraphExecUpdate"),
+    CU_SYM(GraphLaunch, SYM_OPTIONAL, "cuGraphLaunch"),
+    CU_SYM(GraphExecDestroy, SYM_OPTIONAL, "cuGraphExecDestroy"),
+};
+
+/* ----------------------------------------------------------------- state */
+
+/* Page address -> physical allocation handle. keys[i] == 0: empty slot
+ * (no page lives at device address 0). */
+typedef struct page_table {
+    uint64_t *keys;
+    CUmemGenericAllocationHandle *handles;
+    size_t capacity; /* a power of two, or 0 */
+    size_t count;
+    uint32_t bits;   /* log2(capacity) */
+} page_table;
+
+typedef struct cu_reservation {
+    uint64_t va;
+    uint64_t bytes;
+    uint64_t mapped_pages;
+} cu_reservation;
+
+typedef struct cuda_device {
+    tp_device *device;
+    void *library;
+    cu_api api;
+    int ordinal;
+    CUdevice dev;
+    CUcontext ctx;
+    bool vmm;            /* VMM ops enabled */
+    bool graphs;         /* instantiate/launch/destroy available */
+    uint64_t page_bytes; /* mapping granularity: one physical allocation each */
+    uint32_t page_shift;
+    CUmemAllocationProp prop;
+    CUmemAccessDesc access;
+
+    pthread_rwlock_t measure_lock;
+    pthread_mutex_t table_lock;
+    page_table pages;
+    cu_reservation *reservations;
+    size_t reservation_count, reservation_capacity;
+} cuda_device;
+
+static cuda_device *cu_of(tp_device *device) { return (cuda_device *)device->impl; }
+
+/* ---------------------------------------------------------------- errors */
+
+static tp_status status_of(CUresult r) {
+    switch (r) {
+    case CUDA_SUCCESS: return TP_OK;
+    case CUDA_ERROR_NOT_READY: return TP_NOT_READY;
+    case CUDA_ERROR_OUT_OF_MEMORY: return TP_ERR_OUT_OF_MEMORY;
+    case CUDA_ERROR_INVALID_VALUE:
+    case CUDA_ERROR_INVALID_HANDLE: return TP_ERR_INVALID_ARGUMENT;
+    case CUDA_ERROR_NOT_SUPPORTED: return TP_ERR_UNSUPPORTED;
+    default:
+        if (r >= CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED && r <= CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD)
+            return TP_ERR_CAPTURE;
+        return TP_ERR_DEVICE;
+    }
+}
+
+static const char *error_name(const cu_api *api, CUresult r) {
+    const char *name = NULL;
+    if (api->GetErrorName && api->GetErrorName(r, &name) == CUDA_SUCCESS && name) return name;
+    /* The stub library and very old drivers name nothing: the common ones. */
+    switch (r) {
+    case 1: return "CUDA_ERROR_INVALID_VALUE";
+    case 2: return "CUDA_ERROR_OUT_OF_MEMORY";
+    case 3: return "CUDA_ERROR_NOT_INITIALIZED";
+    case 4: return "CUDA_ERROR_DEINITIALIZED";
+    case 34: return "CUDA_ERROR_STUB_LIBRARY";
+    case 35: return "CUDA_ERROR_INSUFFICIENT_DRIVER";
+    case 100: return "CUDA_ERROR_NO_DEVICE";
+    case 101: return "CUDA_ERROR_INVALID_DEVICE";
+    case 801: return "CUDA_ERROR_NOT_SUPPORTED";
+    case 803: return "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH";
+    case 999: return "CUDA_ERROR_UNKNOWN";
+    default: return "unknown CUDA error";
+    }
+}
+
+/* The status for a driver result; failures are logged with the call's name
+ * and the driver's error name. NOT_READY is a state, not a failure. */
+static tp_status cu_check(cuda_device *cu, CUresult r, const char *call) {
+    if (r == CUDA_SUCCESS) return TP_OK;
+    if (r == CUDA_ERROR_NOT_READY) return TP_NOT_READY;
+    tp_status st = status_of(r);
+    tp_logf(&cu->device->logger, st == TP_ERR_OUT_OF_MEMORY ? TP_LOG_WARN : TP_LOG_ERROR,
+            "cuda:%d: %s failed: %s (%d) -> %s", cu->ordinal, call, error_name(&cu->api, r), r, tp_status_name(st));
+    return st;
+}
+
+/* --------------------------------------------------------------- context */
+
+typedef struct ctx_scope {
+    CUcontext saved;
+    bool switched;
+} ctx_scope;
+
+/* Makes the device's primary context current on this thread for the call. */
+static tp_status ctx_enter(cuda_device *cu, ctx_scope *scope) {
+    scope->saved = NULL;
+    scope->switched = false;
+    CUresult r = cu->api.CtxGetCurrent(&scope->saved);
+    if (r != CUDA_SUCCESS) return cu_check(cu, r, "cuCtxGetCurrent");
+    if (scope->saved == cu->ctx) return TP_OK;
+    r = cu->api.CtxSetCurrent(cu->ctx);
+    if (r != CUDA_SUCCESS) return cu_check(cu, r, "cuCtxSetCurrent");
+    scope->switched = true;
+    return TP_OK;
+}
+
+/* Gives the thread back the context it had before ctx_enter. */
+static void ctx_exit(cuda_device *cu, const ctx_scope *scope) {
+    if (!scope->switched) return;
+    CUresult r = cu->api.CtxSetCurrent(scope->saved);
+    if (r != CUDA_SUCCESS) cu_check(cu, r, "cuCtxSetCurrent (restoring the caller's context)");
+}
+
+/* Runs one driver call with the context current; the status of the call. */
+#define CU_CALL(cu, call_name, expr)                           \
+    do {                                                       \
+        ctx_scope scope_;                                      \
+        tp_status enter_st_ = ctx_enter((cu), &scope_);        \
+        if (enter_st_ != TP_OK) return enter_st_;              \
+        CUresult result_ = (expr);                             \
+        ctx_exit((cu), &scope_);                               \
+        return cu_check((cu), result_, call_name);             \
+    } while (0)
+
+/* ------------------------------------------------------------ page table */
+
+static size_t pt_slot(const page_table *pt, uint32_t page_shift, uint64_t key) {
+    uint64_t h = (key >> page_shift) * 0x9E3779B97F4A7C15ull;
+    return (size_t)(h >> (64 - pt->bits));
+}
+
+/* Index of key, or SIZE_MAX. */
+static size_t pt_find(const page_table *pt, uint32_t page_shift, uint64_t key) {
+    if (!pt->count) return SIZE_MAX;
+    size_t mask = pt->capacity - 1;
+    for (size_t i = pt_slot(pt, page_shift, key);; i = (i + 1) & mask) {
+        if (pt->keys[i] == key) return i;
+        if (pt->keys[i] == 0) return SIZE_MAX;
+    }
+}
+
+static void pt_put(page_table *pt, uint32_t page_shift, uint64_t key, CUmemGenericAllocationHandle handle) {
+    size_t mask = pt->capacity - 1, i = pt_slot(pt, page_shift, key);
+    while (pt->keys[i]) i = (i + 1) & mask;
+    pt->keys[i] = key;
+    pt->handles[i] = handle;
+    pt->count++;
+}
+
+/* Rehashes into capacity slots (a power of two holding count at load <= 1/2). */
+static bool pt_resize(const tp_host *host, page_table *pt, uint32_t page_shift, size_t capacity) {
+    page_table grown = {0};
+    grown.keys = tp_host_calloc(host, capacity, sizeof *grown.keys);
+    grown.handles = tp_host_alloc(host, capacity * sizeof *grown.handles);
+    if (!grown.keys || !grown.handles) {
+        tp_host_free(host, grown.keys, capacity * sizeof *grown.keys);
+        tp_host_free(host, grown.handles, capacity * sizeof *grown.handles);
+        return false;
+    }
+    grown.capacity = capacity;
+    grown.bits = (uint32_t)__builtin_ctzll(capacity);
+    for (size_t i = 0; i < pt->capacity; i++)
+        if (pt->keys[i]) pt_put(&grown, page_shift, pt->keys[i], pt->handles[i]);
+    tp_host_free(host, pt->keys, pt->capacity * sizeof *pt->keys);
+    tp_host_free(host, pt->handles, pt->capacity * sizeof *pt->handles);
+    *pt = grown;
+    return true;
+}
+
+/* Makes room for extra more keys. */
+static bool pt_reserve(const tp_host *host, page_table *pt, uint32_t page_shift, size_t extra) {
+    size_t need = pt->count + extra, capacity = pt->capacity ? pt->capacity : 64;
+    if (need > SIZE_MAX / 4) return false;
+    while (need * 2 > capacity) capacity *= 2;
+    return capacity == pt->capacity || pt_resize(host, pt, page_shift, capacity);
+}
+
+/* Empties slot i, shifting back later entries of its probe run. */
+static void pt_remove_at(page_table *pt, uint32_t page_shift, size_t i) {
+    size_t mask = pt->capacity - 1;
+    pt->count--;
+    for (;;) {
+        pt->keys[i] = 0;
+        size_t j = i;
+        for (;;) {
+            j = (j + 1) & mask;
+            if (!pt->keys[j]) return;
+            size_t home = pt_slot(pt, page_shift, pt->keys[j]);
+            /* keys[j] may move to i if i lies on its probe path [home, j). */
+            if (((j - home) & mask) >= ((j - i) & mask)) break;
+        }
+        pt->keys[i] = pt->keys[j];
+        pt->handles[i] = pt->handles[j];
+        i = j;
+    }
+}
+
+/* Gives memory back once the table is mostly empty (best effort). */
+static void pt_maybe_shrink(const tp_host *host, page_table *pt, uint32_t page_shift) {
+    if (pt->capacity > 1024 && pt->count * 8 < pt->capacity) pt_resize(host, pt, page_shift, pt->capacity / 2);
+}
+
+/* ---------------------------------------------------------- reservations */
+
+/* The reservation holding [va, va+bytes), or NULL. Caller holds table_lock. */
+static cu_reservation *reservation_of(cuda_device *cu, uint64_t va, uint64_t bytes) {
+    for (size_t i = 0; i < cu->reservation_count; i++) {
+        cu_reservation *r = &cu->reservations[i];
+        if (va >= r->va && bytes <= r->bytes && va - r->va <= r->bytes - bytes) return r;
+    }
+    return NULL;
+}
+
+/* ------------------------------------------------------------ basic ops */
+
+static tp_status cuda_mem_info(tp_device *device, uint64_t *out_free, uint64_t *out_total) {
+    cuda_device *cu = cu_of(device);
+    size_t free_bytes = 0, total_bytes = 0;
+    ctx_scope scope;
+    tp_status st = ctx_enter(cu, &scope);
+    if (st != TP_OK) return st;
+    CUresult r = cu->api.MemGetInfo(&free_bytes, &total_bytes);
+    ctx_exit(cu, &scope);
+    st = cu_check(cu, r, "cuMemGetInfo_v2");
+    if (st == TP_OK) {
+        *out_free = free_bytes;
+        *out_total = total_bytes;
+    }
+    return st;
+}
+
+static tp_status cuda_mem_alloc(tp_device *device, uint64_t bytes, uint64_t *out_address) {
+    cuda_device *cu = cu_of(device);
+    if (bytes == 0 || bytes > SIZE_MAX) return TP_ERR_INVALID_ARGUMENT;
+    CUdeviceptr ptr = 0;
+    pthread_rwlock_rdlock(&cu->measure_lock);
+    ctx_scope scope;
+    tp_status st = ctx_enter(cu, &scope);
+    if (st == TP_OK) {
+        CUresult r = cu->api.MemAlloc(&ptr, (size_t)bytes);
+        ctx_exit(cu, &scope);
+        st = cu_check(cu, r, "cuMemAlloc_v2");
+    }
+    pthread_rwlock_unlock(&cu->measure_lock);
+    if (st == TP_OK) *out_address = ptr;
+    return st;
+}
+
+static tp_status cuda_mem_free(tp_device *device, uint64_t address, uint64_t bytes) {
+    cuda_device *cu = cu_of(device);
+    (void)bytes;
+    if (!address) return TP_ERR_INVALID_ARGUMENT;
+    pthread_rwlock_rdlock(&cu->measure_lock);
+    ctx_scope scope;
+    tp_status st = ctx_enter(cu, &scope);
+    if (st == TP_OK) {
+        CUresult r = cu->api.MemFree((CUdeviceptr)address);
+        ctx_exit(cu, &scope);
+        st = cu_check(cu, r, "cuMemFree_v2");
+    }
+    pthread_rwlock_unlock(&cu->measure_lock);
+    return st;
+}
+
+static tp_status cuda_stream_create(tp_device *device, tp_stream *out_stream) {
+    cuda_device *cu = cu_of(device);
+    CUstream stream = NULL;
+    ctx_scope scope;
+    tp_status st = ctx_enter(cu, &scope);
+    if (st != TP_OK) return st;
+    CUresult r = cu->api.StreamCreate(&stream, CU_STREAM_NON_BLOCKING);
+    ctx_exit(cu, &scope);
+    st = cu_check(cu, r, "cuStreamCreate");
+    if (st == TP_OK) *out_stream = (tp_stream)stream;
+    return st;
+}
+
+static tp_status cuda_stream_destroy(tp_device *device, tp_stream stream) {
+    cuda_device *cu = cu_of(device);
+    CU_CALL(cu, "cuStreamDestroy_v2", cu->api.StreamDestroy((CUstream)stream));
+}
+
+static tp_status cuda_stream_synchronize(tp_device *device, tp_stream stream) {
+    cuda_device *cu = cu_of(device);
+    CU_CALL(cu, "cuStreamSynchronize", cu->api.StreamSynchronize((CUstream)stream));
+}
+
+static tp_status cuda_stream_wait_event(tp_device *device, tp_stream stream, tp_event event) {
+    cuda_device *cu = cu_of(device);
+    CU_CALL(cu, "cuStreamWaitEvent", cu->api.StreamWaitEvent((CUstream)stream, (CUevent)event, 0));
+}
+
+static tp_status cuda_event_create(tp_device *device, tp_event *out_event) {
+    cuda_device *cu = cu_of(device);
+    CUevent event = NULL;
+    ctx_scope scope;
+    tp_status st = ctx_enter(cu, &scope);
+    if (st != TP_OK) return st;
+    CUresult r = cu->api.EventCreate(&event, CU_EVENT_DISABLE_TIMING);
+    ctx_exit(cu, &scope);
+    st = cu_check(cu, r, "cuEventCreate");
+    if (st == TP_OK) *out_event = (tp_event)event;
+    return st;
+}
+
+static tp_status cuda_event_destroy(tp_device *device, tp_event event) {
+    cuda_device *cu = cu_of(device);
+    CU_CALL(cu, "cuEventDestroy_v2", cu->api.EventDestroy((CUevent)event));
+}
+
+static tp_status cuda_event_record(tp_device *device, tp_event event, tp_stream stream) {
+    cuda_device *cu = cu_of(device);
+    CU_CALL(cu, "cuEventRecord", cu->api.EventRecord((CUevent)event, (CUstream)stream));
+}
+
+static tp_status cuda_event_query(tp_device *device, tp_event event) {
+    cuda_device *cu = cu_of(device);
+    CU_CALL(cu, "cuEventQuery", cu->api.EventQuery((CUevent)event));
+}
+
+static tp_status cuda_event_synchronize(tp_device *device, tp_event event) {
+    cuda_device *cu = cu_of(device);
+    CU_CALL(cu, "cuEventSynchronize", cu->api.EventSynchronize((CUevent)event));
+}
+
+static tp_status cuda_device_synchronize(tp_device *device) {
+    cuda_device *cu = cu_of(device);
+    CU_CALL(cu, "cuCtxSynchronize", cu->api.CtxSynchronize());
+}
+
+static uint64_t cuda_now_ns(tp_device *device) {
+    (void)device;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* ------------------------------------------------------------------ VMM */
+
+static tp_status cuda_va_reserve(tp_device *device, uint64_t bytes, uint64_t alignment, uint64_t *out_va) {
+    cuda_device *cu = cu_of(device);
+    if (!cu->vmm) return TP_ERR_UNSUPPORTED;
+    uint64_t align = TP_MAX(alignment, cu->page_bytes);
+    if (bytes == 0 || bytes % cu->page_bytes || bytes > SIZE_MAX || !tp_is_pow2(align)) return TP_ERR_INVALID_ARGUMENT;
+    CUdeviceptr va = 0;
+    ctx_scope scope;
+    tp_status st = ctx_enter(cu, &scope);
+    if (st != TP_OK) return st;
+    CUresult r = cu->api.MemAddressReserve(&va, (size_t)bytes, (size_t)align, 0, 0);
+    st = cu_check(cu, r, "cuMemAddressReserve");
+    if (st == TP_OK) {
+        pthread_mutex_lock(&cu->table_lock);
+        if (tp_host_grow(&device->host, (void **)&cu->reservations, sizeof *cu->reservations,
+                         &cu->reservation_capacity, cu->reservation_count + 1)) {
+            cu->reservations[cu->reservation_count++] = (cu_reservation){va, bytes, 0};
+        } else {
+            st = TP_ERR_HOST_OUT_OF_MEMORY;
+        }
+        pthread_mutex_unlock(&cu->table_lock);
+        if (st != TP_OK) cu_check(cu, cu->api.MemAddressFree(va, (size_t)bytes), "cuMemAddressFree");
+    }
+    ctx_exit(cu, &scope);
+    if (st == TP_OK) *out_va = va;
+    return st;
+}
+
+static tp_status cuda_va_release(tp_device *device, uint64_t va, uint64_t bytes) {
+    cuda_device *cu = cu_of(device);
+    if (!cu->vmm) return TP_ERR_UNSUPPORTED;
+    tp_status st = TP_ERR_INVALID_ARGUMENT;
+    pthread_mutex_lock(&cu->table_lock);
+    for (size_t i = 0; i < cu->reservation_count; i++) {
+        cu_reservation *res = &cu->reservations[i];
+        if (res->va != va || res->bytes != bytes) continue;
+        if (res->mapped_pages) {
+            tp_logf(&device->logger, TP_LOG_ERROR,
+                    "cuda:%d: va_release of [0x%llx, +%llu) refused: %llu pages still mapped inside", cu->ordinal,
+                    (unsigned long long)va, (unsigned long long)bytes, (unsigned long long)res->mapped_pages);
+            break;
+        }
+        ctx_scope scope;
+        st = ctx_enter(cu, &scope);
+        if (st != TP_OK) break;
+        st = cu_check(cu, cu->api.MemAddressFree((CUdeviceptr)va, (size_t)bytes), "cuMemAddressFree");
+        ctx_exit(cu, &scope);
+        if (st == TP_OK) cu->reservations[i] = cu->reservations[--cu->reservation_count];
+        break;
+    }
+    pthread_mutex_unlock(&cu->table_lock);
+    return st;
+}
+
+/* A handle array: on the stack for short runs, else from the host. */
+#define HANDLE_STACK 64
+
+static CUmemGenericAllocationHandle *handles_get(cuda_device *cu, size_t pages,
+                                                 CUmemGenericAllocationHandle *stack) {
+    if (pages <= HANDLE_STACK) return stack;
+    if (pages > SIZE_MAX / sizeof(CUmemGenericAllocationHandle)) return NULL;
+    return tp_host_alloc(&cu->device->host, pages * sizeof(CUmemGenericAllocationHandle));
+}
+
+static void handles_put(cuda_device *cu, size_t pages, CUmemGenericAllocationHandle *handles,
+                        CUmemGenericAllocationHandle *stack) {
+    if (handles != stack) tp_host_free(&cu->device->host, handles, pages * sizeof *handles);
+}
+
+/* Unmaps the first `mapped` pages and releases the first `created` handles
+ * (undoing part of a map). Context current, measure lock held. */
+static void undo_pages(cuda_device *cu, uint64_t va, const CUmemGenericAllocationHandle *handles, size_t mapped,
+                       size_t created) {
+    for (size_t i = 0; i < mapped; i++)
+        cu_check(cu, cu->api.MemUnmap((CUdeviceptr)(va + i * cu->page_bytes), (size_t)cu->page_bytes),
+                 "cuMemUnmap (undo)");
+    for (size_t i = 0; i < created; i++) cu_check(cu, cu->api.MemRelease(handles[i]), "cuMemRelease (undo)");
+}
+
+static tp_status cuda_map(tp_device *device, uint64_t va, uint64_t bytes) {
+    cuda_device *cu = cu_of(device);
+    if (!cu->vmm) return TP_ERR_UNSUPPORTED;
+    if (bytes == 0 || va % cu->page_bytes || bytes % cu->page_bytes || va + bytes < va) return TP_ERR_INVALID_ARGUMENT;
+    size_t pages = (size_t)(bytes >> cu->page_shift);
+
+    /* Inside one reservation, and nothing there mapped yet. */
+    pthread_mutex_lock(&cu->table_lock);
+    bool ok = reservation_of(cu, va, bytes) != NULL;
+    for (size_t i = 0; ok && i < pages; i++)
+        ok = pt_find(&cu->pages, cu->page_shift, va + (uint64_t)i * cu->page_bytes) == SIZE_MAX;
+    pthread_mutex_unlock(&cu->table_lock);
+    if (!ok) {
+        tp_logf(&device->logger, TP_LOG_ERROR,
+                "cuda:%d: map of [0x%llx, +%llu) refused: outside every reservation or over mapped pages", cu->ordinal,
+                (unsigned long long)va, (unsigned long long)bytes);
+        return TP_ERR_INVALID_ARGUMENT;
+    }
+
+    CUmemGenericAllocationHandle stack[HANDLE_STACK];
+    CUmemGenericAllocationHandle *handles = handles_get(cu, pages, stack);
+    if (!handles) return TP_ERR_HOST_OUT_OF_MEMORY;
+
+    pthread_rwlock_rdlock(&cu->measure_lock);
+    ctx_scope scope;
+    tp_status st = ctx_enter(cu, &scope);
+    if (st == TP_OK) {
+        size_t created = 0, mapped = 0;
+        for (size_t i = 0; st == TP_OK && i < pages; i++) {
+            st = cu_check(cu, cu->api.MemCreate(&handles[i], (size_t)cu->page_bytes, &cu->prop, 0), "cuMemCreate");
+            if (st != TP_OK) break;
+            created++;
+            st = cu_check(cu,
+                          cu->api.MemMap((CUdeviceptr)(va + (uint64_t)i * cu->page_bytes), (size_t)cu->page_bytes, 0,
+                                         handles[i], 0),
+                          "cuMemMap");
+            if (st == TP_OK) mapped++;
+        }
+        if (st == TP_OK)
+            st = cu_check(cu, cu->api.MemSetAccess((CUdeviceptr)va, (size_t)bytes, &cu->access, 1), "cuMemSetAccess");
+        if (st == TP_OK) {
+            pthread_mutex_lock(&cu->table_lock);
+            if (pt_reserve(&device->host, &cu->pages, cu->page_shift, pages)) {
+                for (size_t i = 0; i < pages; i++)
+                    pt_put(&cu->pages, cu->page_shift, va + (uint64_t)i * cu->page_bytes, handles[i]);
+                cu_reservation *res = reservation_of(cu, va, bytes);
+                if (res) res->mapped_pages += pages;
+            } else {
+                st = TP_ERR_HOST_OUT_OF_MEMORY;
+            }
+            pthread_mutex_unlock(&cu->table_lock);
+        }
+        if (st != TP_OK) undo_pages(cu, va, handles, mapped, created);
+        ctx_exit(cu, &scope);
+    }
+    pthread_rwlock_unlock(&cu->measure_lock);
+    handles_put(cu, pages, handles, stack);
+    return st;
+}
+
+static tp_status cuda_unmap(tp_device *device, uint64_t va, uint64_t bytes) {
+    cuda_device *cu = cu_of(device);
+    if (!cu->vmm) return TP_ERR_UNSUPPORTED;
+    if (bytes == 0 || va % cu->page_bytes || bytes % cu->page_bytes || va + bytes < va) return TP_ERR_INVALID_ARGUMENT;
+    size_t pages = (size_t)(bytes >> cu->page_shift);
+    CUmemGenericAllocationHandle stack[HANDLE_STACK];
+    CUmemGenericAllocationHandle *handles = handles_get(cu, pages, stack);
+    if (!handles) return TP_ERR_HOST_OUT_OF_MEMORY;
+
+    /* Claim every page's handle, or none. */
+    pthread_mutex_lock(&cu->table_lock);
+    bool ok = true;
+    for (size_t i = 0; ok && i < pages; i++)
+        ok = pt_find(&cu->pages, cu->page_shift, va + (uint64_t)i * cu->page_bytes) != SIZE_MAX;
+    if (ok) {
+        for (size_t i = 0; i < pages; i++) {
+            size_t slot = pt_find(&cu->pages, cu->page_shift, va + (uint64_t)i * cu->page_bytes);
+            handles[i] = cu->pages.handles[slot];
+            pt_remove_at(&cu->pages, cu->page_shift, slot);
+        }
+        cu_reservation *res = reservation_of(cu, va, bytes);
+        if (res) res->mapped_pages -= TP_MIN(res->mapped_pages, (uint64_t)pages);
+    }
+    pthread_mutex_unlock(&cu->table_lock);
+    if (!ok) {
+        tp_logf(&device->logger, TP_LOG_ERROR, "cuda:%d: unmap of [0x%llx, +%llu) refused: not every page is mapped",
+                cu->ordinal, (unsigned long long)va, (unsigned long long)bytes);
+        handles_put(cu, pages, handles, stack);
+        return TP_ERR_INVALID_ARGUMENT;
+    }
+
+    pthread_rwlock_rdlock(&cu->measure_lock);
+    ctx_scope scope;
+    tp_status st = ctx_enter(cu, &scope);
+    size_t unmapped = 0;
+    if (st == TP_OK) {
+        for (; unmapped < pages; unmapped++) {
+            st = cu_check(cu,
+                          cu->api.MemUnmap((CUdeviceptr)(va + (uint64_t)unmapped * cu->page_bytes),
+                                           (size_t)cu->page_bytes),
+                          "cuMemUnmap");
+            if (st != TP_OK) break;
+        }
+        if (st != TP_OK && unmapped) {
+            /* Map back what was unmapped, so the run stays whole. */
+            bool restored = true;
+            for (size_t i = 0; i < unmapped; i++)
+                restored &= cu->api.MemMap((CUdeviceptr)(va + (uint64_t)i * cu->page_bytes), (size_t)cu->page_bytes, 0,
+                                           handles[i], 0) == CUDA_SUCCESS;
+            restored = restored && cu->api.MemSetAccess((CUdeviceptr)va, (size_t)(unmapped << cu->page_shift),
+                                                        &cu->access, 1) == CUDA_SUCCESS;
+            if (!restored)
+                tp_logf(&device->logger, TP_LOG_ERROR,
+                        "cuda:%d: unmap failed part way and [0x%llx, +%llu) could not be mapped back", cu->ordinal,
+                        (unsigned long long)va, (unsigned long long)(unmapped << cu->page_shift));
+        }
+        if (st == TP_OK) {
+            /* The mappings are gone; a failing release leaks memory but
+             * leaves the pages unmapped, which is what the caller asked. */
+            for (size_t i = 0; i < pages; i++) cu_check(cu, cu->api.MemRelease(handles[i]), "cuMemRelease");
+        }
+        ctx_exit(cu, &scope);
+    }
+    pthread_rwlock_unlock(&cu->measure_lock);
+
+    pthread_mutex_lock(&cu->table_lock);
+    if (st != TP_OK) {
+        /* Put the handles back (the slots they left are still there unless
+         * another thread took them). */
+        if (pt_reserve(&device->host, &cu->pages, cu->page_shift, pages)) {
+            for (size_t i = 0; i < pages; i++)
+                pt_put(&cu->pages, cu->page_shift, va + (uint64_t)i * cu->page_bytes, handles[i]);
+            cu_reservation *res = reservation_of(cu, va, bytes);
+            if (res) res->mapped_pages += pages;
+        } else {
+            tp_logf(&device->logger, TP_LOG_ERROR, "cuda:%d: out of host memory putting back %zu page handles",
+                    cu->ordinal, pages);
+        }
+    } else {
+        pt_maybe_shrink(&device->host, &cu->pages, cu->page_shift);
+    }
+    pthread_mutex_unlock(&cu->table_lock);
+    handles_put(cu, pages, handles, stack);
+    return st;
+}
+
+/* --------------------------------------------------------------- graphs */
+
+static tp_status cuda_graph_instantiate(tp_device *device, tp_graph graph, tp_graph_exec *out_exec,
+                                        uint64_t *out_bytes) {
+    cuda_device *cu = cu_of(device);
+    if (!cu->graphs) return TP_ERR_UNSUPPORTED;
+    if (!graph) return TP_ERR_INVALID_ARGUMENT;
+    CUgraphExec exec = NULL;
+    size_t free_before = 0, free_after = 0, total = 0;
+    bool measured = false;
+    CUresult r;
+    pthread_rwlock_wrlock(&cu->measure_lock);
+    ctx_scope scope;
+    tp_status st = ctx_enter(cu, &scope);
+    if (st == TP_OK) {
+        measured = cu->api.MemGetInfo(&free_before, &total) == CUDA_SUCCESS;
+        if (cu->api.GraphInstantiateWithFlags)
+            r = cu->api.GraphInstantiateWithFlags(&exec, (CUgraph)graph, 0);
+        else
+            r = cu->api.GraphInstantiateV2(&exec, (CUgraph)graph, NULL, NULL, 0);
+        measured = measured && cu->api.MemGetInfo(&free_after, &total) == CUDA_SUCCESS;
+        ctx_exit(cu, &scope);
+        st = cu_check(cu, r, cu->api.GraphInstantiateWithFlags ? "cuGraphInstantiateWithFlags" : "cuGraphInstantiate_v2");
+    }
+    pthread_rwlock_unlock(&cu->measure_lock);
+    if (st != TP_OK) return st;
+    *out_exec = (tp_graph_exec)exec;
+    *out_bytes = measured && free_before > free_after ? (uint64_t)(free_before - free_after) : 0;
+    return TP_OK;
+}
+
+static const char *update_reason(int result) {
+    static const char *const reasons[] = {"success", "error", "topology changed", "node type changed",
+                                          "function changed", "parameters changed", "not supported",
+                                          "unsupported function change", "attributes changed"};
+    return result >= 0 && (size_t)result < sizeof reasons / sizeof reasons[0] ? reasons[result] : "unknown";
+}
+
+static tp_status cuda_graph_update(tp_device *device, tp_graph_exec exec, tp_graph graph) {
+    cuda_device *cu = cu_of(device);
+    if (!cu->api.GraphExecUpdateV2 && !cu->api.GraphExecUpdateV1) return TP_ERR_UNSUPPORTED;
+    if (!exec || !graph) return TP_ERR_INVALID_ARGUMENT;
+    int result = 0;
+    CUresult r;
+    pthread_rwlock_rdlock(&cu->measure_lock);
+    ctx_scope scope;
+    tp_status st = ctx_enter(cu, &scope);
+    if (st == TP_OK) {
+        if (cu->api.GraphExecUpdateV2) {
+            CUgraphExecUpdateResultInfo info;
+            memset(&info, 0, sizeof info);
+            r = cu->api.GraphExecUpdateV2((CUgraphExec)exec, (CUgraph)graph, &info);
+            result = info.result;
+        } else {
+            CUgraphNode error_node = NULL;
+            r = cu->api.GraphExecUpdateV1((CUgraphExec)exec, (CUgraph)graph, &error_node, &result);
+        }
+        ctx_exit(cu, &scope);
+        if (r == CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE) {
+            tp_logf(&device->logger, result == CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED ? TP_LOG_DEBUG : TP_LOG_INFO,
+                    "cuda:%d: graph update refused (%s): a new executable is needed", cu->ordinal,
+                    update_reason(result));
+            st = TP_ERR_TOPOLOGY_MISMATCH;
+        } else {
+            st = cu_check(cu, r, "cuGraphExecUpdate");
+        }
+    }
+    pthread_rwlock_unlock(&cu->measure_lock);
+    return st;
+}
+
+static tp_status cuda_graph_launch(tp_device *device, tp_graph_exec exec, tp_stream stream) {
+    cuda_device *cu = cu_of(device);
+    if (!cu->graphs) return TP_ERR_UNSUPPORTED;
+    CU_CALL(cu, "cuGraphLaunch", cu->api.GraphLaunch((CUgraphExec)exec, (CUstream)stream));
+}
+
+static tp_status cuda_graph_destroy(tp_device *device, tp_graph_exec exec) {
+    cuda_device *cu = cu_of(device);
+    if (!cu->graphs) return TP_ERR_UNSUPPORTED;
+    pthread_rwlock_rdlock(&cu->measure_lock);
+    ctx_scope scope;
+    tp_status st = ctx_enter(cu, &scope);
+    if (st == TP_OK) {
+        CUresult r = cu->api.GraphExecDestroy((CUgraphExec)exec);
+        ctx_exit(cu, &scope);
+        st = cu_check(cu, r, "cuGraphExecDestroy");
+    }
+    pthread_rwlock_unlock(&cu->measure_lock);
+    return st;
+}
+
+/* ------------------------------------------------------------ lifecycle */
+
+static void cuda_free_state(tp_device *device, cuda_device *cu) {
+    const tp_host *host = &device->host;
+    tp_host_free(host, cu->pages.keys, cu->pages.capacity * sizeof *cu->pages.keys);
+    tp_host_free(host, cu->pages.handles, cu->pages.capacity * sizeof *cu->pages.handles);
+    tp_host_free(host, cu->reservations, cu->reservation_capacity * sizeof *cu->reservations);
+    pthread_mutex_destroy(&cu->table_lock);
+    pthread_rwlock_destroy(&cu->measure_lock);
+    tp_host_free(host, cu, sizeof *cu);
+}
+
+static void cuda_close(tp_device *device) {
+    cuda_device *cu = cu_of(device);
+    ctx_scope scope;
+    bool current = ctx_enter(cu, &scope) == TP_OK;
+    /* Pools unmap and release everything; anything left is a leak, freed here. */
+    if (cu->pages.count || cu->reservation_count)
+        tp_logf(&device->logger, TP_LOG_WARN, "cuda:%d: close with %zu pages still mapped in %zu reservations",
+                cu->ordinal, cu->pages.count, cu->reservation_count);
+    if (current) {
+        for (size_t i = 0; i < cu->pages.capacity; i++) {
+            if (!cu->pages.keys[i]) continue;
+            cu_check(cu, cu->api.MemUnmap((CUdeviceptr)cu->pages.keys[i], (size_t)cu->page_bytes), "cuMemUnmap");
+            cu_check(cu, cu->api.MemRelease(cu->pages.handles[i]), "cuMemRelease");
+        }
+        for (size_t i = 0; i < cu->reservation_count; i++)
+            cu_check(cu, cu->api.MemAddressFree((CUdeviceptr)cu->reservations[i].va, (size_t)cu->reservations[i].bytes),
+                     "cuMemAddressFree");
+        ctx_exit(cu, &scope);
+    }
+    cu_check(cu, cu->api.DevicePrimaryCtxRelease(cu->dev), "cuDevicePrimaryCtxRelease");
+    device->impl = NULL;
+    cuda_free_state(device, cu);
+}
+
+static const tp_device_ops cuda_ops = {
+    .backend = "cuda",
+    .close = cuda_close,
+    .mem_info = cuda_mem_info,
+    .va_reserve = cuda_va_reserve,
+    .va_release = cuda_va_release,
+    .map = cuda_map,
+    .unmap = cuda_unmap,
+    .mem_alloc = cuda_mem_alloc,
+    .mem_free = cuda_mem_free,
+    .stream_create = cuda_stream_create,
+    .stream_destroy = cuda_stream_destroy,
+    .stream_synchronize = cuda_stream_synchronize,
+    .stream_wait_event = cuda_stream_wait_event,
+    .event_create = cuda_event_create,
+    .event_destroy = cuda_event_destroy,
+    .event_record = cuda_event_record,
+    .event_query = cuda_event_query,
+    .event_synchronize = cuda_event_synchronize,
+    .device_synchronize = cuda_device_synchronize,
+    .now_ns = cuda_now_ns,
+    .check_handout = NULL,
+    .graph_instantiate = cuda_graph_instantiate,
+    .graph_update = cuda_graph_update,
+    .graph_launch = cuda_graph_launch,
+    .graph_destroy = cuda_graph_destroy,
+};
+
+/* Resolves the entry points. Returns false (reason logged) when a required
+ * one is missing; *out_vmm is false when any VMM one is. */
+static bool load_symbols(cuda_device *cu, bool *out_vmm) {
+    *out_vmm = true;
+    for (size_t i = 0; i < sizeof cu_symbols / sizeof cu_symbols[0]; i++) {
+        const cu_symbol *s = &cu_symbols[i];
+        void *address = NULL;
+        for (int k = 0; k < 2 && !address && s->names[k]; k++) address = dlsym(cu->library, s->names[k]);
+        if (address) {
+            /* POSIX: a data pointer from dlsym converts to the function pointer. */
+            memcpy((char *)&cu->api + s->offset, &address, sizeof address);
+        } else if (s->need == SYM_REQUIRED) {
+            tp_logf(&cu->device->logger, TP_LOG_ERROR, "cuda:%d: the CUDA driver lacks %s", cu->ordinal, s->names[0]);
+            return false;
+        } else if (s->need == SYM_VMM) {
+            *out_vmm = false;
+            tp_logf(&cu->device->logger, TP_LOG_INFO, "cuda:%d: the CUDA driver lacks %s: VMM disabled", cu->ordinal,
+                    s->names[0]);
+        }
+    }
+    return true;
+}
+
+/* Logs why the device cannot be opened; TP_ERR_NO_DEVICE. */
+static tp_status no_device(cuda_device *cu, CUresult r, const char *call) {
+    tp_logf(&cu->device->logger, TP_LOG_ERROR, "cuda:%d: %s failed: %s (%d): no CUDA device", cu->ordinal, call,
+            error_name(&cu->api, r), r);
     return TP_ERR_NO_DEVICE;
+}
+
+/* Opens the driver and the device; fills cu and the device info. On failure
+ * the caller releases what cu->ctx holds. */
+static tp_status cuda_open(tp_device *device, cuda_device *cu, const tp_device_options *options) {
+    const tp_logger *logger = &device->logger;
+    dlerror();
+    cu->library = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!cu->library) {
+        const char *why = dlerror();
+        tp_logf(logger, TP_LOG_ERROR, "cuda:%d: cannot load the CUDA driver (libcuda.so.1): %s", cu->ordinal,
+                why ? why : "unknown reason");
+        return TP_ERR_NO_DEVICE;
+    }
+    bool vmm_symbols;
+    if (!load_symbols(cu, &vmm_symbols)) return TP_ERR_NO_DEVICE;
+
+    CUresult r = cu->api.Init(0);
+    if (r != CUDA_SUCCESS) return no_device(cu, r, "cuInit");
+    int driver_version = 0, count = 0;
+    cu->api.DriverGetVersion(&driver_version);
+    r = cu->api.DeviceGetCount(&count);
+    if (r != CUDA_SUCCESS) return no_device(cu, r, "cuDeviceGetCount");
+    if (cu->ordinal >= count) {
+        tp_logf(logger, TP_LOG_ERROR, "cuda:%d: no such device (%d CUDA device%s present)", cu->ordinal, count,
+                count == 1 ? "" : "s");
+        return TP_ERR_NO_DEVICE;
+    }
+    r = cu->api.DeviceGet(&cu->dev, cu->ordinal);
+    if (r != CUDA_SUCCESS) return no_device(cu, r, "cuDeviceGet");
+    r = cu->api.DevicePrimaryCtxRetain(&cu->ctx, cu->dev);
+    if (r != CUDA_SUCCESS) {
+        cu->ctx = NULL;
+        return no_device(cu, r, "cuDevicePrimaryCtxRetain");
+    }
+
+    tp_device_info *info = &device->info;
+    memset(info, 0, sizeof *info);
+    snprintf(info->backend, sizeof info->backend, "cuda");
+    info->ordinal = cu->ordinal;
+    if (cu->api.DeviceGetName(info->name, (int)sizeof info->name, cu->dev) != CUDA_SUCCESS)
+        snprintf(info->name, sizeof info->name, "CUDA device %d", cu->ordinal);
+    info->name[sizeof info->name - 1] = '\0';
+    size_t total = 0;
+    r = cu->api.DeviceTotalMem(&total, cu->dev);
+    if (r != CUDA_SUCCESS) return no_device(cu, r, "cuDeviceTotalMem_v2");
+    info->capacity_bytes = total;
+
+    int vmm_attribute = 0;
+    if (vmm_symbols &&
+        cu->api.DeviceGetAttribute(&vmm_attribute, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, cu->dev) !=
+            CUDA_SUCCESS)
+        vmm_attribute = 0;
+    memset(&cu->prop, 0, sizeof cu->prop);
+    cu->prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    cu->prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
+    cu->prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    cu->prop.location.id = cu->ordinal;
+    cu->access.location = cu->prop.location;
+    cu->access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+
+    uint64_t granularity = 0;
+    if (vmm_attribute) {
+        size_t g = 0;
+        ctx_scope scope;
+        if (ctx_enter(cu, &scope) == TP_OK) {
+            r = cu->api.MemGetAllocationGranularity(&g, &cu->prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+            ctx_exit(cu, &scope);
+            if (r != CUDA_SUCCESS) cu_check(cu, r, "cuMemGetAllocationGranularity");
+        }
+        if (g && tp_is_pow2(g)) {
+            granularity = g;
+        } else {
+            tp_logf(logger, TP_LOG_WARN, "cuda:%d: allocation granularity %zu unusable: VMM disabled", cu->ordinal, g);
+            vmm_attribute = 0;
+        }
+    }
+    info->vmm_supported = vmm_attribute != 0;
+    info->vmm_enabled = info->vmm_supported && !options->novmm;
+    if (!granularity) granularity = 2 * TP_MiB; /* the page size segment pools still quote */
+    if (options->granularity_bytes) {
+        /* gran=SIZE: larger pages, each still one physical allocation. */
+        if (options->granularity_bytes % granularity) {
+            tp_logf(logger, TP_LOG_ERROR, "cuda:%d: gran=%llu is not a multiple of the driver's granularity %llu",
+                    cu->ordinal, (unsigned long long)options->granularity_bytes, (unsigned long long)granularity);
+            return TP_ERR_BAD_SPEC;
+        }
+        granularity = options->granularity_bytes;
+    }
+    info->granularity_bytes = granularity;
+    cu->page_bytes = granularity;
+    cu->page_shift = (uint32_t)__builtin_ctzll(granularity);
+    cu->vmm = info->vmm_enabled;
+    cu->graphs = (cu->api.GraphInstantiateWithFlags || cu->api.GraphInstantiateV2) && cu->api.GraphLaunch &&
+                 cu->api.GraphExecDestroy;
+
+    char capacity[32], gran[32];
+    tp_logf(logger, TP_LOG_INFO, "cuda:%d: %s, %s, driver %d.%d, VMM %s, granularity %s%s", cu->ordinal, info->name,
+            tp_format_bytes(info->capacity_bytes, capacity, sizeof capacity), driver_version / 1000,
+            (driver_version % 1000) / 10,
+            info->vmm_enabled ? "on" : info->vmm_supported ? "off (novmm)" : "unsupported",
+            tp_format_bytes(granularity, gran, sizeof gran), cu->graphs ? "" : ", no graph support");
+    return TP_OK;
+}
+
+tp_status tp_cuda_device_create(tp_device *device, const tp_device_options *options) {
+    cuda_device *cu = tp_host_calloc(&device->host, 1, sizeof *cu);
+    if (!cu) return TP_ERR_HOST_OUT_OF_MEMORY;
+    cu->device = device;
+    cu->ordinal = options->ordinal;
+    pthread_rwlockattr_t attr;
+    pthread_rwlockattr_init(&attr);
+#ifdef __GLIBC__
+    /* An instantiation waiting to measure is not starved by a stream of maps. */
+    pthread_rwlockattr_setkind_np(&attr, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+#endif
+    int rc = pthread_rwlock_init(&cu->measure_lock, &attr);
+    pthread_rwlockattr_destroy(&attr);
+    if (rc != 0) {
+        tp_host_free(&device->host, cu, sizeof *cu);
+        return TP_ERR_HOST_OUT_OF_MEMORY;
+    }
+    if (pthread_mutex_init(&cu->table_lock, NULL) != 0) {
+        pthread_rwlock_destroy(&cu->measure_lock);
+        tp_host_free(&device->host, cu, sizeof *cu);
+        return TP_ERR_HOST_OUT_OF_MEMORY;
+    }
+    tp_status st = cuda_open(device, cu, options);
+    if (st != TP_OK) {
+        if (cu->ctx) cu->api.DevicePrimaryCtxRelease(cu->dev);
+        cuda_free_state(device, cu);
+        return st;
+    }
+    device->impl = cu;
+    device->ops = &cuda_ops;
+    device->hazard_checker = false;
+    return TP_OK;
 }

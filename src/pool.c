@@ -483,8 +483,9 @@ void tp_pool_unit_became_busy(tp_pool *pool, uint32_t u) {
 }
 
 /* Gives one idle unit back to the device if its last use has completed
- * (waiting for it when blocking). */
-static tp_status release_unit(tp_pool *pool, uint32_t u, bool blocking) {
+ * (waiting for it when blocking); neighbours idle since idle_before_ns may
+ * go along, up to max_bytes in all. */
+static tp_status release_unit(tp_pool *pool, uint32_t u, bool blocking, uint64_t idle_before_ns, uint64_t max_bytes) {
     pool_unit *unit = &pool->units[u];
     if (!tp_pool_tag_complete(pool, unit->tag)) {
         if (!blocking) return TP_NOT_READY;
@@ -493,7 +494,7 @@ static tp_status release_unit(tp_pool *pool, uint32_t u, bool blocking) {
     }
     unit->tag = (tp_tag){RA_TAG_CLEAN, 0};
     tp_pool_lru_unlink(pool, u);
-    tp_status st = pool->backend->release_unit(pool, u);
+    tp_status st = pool->backend->release_unit(pool, u, idle_before_ns, max_bytes);
     if (st != TP_OK) {
         tp_logf(&pool->device->logger, TP_LOG_WARN, "pool: giving %llu bytes back to the device failed: %s",
                 (unsigned long long)unit->bytes, tp_status_name(st));
@@ -514,7 +515,9 @@ static uint64_t release_idle(tp_pool *pool, uint64_t want_bytes, bool blocking, 
         uint32_t next = pool->units[u].lru_next;
         if (min_idle_ns && now - pool->units[u].idle_since_ns < min_idle_ns) break;
         uint64_t reserved = pool->stats.reserved_bytes.current;
-        release_unit(pool, u, blocking);
+        uint64_t excess = pool->idle_bytes - keep_bytes;
+        release_unit(pool, u, blocking, min_idle_ns ? now - min_idle_ns : UINT64_MAX,
+                     TP_MIN(want_bytes - released, excess));
         released += reserved - pool->stats.reserved_bytes.current;
         /* A backing may release neighbours too, next among them. */
         if (next != POOL_NONE && pool->units[next].state != UNIT_IDLE) next = pool->lru_head;
@@ -540,21 +543,29 @@ void tp_pool_release_before_growth(tp_pool *pool, uint64_t grow_bytes) {
     size_t budget = pool->unit_count;
     for (uint32_t u = pool->lru_head; u != POOL_NONE && budget-- > 0 && pool->idle_bytes > keep;) {
         uint32_t next = pool->units[u].lru_next;
-        if (pool->units[u].bytes >= min_bytes) release_unit(pool, u, false);
+        if (pool->units[u].bytes >= min_bytes) release_unit(pool, u, false, UINT64_MAX, pool->idle_bytes - keep);
         if (next != POOL_NONE && pool->units[next].state != UNIT_IDLE) next = pool->lru_head;
         u = next;
     }
     release_idle(pool, UINT64_MAX, false, 0, keep);
 }
 
-/* Memory above the threshold idle for longer than idle_release_ns goes back
- * (non-blocking; rate-limited by next_aged_check_ns). */
+/* Cold memory -- idle for longer than idle_release_ns -- beyond the release
+ * threshold goes back, oldest first (non-blocking; rate-limited by
+ * next_aged_check_ns unless forced). Only cold memory counts against the
+ * threshold: between the steps of a workload all its memory is idle for a
+ * moment, and that working set must not be mistaken for a cache to trim. */
 static void release_aged(tp_pool *pool, bool force) {
     uint64_t delay = pool->config.idle_release_ns;
-    if (delay == TP_NS_NEVER || pool->idle_bytes <= pool->config.release_threshold_bytes) return;
+    uint64_t threshold = pool->config.release_threshold_bytes;
+    if (delay == TP_NS_NEVER || pool->idle_bytes <= threshold) return;
     uint64_t now = tp_pool_now(pool);
     if (!force && now < pool->next_aged_check_ns) return;
-    release_idle(pool, UINT64_MAX, false, delay, pool->config.release_threshold_bytes);
+    uint64_t cold = 0;
+    for (uint32_t u = pool->lru_head; u != POOL_NONE && now - pool->units[u].idle_since_ns >= delay;
+         u = pool->units[u].lru_next)
+        cold += pool->units[u].bytes;
+    if (cold > threshold) release_idle(pool, cold - threshold, false, delay, 0);
     uint32_t head = pool->lru_head;
     if (head != POOL_NONE && now - pool->units[head].idle_since_ns < delay)
         pool->next_aged_check_ns = pool->units[head].idle_since_ns + delay;

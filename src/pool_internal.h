@@ -146,8 +146,10 @@ struct pool_backend {
     /* After [offset, +size) was given back to the range allocator as
      * free_node, with tag. */
     void (*after_release)(tp_pool *pool, uint64_t offset, uint64_t size, uint32_t free_node, tp_tag tag);
-    /* Gives an idle unit back to the device. */
-    tp_status (*release_unit)(tp_pool *pool, uint32_t unit);
+    /* Gives an idle unit back to the device. A backing may take idle,
+     * completed neighbours along in the same call, but only ones idle since
+     * at most idle_before_ns, and at most max_bytes in all. */
+    tp_status (*release_unit)(tp_pool *pool, uint32_t unit, uint64_t idle_before_ns, uint64_t max_bytes);
     /* Backing-specific invariants. */
     bool (*check)(tp_pool *pool, char *msg, size_t capacity);
     /* Free bytes inside reserved memory and the largest such range. */

@@ -157,7 +157,9 @@ static void segment_after_release(tp_pool *pool, uint64_t offset, uint64_t size,
     }
 }
 
-static tp_status segment_release_unit(tp_pool *pool, uint32_t u) {
+static tp_status segment_release_unit(tp_pool *pool, uint32_t u, uint64_t idle_before_ns, uint64_t max_bytes) {
+    (void)idle_before_ns; /* segments go back one at a time */
+    (void)max_bytes;
     pool_unit *unit = &pool->units[u];
     tp_status st = pool->ops->mem_free(pool->device, unit->base, unit->bytes);
     tp_pool_count_device_call(pool, st, DEVICE_CALL_FREE);

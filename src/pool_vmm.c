@@ -334,16 +334,21 @@ static tp_status vmm_try_alloc(tp_pool *pool, uint64_t size, uint32_t slot, uint
     }
 }
 
-/* Takes idle, completed neighbours of page u along into one unmap call. */
-static tp_status vmm_release_unit(tp_pool *pool, uint32_t u) {
-    uint64_t max_run = TP_MAX(pool->config.max_map_bytes >> pool->page_shift, 1);
+/* May page p join an unmap run: idle, idle long enough, work complete? */
+static bool joins_release(tp_pool *pool, uint64_t p, uint64_t idle_before_ns) {
+    pool_unit *unit = &pool->units[p];
+    return unit->state == UNIT_IDLE && unit->idle_since_ns <= idle_before_ns && tp_pool_tag_complete(pool, unit->tag);
+}
+
+/* Takes idle, completed neighbours of page u (idle since idle_before_ns at
+ * the latest) along into one unmap call of at most max_bytes. */
+static tp_status vmm_release_unit(tp_pool *pool, uint32_t u, uint64_t idle_before_ns, uint64_t max_bytes) {
+    uint64_t max_run = TP_MAX(TP_MIN(pool->config.max_map_bytes, max_bytes) >> pool->page_shift, 1);
     uint64_t first = u, last = u;
-    while (last - first + 1 < max_run && first > 0 && pool->units[first - 1].state == UNIT_IDLE &&
-           tp_pool_tag_complete(pool, pool->units[first - 1].tag)) {
+    while (last - first + 1 < max_run && first > 0 && joins_release(pool, first - 1, idle_before_ns)) {
         tp_pool_lru_unlink(pool, (uint32_t)--first);
     }
-    while (last - first + 1 < max_run && last + 1 < pool->page_high && pool->units[last + 1].state == UNIT_IDLE &&
-           tp_pool_tag_complete(pool, pool->units[last + 1].tag)) {
+    while (last - first + 1 < max_run && last + 1 < pool->page_high && joins_release(pool, last + 1, idle_before_ns)) {
         tp_pool_lru_unlink(pool, (uint32_t)++last);
     }
     uint64_t bytes = (last - first + 1) << pool->page_shift;

