@@ -202,6 +202,7 @@ typedef struct cu_api {
     CUresult (*GraphExecUpdateV1)(CUgraphExec exec, CUgraph graph, CUgraphNode *error_node, int *result);
     CUresult (*GraphLaunch)(CUgraphExec exec, CUstream stream);
     CUresult (*GraphExecDestroy)(CUgraphExec exec);
+    CUresult (*GraphGetNodes)(CUgraph graph, CUgraphNode *nodes, size_t *count);
 } cu_api;
 
 enum { SYM_REQUIRED, SYM_VMM, SYM_OPTIONAL };
@@ -254,6 +255,7 @@ static const cu_symbol cu_symbols[] = {
     CU_SYM(GraphExecUpdateV1, SYM_OPTIONAL, "cuGraphExecUpdate"),
     CU_SYM(GraphLaunch, SYM_OPTIONAL, "cuGraphLaunch"),
     CU_SYM(GraphExecDestroy, SYM_OPTIONAL, "cuGraphExecDestroy"),
+    CU_SYM(GraphGetNodes, SYM_OPTIONAL, "cuGraphGetNodes"),
 };
 
 /* ----------------------------------------------------------------- state */
@@ -899,6 +901,15 @@ static tp_status cuda_graph_launch(tp_device *device, tp_graph_exec exec, tp_str
     CU_CALL(cu, "cuGraphLaunch", cu->api.GraphLaunch((CUgraphExec)exec, (CUstream)stream));
 }
 
+/* Nodes of a graph template (cuGraphGetNodes with no array); 0 if unknown. */
+static uint64_t cuda_graph_node_count(tp_device *device, tp_graph graph) {
+    cuda_device *cu = cu_of(device);
+    size_t count = 0;
+    if (!graph || !cu->api.GraphGetNodes) return 0;
+    if (cu->api.GraphGetNodes((CUgraph)graph, NULL, &count) != CUDA_SUCCESS) return 0;
+    return count;
+}
+
 static tp_status cuda_graph_destroy(tp_device *device, tp_graph_exec exec) {
     cuda_device *cu = cu_of(device);
     if (!cu->graphs) return TP_ERR_UNSUPPORTED;
@@ -976,6 +987,7 @@ static const tp_device_ops cuda_ops = {
     .graph_update = cuda_graph_update,
     .graph_launch = cuda_graph_launch,
     .graph_destroy = cuda_graph_destroy,
+    .graph_node_count = cuda_graph_node_count,
 };
 
 /* Resolves the entry points. Returns false (reason logged) when a required

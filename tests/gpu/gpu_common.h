@@ -222,4 +222,53 @@ static inline tp_device *gpu_open(const char *spec, test_log *log) {
     return dev;
 }
 
+/* Graphs of memset nodes built with the driver API, for the graph tests. */
+typedef struct gpu_graph_st *gpu_graph;
+typedef struct gpu_graph_node_st *gpu_graph_node;
+typedef struct gpu_memset_params {
+    gpu_ptr dst;
+    size_t pitch;
+    unsigned int value;
+    unsigned int elementSize;
+    size_t width;
+    size_t height;
+} gpu_memset_params;
+
+typedef struct gpu_graph_api {
+    gpu_result (*Create)(gpu_graph *, unsigned);
+    gpu_result (*Destroy)(gpu_graph);
+    gpu_result (*AddMemsetNode)(gpu_graph_node *, gpu_graph, const gpu_graph_node *, size_t,
+                                const gpu_memset_params *, gpu_context);
+} gpu_graph_api;
+
+static gpu_graph_api gpu_graphs;
+
+/* Loads the graph entry points; false if the driver has none. */
+static inline bool gpu_graphs_load(void) {
+    void *sym = dlsym(gpu.lib, "cuGraphCreate");
+    if (!sym) return false;
+    memcpy(&gpu_graphs.Create, &sym, sizeof sym);
+    sym = gpu_sym("cuGraphDestroy");
+    memcpy(&gpu_graphs.Destroy, &sym, sizeof sym);
+    sym = gpu_sym("cuGraphAddMemsetNode");
+    memcpy(&gpu_graphs.AddMemsetNode, &sym, sizeof sym);
+    return true;
+}
+
+/* A graph of `nodes` memset nodes over 4 KiB pieces of dst (node i writes
+ * piece i modulo 256), in a chain (chain != 0) or all independent. */
+static inline gpu_graph gpu_memset_graph(gpu_ptr dst, int nodes, unsigned value, int chain) {
+    gpu_graph g = NULL;
+    GPU_OK(gpu_graphs.Create(&g, 0));
+    gpu_graph_node prev = NULL;
+    for (int i = 0; i < nodes; i++) {
+        gpu_memset_params p = {.dst = dst + (gpu_ptr)(i % 256) * 4096, .pitch = 0, .value = value,
+                               .elementSize = 1, .width = 4096, .height = 1};
+        gpu_graph_node n = NULL;
+        GPU_OK(gpu_graphs.AddMemsetNode(&n, g, chain && prev ? &prev : NULL, chain && prev ? 1 : 0, &p, gpu.ctx));
+        prev = n;
+    }
+    return g;
+}
+
 #endif

@@ -17,22 +17,6 @@
 
 #include <pthread.h>
 
-typedef struct gpu_graph_st *gpu_graph;
-typedef struct gpu_graph_node_st *gpu_graph_node;
-typedef struct memset_params {
-    gpu_ptr dst;
-    size_t pitch;
-    unsigned int value;
-    unsigned int elementSize;
-    size_t width;
-    size_t height;
-} memset_params;
-
-static gpu_result (*GraphCreate)(gpu_graph *, unsigned);
-static gpu_result (*GraphDestroy)(gpu_graph);
-static gpu_result (*GraphAddMemsetNode)(gpu_graph_node *, gpu_graph, const gpu_graph_node *, size_t,
-                                        const memset_params *, gpu_context);
-
 /* Capture of the log: did a message containing `needle` arrive? */
 typedef struct text_log {
     test_log counts;
@@ -221,33 +205,11 @@ static void test_plain_memory(void) {
     CHECK_OK(tp_device_close(dev));
 }
 
-/* A graph of `nodes` memset nodes over consecutive 4 KiB pieces of dst, in
- * a chain (chain = true) or all independent. */
-static gpu_graph make_graph(gpu_ptr dst, int nodes, unsigned value, int chain) {
-    gpu_graph g = NULL;
-    GPU_OK(GraphCreate(&g, 0));
-    gpu_graph_node prev = NULL;
-    for (int i = 0; i < nodes; i++) {
-        memset_params p = {.dst = dst + (gpu_ptr)i * 4096, .pitch = 0, .value = value, .elementSize = 1,
-                           .width = 4096, .height = 1};
-        gpu_graph_node n = NULL;
-        GPU_OK(GraphAddMemsetNode(&n, g, chain && prev ? &prev : NULL, chain && prev ? 1 : 0, &p, gpu.ctx));
-        prev = n;
-    }
-    return g;
-}
-
 static void test_graphs(void) {
-    void *sym;
-    if (!(sym = dlsym(gpu.lib, "cuGraphCreate"))) {
+    if (!gpu_graphs_load()) {
         printf("  graphs: driver has no cuGraphCreate, skipped\n");
         return;
     }
-    memcpy(&GraphCreate, &sym, sizeof sym);
-    sym = gpu_sym("cuGraphDestroy");
-    memcpy(&GraphDestroy, &sym, sizeof sym);
-    sym = gpu_sym("cuGraphAddMemsetNode");
-    memcpy(&GraphAddMemsetNode, &sym, sizeof sym);
 
     test_log log = {0};
     tp_device *dev = gpu_open(gpu_spec(), &log);
@@ -257,7 +219,7 @@ static void test_graphs(void) {
     gpu_ptr dst = 0;
     GPU_OK(gpu.MemAlloc(&dst, (size_t)nodes * 4096));
 
-    gpu_graph g1 = make_graph(dst, nodes, 0x21, 1);
+    gpu_graph g1 = gpu_memset_graph(dst, nodes, 0x21, 1);
     tp_graph_exec exec = NULL;
     uint64_t bytes = 0;
     CHECK_OK(dev->ops->graph_instantiate(dev, (tp_graph)g1, &exec, &bytes));
@@ -267,13 +229,13 @@ static void test_graphs(void) {
     CHECK(gpu_count_mismatch(dst, (uint64_t)nodes * 4096, 0x21, s, NULL) == 0);
 
     /* Same topology, other value: updated in place. */
-    gpu_graph g2 = make_graph(dst, nodes, 0x42, 1);
+    gpu_graph g2 = gpu_memset_graph(dst, nodes, 0x42, 1);
     CHECK_OK(dev->ops->graph_update(dev, exec, (tp_graph)g2));
     CHECK_OK(dev->ops->graph_launch(dev, exec, s));
     CHECK(gpu_count_mismatch(dst, (uint64_t)nodes * 4096, 0x42, s, NULL) == 0);
 
     /* Other topology: refused, the executable still runs what it had. */
-    gpu_graph g3 = make_graph(dst, nodes / 2, 0x63, 0);
+    gpu_graph g3 = gpu_memset_graph(dst, nodes / 2, 0x63, 0);
     CHECK_STATUS(dev->ops->graph_update(dev, exec, (tp_graph)g3), TP_ERR_TOPOLOGY_MISMATCH);
     CHECK_OK(dev->ops->graph_launch(dev, exec, s));
     CHECK(gpu_count_mismatch(dst, (uint64_t)nodes * 4096, 0x42, s, NULL) == 0);
@@ -293,9 +255,9 @@ static void test_graphs(void) {
 
     CHECK_OK(tp_stream_synchronize(dev, s));
     CHECK_OK(dev->ops->graph_destroy(dev, exec));
-    GPU_OK(GraphDestroy(g1));
-    GPU_OK(GraphDestroy(g2));
-    GPU_OK(GraphDestroy(g3));
+    GPU_OK(gpu_graphs.Destroy(g1));
+    GPU_OK(gpu_graphs.Destroy(g2));
+    GPU_OK(gpu_graphs.Destroy(g3));
     GPU_OK(gpu.MemFree(dst));
     CHECK_OK(tp_stream_destroy(dev, s));
     CHECK(log.errors == 0);

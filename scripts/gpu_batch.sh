@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Everything tidepool measures on a real GPU, in one go (used on the H200):
+# the GPU test suite and compute-sanitizer, the graph-churn curves, the
+# hit-path benchmark and trace replays on cuda:0. Traces are read from
+# TRACES (default .carry/traces); results go to OUT (default gpu-results).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+traces=${TRACES:-.carry/traces}
+out=${OUT:-gpu-results}
+mkdir -p "$out"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
+zlib_args=()
+if [ ! -e /usr/include/zlib.h ] && [ -e .carry/zlib/zlib.h ]; then
+  # No zlib development files on the image: carried headers, the system's libz.
+  libz=$(ldconfig -p | awk '/libz\.so\.1 .*x86-64/{print $NF; exit}')
+  zlib_args=(-DZLIB_INCLUDE_DIR="$PWD/.carry/zlib" -DZLIB_LIBRARY="$libz")
+fi
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release "${zlib_args[@]}" >"$out/configure.log" 2>&1 && cmake --build build-gpu >"$out/build.log" 2>&1 \
+  || { tail -30 "$out/configure.log" "$out/build.log"; exit 1; }
+echo "== GPU tests"
+(cd build-gpu && ctest -L gpu -V --output-on-failure) >"$out/gpu_tests.log" 2>&1; echo "gpu tests rc=$?"
+grep -E "checks passed|failed|Passed|Failed|note:|graph churn|cap (on|off|64)|request [0-9]+:|vmm:|segment:" "$out/gpu_tests.log" | tail -60
+echo "== compute-sanitizer"
+(cd build-gpu && ctest -L sanitizer --output-on-failure) >"$out/sanitizer.log" 2>&1; echo "sanitizer rc=$?"
+grep -E "ERROR SUMMARY|LEAK SUMMARY|all clean|Passed|Failed" "$out/sanitizer.log" | tail -12
+echo "== bench"
+./build-gpu/tide bench --device cuda:0 --runs 7 --pairs 300000 | tee "$out/bench_cuda.txt"
+./build-gpu/tide bench --device cuda:0 --runs 7 --pairs 300000 --json > "$out/bench_cuda.json"
+./build-gpu/tide bench --runs 7 --pairs 300000 | tee "$out/bench_sim.txt"
+echo "== replays on cuda:0"
+for t in decode_growing_kv gemma3_mtmd qwen2vl_dynres; do
+  ./build-gpu/tide replay "$traces/$t.csv.gz" --device cuda:0 --pool vmm,segment --json >"$out/replay_cuda_$t.json" 2>&1
+  ./build-gpu/tide replay "$traces/$t.csv.gz" --device cuda:0 --pool vmm,segment | tail -4
+done

@@ -1,0 +1,108 @@
+/* Graph-key churn on a real GPU (design.md section 1 and failure mode 7):
+ * a loop like a vision server's image requests, where every request brings
+ * a graph of a topology never seen before (50..250 memset nodes, chained or
+ * independent) and ten hot keys are replayed in between. With the cache's
+ * byte cap on, the driver's free memory stays bounded; the same loop with
+ * the cap off grows with every request. Prints both curves (start, samples,
+ * peak, end of the device memory in use). */
+#include "gpu_common.h"
+
+#include "internal.h"
+
+static uint64_t used_bytes(void) {
+    size_t free_bytes = 0, total = 0;
+    GPU_OK(gpu.MemGetInfo(&free_bytes, &total));
+    return (uint64_t)(total - free_bytes);
+}
+
+typedef struct curve {
+    uint64_t start, peak, end;
+    uint64_t execs_end, exec_bytes_peak, evictions;
+} curve;
+
+static curve churn(tp_device *dev, gpu_ptr dst, uint64_t cap_bytes, int requests) {
+    tp_graph_cache_config cfg = {.max_execs = 1000000, .max_bytes = cap_bytes, .idle_evict_ns = TP_NS_NEVER};
+    tp_graph_cache *cache = NULL;
+    REQUIRE(tp_graph_cache_create(dev, &cfg, &cache) == TP_OK);
+    tp_stream s;
+    REQUIRE(tp_stream_create(dev, &s) == TP_OK);
+    GPU_OK(gpu.CtxSynchronize());
+    curve c = {0};
+    c.start = c.peak = used_bytes();
+    printf("  cap %s: request 0: %.1f MiB in use\n", cap_bytes == TP_BYTES_UNLIMITED ? "off" : "on",
+           c.start / (double)TEST_MiB);
+    gpu_graph hot[10];
+    for (int k = 0; k < 10; k++) {
+        hot[k] = gpu_memset_graph(dst, 100, 0x10 + (unsigned)k, k % 2);
+        CHECK_OK(tp_graph_cache_run(cache, (uint64_t)k + 1, (tp_graph)hot[k], NULL, s));
+    }
+    int eager = 0;
+    for (int r = 0; r < requests; r++) {
+        int nodes = 50 + (r * 37) % 201;
+        gpu_graph g = gpu_memset_graph(dst, nodes, (unsigned)r & 0xff, r % 2);
+        tp_status st = tp_graph_cache_run(cache, 1000 + (uint64_t)r, (tp_graph)g, NULL, s);
+        if (st == TP_ERR_RUN_EAGER) eager++;
+        else CHECK_OK(st);
+        GPU_OK(gpu_graphs.Destroy(g)); /* the executable no longer needs its template */
+        for (int k = 0; k < 3; k++) CHECK_OK(tp_graph_cache_launch(cache, (uint64_t)((r + k) % 10) + 1, s));
+        if ((r + 1) % (requests / 10) == 0) {
+            CHECK_OK(tp_stream_synchronize(dev, s));
+            uint64_t used = used_bytes();
+            if (used > c.peak) c.peak = used;
+            printf("  cap %s: request %d: %.1f MiB in use\n", cap_bytes == TP_BYTES_UNLIMITED ? "off" : "on", r + 1,
+                   used / (double)TEST_MiB);
+        }
+    }
+    tp_graph_cache_stats st;
+    CHECK_OK(tp_graph_cache_get_stats(cache, &st));
+    CHECK_OK(tp_stream_synchronize(dev, s));
+    c.end = used_bytes();
+    if (c.end > c.peak) c.peak = c.end;
+    c.execs_end = st.execs;
+    c.exec_bytes_peak = st.exec_bytes_peak;
+    c.evictions = st.evictions_bytes + st.evictions_count;
+    CHECK(eager == 0);
+    char msg[256] = "";
+    tp_status cs = tp_graph_cache_check(cache, msg, sizeof msg);
+    CHECK_MSG(cs == TP_OK, "%s", msg);
+    CHECK_OK(tp_graph_cache_destroy(cache));
+    CHECK_OK(tp_stream_destroy(dev, s));
+    for (int k = 0; k < 10; k++) GPU_OK(gpu_graphs.Destroy(hot[k]));
+    GPU_OK(gpu.CtxSynchronize());
+    return c;
+}
+
+int main(void) {
+    gpu_init();
+    if (!gpu_graphs_load()) gpu_skip("driver has no cuGraphCreate");
+    if (getenv("TP_GPU_PROBE")) return 0;
+
+    tp_device *dev = NULL;
+    REQUIRE(tp_device_open(gpu_spec(), NULL, &dev) == TP_OK);
+    gpu_ptr dst = 0;
+    GPU_OK(gpu.MemAlloc(&dst, TEST_MiB));
+    int requests = gpu_quick() ? 200 : 2000;
+    const uint64_t cap = 64 * TEST_MiB;
+
+    curve on = churn(dev, dst, cap, requests);
+    curve off = churn(dev, dst, TP_BYTES_UNLIMITED, requests);
+    printf("graph churn, %d requests of new topologies + 10 hot keys:\n", requests);
+    printf("  cap 64 MiB: in use start %.1f, peak %.1f, end %.1f MiB; %llu executables at the end, peak %.1f MiB "
+           "of them, %llu evictions\n",
+           on.start / (double)TEST_MiB, on.peak / (double)TEST_MiB, on.end / (double)TEST_MiB,
+           (unsigned long long)on.execs_end, on.exec_bytes_peak / (double)TEST_MiB, (unsigned long long)on.evictions);
+    printf("  cap off:    in use start %.1f, peak %.1f, end %.1f MiB; %llu executables at the end, peak %.1f MiB "
+           "of them\n",
+           off.start / (double)TEST_MiB, off.peak / (double)TEST_MiB, off.end / (double)TEST_MiB,
+           (unsigned long long)off.execs_end, off.exec_bytes_peak / (double)TEST_MiB);
+    uint64_t grow_on = on.peak - on.start, grow_off = off.peak - off.start;
+    /* Bounded: the cap plus what the driver keeps for itself. */
+    CHECK_MSG(grow_on <= 2 * cap + 64 * TEST_MiB, "capped run grew %.1f MiB", grow_on / (double)TEST_MiB);
+    /* And without the cap the same loop grows well past it. */
+    CHECK_MSG(grow_off > grow_on + cap / 2, "uncapped grew %.1f MiB, capped %.1f MiB", grow_off / (double)TEST_MiB,
+              grow_on / (double)TEST_MiB);
+    CHECK(on.evictions > 0 && off.execs_end == (uint64_t)requests + 10);
+    GPU_OK(gpu.MemFree(dst));
+    CHECK_OK(tp_device_close(dev));
+    return check_report("test_gpu_graph_churn");
+}
