@@ -232,8 +232,6 @@ static void resident_remove_run(sim_device *sim, size_t i, size_t count) {
     sim->resident_count -= count;
 }
 
-static void resident_remove(sim_device *sim, size_t i) { resident_remove_run(sim, i, 1); }
-
 /* ---------------------------------------------------------------- kernels */
 
 static void prune_kernels(sim_device *sim) {
@@ -394,6 +392,20 @@ static bool inside_reservation(const sim_device *sim, uint64_t va, uint64_t byte
     return false;
 }
 
+/* Removes count resident entries at index i holding [address, +bytes):
+ * queued work still touching them is a hazard of the given kind. */
+static void give_back(sim_device *sim, size_t i, size_t count, uint64_t address, uint64_t bytes,
+                      uint64_t *held_bytes, uint64_t *hazard_counter, const char *what) {
+    if (sim->check) {
+        uint64_t n = count_conflicts(sim, address, bytes, -1, what);
+        *hazard_counter += n;
+        sim->counters.hazards += n;
+    }
+    resident_remove_run(sim, i, count);
+    *held_bytes -= bytes;
+    note_physical(sim);
+}
+
 /* Each page of a mapping is its own resident entry (its own physical
  * allocation, as with the driver), so any run of pages can be unmapped. */
 static tp_status sim_map(tp_device *device, uint64_t va, uint64_t bytes) {
@@ -436,14 +448,7 @@ static tp_status sim_unmap(tp_device *device, uint64_t va, uint64_t bytes) {
             }
         }
         if (st == TP_OK) {
-            if (sim->check) {
-                uint64_t n = count_conflicts(sim, va, bytes, -1, "unmap");
-                sim->counters.hazards_unmap += n;
-                sim->counters.hazards += n;
-            }
-            resident_remove_run(sim, i, pages);
-            sim->mapped_bytes -= bytes;
-            note_physical(sim);
+            give_back(sim, i, pages, va, bytes, &sim->mapped_bytes, &sim->counters.hazards_unmap, "unmap");
         }
     });
     return st;
@@ -481,14 +486,7 @@ static tp_status sim_mem_free(tp_device *device, uint64_t address, uint64_t byte
         if (st == TP_OK && (!resident_find_exact(sim, address, RESIDENT_ALLOC, &i) || sim->resident[i].bytes != bytes))
             st = TP_ERR_INVALID_ARGUMENT;
         if (st == TP_OK) {
-            if (sim->check) {
-                uint64_t n = count_conflicts(sim, address, bytes, -1, "device free");
-                sim->counters.hazards_free += n;
-                sim->counters.hazards += n;
-            }
-            resident_remove(sim, i);
-            sim->allocated_bytes -= bytes;
-            note_physical(sim);
+            give_back(sim, i, 1, address, bytes, &sim->allocated_bytes, &sim->counters.hazards_free, "device free");
         }
     });
     return st;
