@@ -4,7 +4,13 @@
  * independent) and ten hot keys are replayed in between. With the cache's
  * byte cap on, the driver's free memory stays bounded; the same loop with
  * the cap off grows with every request. Prints both curves (start, samples,
- * peak, end of the device memory in use). */
+ * peak, end of the device memory in use).
+ *
+ * Measured on the H200 (driver 580): such an executable costs about 8 MiB
+ * of device memory, and the driver's own use grows by a few hundred MiB
+ * over the first few hundred instantiations before it levels off; the
+ * invariants below are about the shape of the curve, not its first
+ * steps. */
 #include "gpu_common.h"
 
 #include "internal.h"
@@ -16,8 +22,9 @@ static uint64_t used_bytes(void) {
 }
 
 typedef struct curve {
-    uint64_t start, peak, end;
+    uint64_t start, peak, end, half; /* half: in use halfway through */
     uint64_t execs_end, exec_bytes_peak, evictions;
+    uint64_t hot_instantiations;     /* instantiations beyond one per key */
 } curve;
 
 static curve churn(tp_device *dev, gpu_ptr dst, uint64_t cap_bytes, int requests) {
@@ -44,11 +51,15 @@ static curve churn(tp_device *dev, gpu_ptr dst, uint64_t cap_bytes, int requests
         if (st == TP_ERR_RUN_EAGER) eager++;
         else CHECK_OK(st);
         GPU_OK(gpu_graphs.Destroy(g)); /* the executable no longer needs its template */
-        for (int k = 0; k < 3; k++) CHECK_OK(tp_graph_cache_launch(cache, (uint64_t)((r + k) % 10) + 1, s));
+        for (int k = 0; k < 3; k++) {
+            int h = (r + k) % 10; /* hot keys come back through run: evicted or not, they launch */
+            CHECK_OK(tp_graph_cache_run(cache, (uint64_t)h + 1, (tp_graph)hot[h], NULL, s));
+        }
         if ((r + 1) % (requests / 10) == 0) {
             CHECK_OK(tp_stream_synchronize(dev, s));
             uint64_t used = used_bytes();
             if (used > c.peak) c.peak = used;
+            if (r + 1 == requests / 2) c.half = used;
             printf("  cap %s: request %d: %.1f MiB in use\n", cap_bytes == TP_BYTES_UNLIMITED ? "off" : "on", r + 1,
                    used / (double)TEST_MiB);
         }
@@ -61,6 +72,7 @@ static curve churn(tp_device *dev, gpu_ptr dst, uint64_t cap_bytes, int requests
     c.execs_end = st.execs;
     c.exec_bytes_peak = st.exec_bytes_peak;
     c.evictions = st.evictions_bytes + st.evictions_count;
+    c.hot_instantiations = st.instantiations - (uint64_t)requests - 10;
     CHECK(eager == 0);
     char msg[256] = "";
     tp_status cs = tp_graph_cache_check(cache, msg, sizeof msg);
@@ -82,25 +94,31 @@ int main(void) {
     gpu_ptr dst = 0;
     GPU_OK(gpu.MemAlloc(&dst, TEST_MiB));
     int requests = gpu_quick() ? 200 : 2000;
-    const uint64_t cap = 64 * TEST_MiB;
+    const uint64_t cap = 256 * TEST_MiB; /* the default; room for the hot set */
 
     curve on = churn(dev, dst, cap, requests);
     curve off = churn(dev, dst, TP_BYTES_UNLIMITED, requests);
     printf("graph churn, %d requests of new topologies + 10 hot keys:\n", requests);
-    printf("  cap 64 MiB: in use start %.1f, peak %.1f, end %.1f MiB; %llu executables at the end, peak %.1f MiB "
-           "of them, %llu evictions\n",
-           on.start / (double)TEST_MiB, on.peak / (double)TEST_MiB, on.end / (double)TEST_MiB,
-           (unsigned long long)on.execs_end, on.exec_bytes_peak / (double)TEST_MiB, (unsigned long long)on.evictions);
-    printf("  cap off:    in use start %.1f, peak %.1f, end %.1f MiB; %llu executables at the end, peak %.1f MiB "
-           "of them\n",
-           off.start / (double)TEST_MiB, off.peak / (double)TEST_MiB, off.end / (double)TEST_MiB,
-           (unsigned long long)off.execs_end, off.exec_bytes_peak / (double)TEST_MiB);
-    uint64_t grow_on = on.peak - on.start, grow_off = off.peak - off.start;
-    /* Bounded: the cap plus what the driver keeps for itself. */
-    CHECK_MSG(grow_on <= 2 * cap + 64 * TEST_MiB, "capped run grew %.1f MiB", grow_on / (double)TEST_MiB);
-    /* And without the cap the same loop grows well past it. */
-    CHECK_MSG(grow_off > grow_on + cap / 2, "uncapped grew %.1f MiB, capped %.1f MiB", grow_off / (double)TEST_MiB,
-              grow_on / (double)TEST_MiB);
+    printf("  cap %.0f MiB: in use start %.1f, half-way %.1f, peak %.1f, end %.1f MiB; %llu executables at the end, "
+           "peak %.1f MiB of them, %llu evictions, %llu re-instantiations of hot keys\n",
+           cap / (double)TEST_MiB, on.start / (double)TEST_MiB, on.half / (double)TEST_MiB, on.peak / (double)TEST_MiB,
+           on.end / (double)TEST_MiB, (unsigned long long)on.execs_end, on.exec_bytes_peak / (double)TEST_MiB,
+           (unsigned long long)on.evictions, (unsigned long long)on.hot_instantiations);
+    printf("  cap off:    in use start %.1f, half-way %.1f, peak %.1f, end %.1f MiB; %llu executables at the end, "
+           "peak %.1f MiB of them\n",
+           off.start / (double)TEST_MiB, off.half / (double)TEST_MiB, off.peak / (double)TEST_MiB,
+           off.end / (double)TEST_MiB, (unsigned long long)off.execs_end, off.exec_bytes_peak / (double)TEST_MiB);
+    /* Bounded: flat over the second half of the run (the driver's own
+     * growth happens early), and never far above the cap. */
+    CHECK_MSG(on.end <= on.half + 32 * TEST_MiB, "capped run still growing: %.1f -> %.1f MiB", on.half / (double)TEST_MiB,
+              on.end / (double)TEST_MiB);
+    CHECK_MSG(on.peak - on.start <= cap + 512 * TEST_MiB, "capped run grew %.1f MiB",
+              (on.peak - on.start) / (double)TEST_MiB);
+    /* Without the cap the same loop keeps growing, to far beyond it. */
+    CHECK_MSG(off.end > off.half + cap / 2 && off.peak - off.start > 4 * cap, "uncapped grew %.1f MiB",
+              (off.peak - off.start) / (double)TEST_MiB);
+    /* Hot keys live in the protected segment: new keys do not push them out. */
+    CHECK_MSG(on.hot_instantiations == 0, "hot keys re-instantiated %llu times", (unsigned long long)on.hot_instantiations);
     CHECK(on.evictions > 0 && off.execs_end == (uint64_t)requests + 10);
     GPU_OK(gpu.MemFree(dst));
     CHECK_OK(tp_device_close(dev));
