@@ -27,13 +27,7 @@
 
 static inline uint32_t msb64(uint64_t v) { return 63u - (uint32_t)__builtin_clzll(v); }
 
-static inline uint32_t bin_of_units(uint64_t units) {
-    if (units < RA_SL_COUNT) return (uint32_t)units;
-    uint32_t msb = msb64(units);
-    uint32_t fl = msb - RA_SL_BITS + 1;
-    uint32_t sl = (uint32_t)(units >> (msb - RA_SL_BITS)) & (RA_SL_COUNT - 1);
-    return fl * RA_SL_COUNT + sl;
-}
+static inline uint32_t bin_of_units(uint64_t units) { return tp_ra_bin_of_units(units); }
 
 /* Smallest bin all of whose ranges hold at least units. */
 static inline uint32_t bin_ceil_units(uint64_t units) {
@@ -43,8 +37,6 @@ static inline uint32_t bin_ceil_units(uint64_t units) {
     if (units > UINT64_MAX - step) return RA_BIN_COUNT;
     return bin_of_units(units + step - 1);
 }
-
-uint32_t tp_ra_bin_floor(const tp_ra *ra, uint64_t size) { return bin_of_units(size >> ra->shift); }
 
 uint64_t tp_ra_bin_lower_bound(const tp_ra *ra, uint32_t bin) {
     uint32_t fl = bin / RA_SL_COUNT, sl = bin % RA_SL_COUNT;

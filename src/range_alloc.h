@@ -109,8 +109,15 @@ uint32_t tp_ra_node_containing(tp_ra *ra, uint64_t offset);
 /* Checks every invariant; writes the first violation into msg. */
 bool tp_ra_check(tp_ra *ra, char *msg, size_t msg_capacity);
 
-/* Bin arithmetic, exposed for the pool's per-bin caches. */
-uint32_t tp_ra_bin_floor(const tp_ra *ra, uint64_t size);
+/* Bin arithmetic, exposed (inline: the tcache uses it on the hit path). */
+static inline uint32_t tp_ra_bin_of_units(uint64_t units) {
+    if (units < RA_SL_COUNT) return (uint32_t)units;
+    uint32_t msb = 63u - (uint32_t)__builtin_clzll(units);
+    uint32_t fl = msb - RA_SL_BITS + 1;
+    uint32_t sl = (uint32_t)(units >> (msb - RA_SL_BITS)) & (RA_SL_COUNT - 1);
+    return fl * RA_SL_COUNT + sl;
+}
+static inline uint32_t tp_ra_bin_floor(const tp_ra *ra, uint64_t size) { return tp_ra_bin_of_units(size >> ra->shift); }
 uint64_t tp_ra_bin_lower_bound(const tp_ra *ra, uint32_t bin);
 
 #endif /* TIDEPOOL_RANGE_ALLOC_H */

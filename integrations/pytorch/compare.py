@@ -1,0 +1,522 @@
+#!/usr/bin/env python3
+r"""compare.py -- PyTorch's CUDA allocator against tidepool, side by side, on
+the workloads of record_pytorch_traces.py (the ones whose traces are in
+shared/traces).
+
+Every (workload, allocator) pair runs in a fresh python3 process:
+  default      PyTorch's caching allocator
+  expandable   PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+  tp-vmm       libtidepool_torch.so plugged in, TIDEPOOL_TORCH_CONF=kind=vmm
+  tp-segment   ... kind=segment
+and reports
+  peak used    device memory in use (NVML, or torch.cuda.mem_get_info when
+               pynvml is missing), sampled by a background thread every
+               --sample-ms, peak minus the value before the model was built
+  alloc peak   the allocator's own peak reserved memory:
+               torch.cuda.max_memory_reserved() for PyTorch's runs, tidepool's
+               reserved_bytes.peak (tp_torch_stats_json) for ours
+  wall, tok/s  the workload's wall time (model build included) and generated
+               tokens per second of the time spent inside generate()
+  same         whether the generated token ids (greedy, fixed seeds) hash the
+               same as the first mode's run of that workload
+Prints a table; --out FILE writes every figure as JSON.
+
+Usage, on a machine with a GPU, torch and transformers (no network needed):
+  python3 integrations/pytorch/compare.py --workloads PATH/record_pytorch_traces.py \
+      --lib build-torch/libtidepool_torch.so --out compare.json
+Duration on the H200 here: about 8 minutes for the 12 runs with the default
+parameters; each run costs ~20 s of process start, imports and model build
+before the workload's own time.
+Parameters: the defaults are shortened to fit one 10-minute call:
+--decode-tokens 256 (the trace: 2000) and --requests 8 (the traces: 16; with 8
+the vision workloads already reach the recorded peaks). --full restores the
+recorded parameters (about 17 minutes in all: split it with --scenarios and
+--modes); --quick (64 tokens, 3 requests) is a smoke test of a few minutes.
+Determinism: every run gets PYTHONHASHSEED=0 and torch.manual_seed(--seed).
+Without PYTHONHASHSEED, two runs with the same allocator generated different
+tokens (decode_growing_kv, qwen2vl_dynres); with it, every run matched. A
+mismatch is reported with its likely source: a weights fingerprint and a hash
+of the prompts and pixel values are compared too.
+--warmup (read, the default) first reads the libraries' files into the page
+cache, so the first run does not pay for cold disk reads. --modes and
+--scenarios pick a subset (a mode may repeat, e.g. default,default, to see
+the run-to-run spread); --tp-conf adds TIDEPOOL_TORCH_CONF items to the
+tidepool runs.
+"""
+import argparse
+import hashlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+MODES = ["default", "expandable", "tp-vmm", "tp-segment"]
+SCENARIOS = ["decode_growing_kv", "gemma3_mtmd", "qwen2vl_dynres"]
+# The model class whose generate() each workload calls.
+GENERATE_CLASS = {
+    "decode_growing_kv": "LlamaForCausalLM",
+    "gemma3_mtmd": "Gemma3ForConditionalGeneration",
+    "qwen2vl_dynres": "Qwen2VLForConditionalGeneration",
+}
+RESULT_TAG = "@@COMPARE_RESULT "
+MiB = 1024.0 * 1024.0
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+
+
+# --------------------------------------------------------------- the worker
+
+class MemSampler:
+    """Device memory in use, sampled from a background thread."""
+
+    def __init__(self, torch, interval_s):
+        self.torch = torch
+        self.interval_s = interval_s
+        self.source = None
+        self._read = None
+        self._stop = threading.Event()
+        self.peak = 0
+        self.samples = 0
+        self.timeline = []  # (seconds, bytes) about every 100 ms
+        try:
+            import pynvml
+            pynvml.nvmlInit()
+            handle = None
+            want = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
+            for i in range(pynvml.nvmlDeviceGetCount()):
+                h = pynvml.nvmlDeviceGetHandleByIndex(i)
+                uuid = pynvml.nvmlDeviceGetUUID(h)
+                uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
+                if uuid.replace("GPU-", "") == want.replace("GPU-", ""):
+                    handle = h
+                    break
+            if handle is None and pynvml.nvmlDeviceGetCount() == 1:
+                handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+            if handle is not None:
+                self._read = lambda: pynvml.nvmlDeviceGetMemoryInfo(handle).used
+                self.source = "nvml"
+        except Exception as e:  # no pynvml, no NVML in this container, ...
+            self.source_error = repr(e)
+        if self._read is None:
+            def read():
+                free, total = torch.cuda.mem_get_info()
+                return total - free
+            self._read = read
+            self.source = "cudaMemGetInfo"
+
+    def read(self):
+        return self._read()
+
+    def start(self):
+        self.t0 = time.perf_counter()
+        self.peak = self.read()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        next_mark = 0.0
+        while not self._stop.is_set():
+            v = self.read()
+            self.samples += 1
+            if v > self.peak:
+                self.peak = v
+            t = time.perf_counter() - self.t0
+            if t >= next_mark:
+                self.timeline.append((round(t, 2), v))
+                next_mark = t + 0.1
+            self._stop.wait(self.interval_s)
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join()
+        v = self.read()
+        self.peak = max(self.peak, v)
+        self.timeline.append((round(time.perf_counter() - self.t0, 2), v))
+
+
+def install_generate_probe(torch, cls, record, models):
+    """Wraps cls.generate: counts new tokens, times the calls, hashes the
+    generated ids (output_hash) and, to tell where a difference comes from,
+    the prompts and pixel values (inputs_hash). Keeps the models in `models`
+    so that their weights can be fingerprinted after the measurement."""
+    orig = cls.generate
+    out_digest, in_digest = hashlib.sha256(), hashlib.sha256()
+
+    def generate(self, *args, **kwargs):
+        if not any(m is self for m in models):
+            models.append(self)
+        t0 = time.perf_counter()
+        out = orig(self, *args, **kwargs)
+        seqs = out if torch.is_tensor(out) else out.sequences
+        ids = seqs.tolist()  # waits for the device
+        record["gen_s"] += time.perf_counter() - t0
+        inp = kwargs.get("input_ids", args[0] if args else None)
+        n_in = int(inp.shape[-1]) if torch.is_tensor(inp) else 0
+        new = [row[n_in:] for row in ids]
+        record["calls"] += 1
+        record["new_tokens"] += sum(len(r) for r in new)
+        out_digest.update(json.dumps(new).encode())
+        record["hash"] = out_digest.hexdigest()[:16]
+        in_digest.update(json.dumps([row[:n_in] for row in ids]).encode())
+        pv = kwargs.get("pixel_values")
+        if torch.is_tensor(pv):
+            in_digest.update(repr(float(pv.sum(dtype=torch.float64))).encode())
+        record["inputs_hash"] = in_digest.hexdigest()[:16]
+        return out
+
+    cls.generate = generate
+
+
+def weights_fingerprint(torch, models):
+    """A hash of every parameter's float64 sum and first elements."""
+    d = hashlib.sha256()
+    with torch.no_grad():
+        for m in models:
+            for name, p in m.named_parameters():
+                d.update(name.encode())
+                d.update(repr(float(p.sum(dtype=torch.float64))).encode())
+                d.update(repr(p.reshape(-1)[:8].float().tolist()).encode())
+    return d.hexdigest()[:16] if models else None
+
+
+WARM_KWARGS = dict(decode_growing_kv=dict(new_tokens=8), gemma3_mtmd=dict(requests=1),
+                   qwen2vl_dynres=dict(requests=1))
+
+
+def warm_page_cache(budget_s=60.0):
+    """Reads the files of torch, transformers and the nvidia libraries once
+    (no import, no CUDA), so that no run pays for reading them from disk."""
+    t0 = time.perf_counter()
+    total = 0
+    roots = []
+    for name in ("torch", "transformers", "nvidia", "triton"):
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            spec = None
+        if spec and spec.submodule_search_locations:
+            roots.extend(spec.submodule_search_locations)
+    buf = bytearray(8 << 20)
+    for root in roots:
+        for dirpath, _, files in os.walk(root):
+            for fn in files:
+                if time.perf_counter() - t0 > budget_s:
+                    return total, time.perf_counter() - t0
+                try:
+                    with open(os.path.join(dirpath, fn), "rb", buffering=0) as f:
+                        while True:
+                            n = f.readinto(buf)
+                            if not n:
+                                break
+                            total += n
+                except OSError:
+                    pass
+    return total, time.perf_counter() - t0
+
+
+def warmup_worker(args):
+    """Runs each workload once, tiny, with the default allocator: reads the
+    kernel images and modules the workloads need into the page cache."""
+    t0 = time.perf_counter()
+    import torch
+    spec = importlib.util.spec_from_file_location("tp_compare_workloads", args.workloads)
+    workloads = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(workloads)
+    torch.manual_seed(args.seed)
+    for scen in args.scenario.split(","):
+        workloads.SCEN[scen](torch, **WARM_KWARGS[scen])
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+    print(RESULT_TAG + json.dumps(dict(scenario=args.scenario, mode="warmup", process_s=round(time.perf_counter() - t0, 1))),
+          flush=True)
+    return 0
+
+
+def worker(args):
+    if args.mode == "warmup":
+        return warmup_worker(args)
+    kwargs = json.loads(args.kwargs)
+    mode = args.mode
+    t_start = time.perf_counter()
+    import torch
+
+    lib = None
+    if mode.startswith("tp-"):
+        import ctypes
+        alloc = torch.cuda.memory.CUDAPluggableAllocator(args.lib, "tp_torch_alloc", "tp_torch_free")
+        torch.cuda.memory.change_current_allocator(alloc)  # before any CUDA allocation
+        lib = ctypes.CDLL(args.lib)  # the same handle: dlopen of a loaded path
+        lib.tp_torch_stats_json.restype = ctypes.c_char_p
+        lib.tp_torch_stats_json.argtypes = [ctypes.c_int]
+
+    spec = importlib.util.spec_from_file_location("tp_compare_workloads", args.workloads)
+    workloads = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(workloads)
+    import transformers
+
+    if args.deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
+    torch.cuda.init()
+    torch.cuda.set_device(0)
+    torch.cuda.synchronize()  # the context exists from here on
+    torch.manual_seed(args.seed)  # CPU (model init) and CUDA generators
+    sampler = MemSampler(torch, args.sample_ms / 1000.0)
+    baseline = sampler.read()
+
+    record = dict(calls=0, new_tokens=0, gen_s=0.0, hash=None, inputs_hash=None)
+    models = []
+    install_generate_probe(torch, getattr(transformers, GENERATE_CLASS[args.scenario]), record, models)
+
+    sampler.start()
+    t0 = time.perf_counter()
+    error = None
+    try:
+        workloads.SCEN[args.scenario](torch, **kwargs)
+        torch.cuda.synchronize()
+    except Exception as e:  # an out-of-memory, a NULL from the allocator, ...
+        error = "%s: %s" % (type(e).__name__, str(e)[:2000])
+    wall = time.perf_counter() - t0
+    sampler.stop()
+
+    res = dict(scenario=args.scenario, mode=mode, kwargs=kwargs, error=error,
+               wall_s=round(wall, 2), gen_s=round(record["gen_s"], 2),
+               generate_calls=record["calls"], new_tokens=record["new_tokens"],
+               tok_per_s=round(record["new_tokens"] / record["gen_s"], 1) if record["gen_s"] else None,
+               output_hash=record["hash"], inputs_hash=record["inputs_hash"],
+               sampler=sampler.source, samples=sampler.samples, sample_ms=args.sample_ms,
+               baseline_used_mib=round(baseline / MiB, 1),
+               peak_used_mib=round((sampler.peak - baseline) / MiB, 1),
+               timeline_mib=[(t, round((v - baseline) / MiB, 1)) for t, v in sampler.timeline],
+               torch=torch.__version__, transformers=transformers.__version__,
+               device=torch.cuda.get_device_name(0))
+    if lib is None:
+        st = torch.cuda.memory_stats()
+        res.update(alloc_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
+                   alloc_peak_reserved_mib=round(st.get("reserved_bytes.all.peak", 0) / MiB, 1),
+                   alloc_peak_allocated_mib=round(st.get("allocated_bytes.all.peak", 0) / MiB, 1),
+                   alloc_peak_requested_mib=round(st.get("requested_bytes.all.peak", 0) / MiB, 1),
+                   alloc_end_reserved_mib=round(st.get("reserved_bytes.all.current", 0) / MiB, 1),
+                   driver_allocs=st.get("num_device_alloc"), driver_frees=st.get("num_device_free"),
+                   alloc_retries=st.get("num_alloc_retries"), ooms=st.get("num_ooms"))
+    else:
+        stats = json.loads(lib.tp_torch_stats_json(0).decode())
+        pool = stats.get("pool") or {}
+        res.update(tidepool_conf=os.environ.get("TIDEPOOL_TORCH_CONF", ""), tidepool_stats=stats)
+        if pool:
+            res.update(alloc_peak_reserved_mib=round(pool["reserved_bytes"]["peak"] / MiB, 1),
+                       alloc_peak_allocated_mib=round(pool["allocated_bytes"]["peak"] / MiB, 1),
+                       alloc_peak_requested_mib=round(pool["requested_bytes"]["peak"] / MiB, 1),
+                       alloc_end_reserved_mib=round(pool["reserved_bytes"]["current"] / MiB, 1),
+                       driver_allocs=pool["device_allocs"], driver_frees=pool["device_frees"],
+                       alloc_retries=pool["oom_retries"], ooms=pool["ooms"])
+    res["weights_hash"] = weights_fingerprint(torch, models)  # after every figure above
+    res["process_s"] = round(time.perf_counter() - t_start, 1)
+    print(RESULT_TAG + json.dumps(res), flush=True)
+    sys.stderr.flush()
+    # Skip the interpreter's and CUDA's teardown (seconds per run): every
+    # figure is out. (The shim's exit report is skipped too; its stats are in
+    # the result above.)
+    os._exit(0 if error is None else 3)
+
+
+# --------------------------------------------------------------- the parent
+
+def run_one(args, scenario, mode, kwargs):
+    env = dict(os.environ)
+    env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    env.pop("TIDEPOOL_TORCH_CONF", None)
+    # PYTHONHASHSEED: set and dict iteration orders (and with them anything
+    # that walks modules by name) are the same in every run.
+    env.update(PYTHONUNBUFFERED="1", PYTHONHASHSEED="0", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
+               TRANSFORMERS_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1")
+    if args.deterministic:
+        env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+    if mode == "expandable":
+        env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    elif mode.startswith("tp-"):
+        conf = ["kind=" + mode[3:], "log=warn"]
+        if args.tp_conf:
+            conf.append(args.tp_conf)
+        env["TIDEPOOL_TORCH_CONF"] = ",".join(conf)
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--scenario", scenario, "--mode", mode,
+           "--kwargs", json.dumps(kwargs), "--workloads", args.workloads, "--lib", args.lib,
+           "--seed", str(args.seed), "--sample-ms", str(args.sample_ms)]
+    if args.deterministic:
+        cmd.append("--deterministic")
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+        rc, out, err = p.returncode, p.stdout, p.stderr
+    except subprocess.TimeoutExpired as e:
+        rc = "timeout"
+        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        err = e.stderr.decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
+    res = None
+    for line in out.splitlines():
+        if line.startswith(RESULT_TAG):
+            res = json.loads(line[len(RESULT_TAG):])
+    if res is None:
+        res = dict(scenario=scenario, mode=mode, kwargs=kwargs, error="no result (rc %s)" % rc)
+    res["rc"] = rc
+    res["elapsed_s"] = round(time.perf_counter() - t0, 1)
+    if rc != 0:
+        res["stderr_tail"] = err[-3000:]
+    # tidepool's warnings (out-of-memory reports and the like) are worth keeping.
+    tp_lines = [l for l in err.splitlines() if l.startswith("tidepool-torch")]
+    if tp_lines:
+        res["tidepool_log"] = tp_lines[-20:]
+    return res
+
+
+def write_out(path, t0, results):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(dict(total_s=round(time.perf_counter() - t0, 1), argv=sys.argv, results=results), f, indent=1)
+    os.replace(tmp, path)
+
+
+def fmt(v, spec="%.1f"):
+    return "-" if v is None else (spec % v if isinstance(v, (int, float)) else str(v))
+
+
+def print_table(results, baseline_mode):
+    hdr = ["workload", "allocator", "peak used MiB", "alloc peak MiB", "alloc/used", "drv allocs",
+           "wall s", "tok/s", "tokens", "same", "status"]
+    rows = []
+    by_scen = {}
+    for r in results:
+        by_scen.setdefault(r["scenario"], []).append(r)
+    for scen, rs in by_scen.items():
+        ref = next((r for r in rs if r["mode"] == baseline_mode and r.get("output_hash")), None)
+        if ref is None:
+            ref = next((r for r in rs if r.get("output_hash")), None)
+        for r in rs:
+            h = r.get("output_hash")
+            same = "-" if h is None or ref is None else ("yes" if h == ref["output_hash"] else "NO")
+            r["same_output"] = None if same == "-" else same == "yes"
+            if same == "NO":  # where from: the model, the inputs, or the computation
+                if r.get("weights_hash") != ref.get("weights_hash"):
+                    same = "NO (weights)"
+                elif r.get("inputs_hash") != ref.get("inputs_hash"):
+                    same = "NO (inputs)"
+            used, peak = r.get("peak_used_mib"), r.get("alloc_peak_reserved_mib")
+            status = "ok" if r.get("rc") == 0 and not r.get("error") else (r.get("error") or "rc %s" % r.get("rc"))
+            rows.append([scen, r["mode"], fmt(used), fmt(peak),
+                         fmt(peak / used if used and peak else None, "%.3f"), fmt(r.get("driver_allocs"), "%d"),
+                         fmt(r.get("wall_s")), fmt(r.get("tok_per_s")), fmt(r.get("new_tokens"), "%d"),
+                         same, status[:60]])
+    widths = [max(len(str(x)) for x in col) for col in zip(hdr, *rows)]
+    line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths))
+    print(line(hdr))
+    print(line(["-" * w for w in widths]))
+    for row in rows:
+        print(line(row))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("--workloads", help="path to record_pytorch_traces.py")
+    ap.add_argument("--lib", default=os.path.join(REPO, "build-torch", "libtidepool_torch.so"),
+                    help="libtidepool_torch.so (default: build-torch/ of this repo)")
+    ap.add_argument("--modes", default=",".join(MODES), help="comma list of " + ",".join(MODES))
+    ap.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma list of " + ",".join(SCENARIOS))
+    ap.add_argument("--decode-tokens", type=int, default=256,
+                    help="decode_growing_kv new tokens (default 256; the trace was recorded with 2000)")
+    ap.add_argument("--requests", type=int, default=8,
+                    help="requests of the two vision workloads (default 8; the traces were recorded with 16)")
+    ap.add_argument("--full", action="store_true",
+                    help="the recorded parameters: --decode-tokens 2000 --requests 16 (about 17 minutes for "
+                         "everything: split it with --scenarios/--modes to stay under 10 minutes a call)")
+    ap.add_argument("--quick", action="store_true", help="--decode-tokens 64 --requests 3 (a smoke test)")
+    ap.add_argument("--tp-conf", default="", help="extra TIDEPOOL_TORCH_CONF items for the tidepool runs")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--sample-ms", type=float, default=5.0, help="memory sampling period (ms)")
+    ap.add_argument("--warmup", choices=["read", "run", "none"], default="read",
+                    help="before the runs: read torch's, transformers' and the nvidia libraries' files into the "
+                         "page cache (read, a few seconds), or run every workload once, short and untimed (run, "
+                         "about 45 s), or nothing")
+    ap.add_argument("--deterministic", action="store_true",
+                    help="torch.use_deterministic_algorithms(True) and CUBLAS_WORKSPACE_CONFIG=:4096:8 in every run")
+    ap.add_argument("--timeout", type=float, default=None,
+                    help="seconds per run (default 150; 420 with --full)")
+    ap.add_argument("--out", help="write the results as JSON here")
+    # internal: one run
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--scenario", help=argparse.SUPPRESS)
+    ap.add_argument("--mode", help=argparse.SUPPRESS)
+    ap.add_argument("--kwargs", default="{}", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        return worker(args)
+
+    if not args.workloads:
+        for cand in [os.path.join(REPO, "shared", "tools", "record_pytorch_traces.py"),
+                     os.path.join(os.path.dirname(REPO), "shared", "tools", "record_pytorch_traces.py")]:
+            if os.path.exists(cand):
+                args.workloads = cand
+                break
+    if not args.workloads or not os.path.exists(args.workloads):
+        ap.error("--workloads PATH (record_pytorch_traces.py) is required")
+    args.workloads = os.path.abspath(args.workloads)
+    args.lib = os.path.abspath(args.lib)
+    if args.full:
+        args.decode_tokens, args.requests = 2000, 16
+    if args.quick:
+        args.decode_tokens, args.requests = 64, 3
+    if args.timeout is None:
+        args.timeout = 420 if args.full else 150
+    modes = [m for m in args.modes.split(",") if m]
+    scens = [s for s in args.scenarios.split(",") if s]
+    for m in modes:
+        if m not in MODES:
+            ap.error("unknown mode %s" % m)
+    for s in scens:
+        if s not in SCENARIOS:
+            ap.error("unknown scenario %s" % s)
+    if any(m.startswith("tp-") for m in modes) and not os.path.exists(args.lib):
+        ap.error("%s not found (build it: cmake -B build-torch -G Ninja && cmake --build build-torch)" % args.lib)
+    kwargs = dict(decode_growing_kv=dict(new_tokens=args.decode_tokens),
+                  gemma3_mtmd=dict(requests=args.requests),
+                  qwen2vl_dynres=dict(requests=args.requests))
+
+    results = []
+    t0 = time.perf_counter()
+    if args.warmup == "run":
+        w = run_one(args, ",".join(scens), "warmup", {})
+        print("[%6.0fs] warm-up (every workload, short, default allocator) rc=%s %.0fs" % (
+            time.perf_counter() - t0, w.get("rc"), w.get("elapsed_s", 0)), flush=True)
+    elif args.warmup == "read":
+        nbytes, secs = warm_page_cache()
+        print("[%6.0fs] warm-up: read %.1f GiB of torch/transformers/nvidia files in %.0fs" % (
+            time.perf_counter() - t0, nbytes / (1 << 30), secs), flush=True)
+    for scen in scens:
+        for mode in modes:
+            r = run_one(args, scen, mode, kwargs[scen])
+            results.append(r)
+            print("[%6.0fs] %-18s %-11s rc=%s %5.0fs  used %s MiB  alloc peak %s MiB  %s tok/s  %s" % (
+                time.perf_counter() - t0, scen, mode, r.get("rc"), r.get("elapsed_s", 0),
+                fmt(r.get("peak_used_mib")), fmt(r.get("alloc_peak_reserved_mib")), fmt(r.get("tok_per_s")),
+                r.get("error") or ""), flush=True)
+            if r.get("rc") != 0 and r.get("stderr_tail"):
+                print("    " + r["stderr_tail"][-1200:].replace("\n", "\n    "), flush=True)
+            if args.out:  # after every run, so that an interrupted comparison keeps what it has
+                write_out(args.out, t0, results)
+    print()
+    print_table(results, modes[0])
+    print("\npeak used = device memory in use (%s) at its peak minus before the model was built; "
+          "alloc peak = the allocator's peak reserved bytes; same = generated ids hash like the %s run"
+          % (next((r.get("sampler") for r in results if r.get("sampler")), "?"), modes[0]))
+    if args.out:
+        write_out(args.out, t0, results)
+        print("wrote", args.out)
+    return 0 if all(r.get("rc") == 0 for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1019 @@
+/*
+ * tidepool_torch.c -- a PyTorch CUDA pluggable allocator backed by tidepool.
+ *
+ * PyTorch loads the pair
+ *     void *tp_torch_alloc(ssize_t size, int device, cudaStream_t stream)
+ *     void  tp_torch_free(void *ptr, ssize_t size, int device, cudaStream_t stream)
+ * through torch.cuda.memory.CUDAPluggableAllocator(path, "tp_torch_alloc",
+ * "tp_torch_free"). A cudaStream_t is the driver's CUstream, so it is passed
+ * to tidepool as a tp_stream unchanged; no CUDA header is needed and nothing
+ * links against CUDA (tidepool dlopens the driver).
+ *
+ * Pools: one per device ordinal, created on the first allocation for that
+ * device ("cuda:N", or "cuda:N,novmm" for kind=segment), under a global
+ * creation lock; afterwards the pool pointer is read with one acquire load.
+ * A device that cannot be opened stays failed (one line on stderr) and every
+ * allocation on it returns NULL; PyTorch's own handling of a NULL return
+ * applies (see README.md).
+ *
+ * Size 0: returns NULL without touching a pool, as PyTorch's caching
+ * allocator does for empty tensors; tp_torch_free(NULL, ...) does nothing.
+ *
+ * Out of memory (oom=): PyTorch 2.11's pluggable allocator does not check
+ * for NULL (a failed 2 GiB request became a tensor at address 0), so
+ * tp_torch_alloc, defined in tidepool_torch_raise.cpp, throws a C++
+ * exception by default (oom=raise: PyTorch raises RuntimeError with
+ * tidepool's out-of-memory report); oom=null returns NULL, oom=abort prints
+ * the report and aborts. tp_torch_try_alloc never throws: the entry point
+ * for C and ctypes callers. Built without a C++ compiler, tp_torch_alloc is
+ * defined here and oom=raise is not available (the default is then null).
+ *
+ * Configuration: TIDEPOOL_TORCH_CONF, read once when the library is loaded
+ * (constructor) or at the first call. key=value items separated by commas;
+ * an unknown key, a duplicate or a value that does not parse prints one line
+ * to stderr and the whole configuration falls back to the defaults.
+ *
+ * Hooks beyond alloc/free, for C++ hosts (CUDAPluggableAllocator's set_*_fn
+ * are not exposed to Python) and for ctypes callers: tp_torch_init,
+ * tp_torch_empty_cache (reset_fn: trim every pool to 0), tp_torch_set_memory_
+ * fraction, tp_torch_record_stream, tp_torch_reset_peaks, tp_torch_trim and
+ * tp_torch_stats_json.
+ *
+ * record_stream: a side table (ptr, stream) pairs, open addressing keyed by
+ * the pointer so that all pairs of one pointer sit on one probe chain. At
+ * free, for every recorded stream other than the free stream, an event is
+ * recorded on it and the free stream waits on it before the block is freed
+ * on the free stream: tidepool then reuses the block only after the work of
+ * every stream that used it. A failing event call falls back to
+ * synchronising that stream. The table costs one relaxed load per free while
+ * it is empty.
+ *
+ * Upkeep: a background thread wakes every tick_ms; if no allocation or free
+ * happened since its last wake it calls tp_pool_tick on every pool, so idle
+ * memory above release_threshold goes back to the driver after
+ * idle_release_ms even when the process has gone quiet. Busy processes do
+ * not need it (the pools' own upkeep runs on frees).
+ *
+ * Exit: an atexit handler writes every pool's statistics to the stats= path
+ * (or stderr with stats=-). Pools are never destroyed: PyTorch can still free
+ * tensors after atexit handlers have run.
+ */
+#include "tidepool.h"
+#include "tidepool_torch_internal.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+#include <time.h>
+#include <unistd.h>
+
+#define TPT_EXPORT __attribute__((visibility("default")))
+#define TPT_MAX_DEVICES 64
+#define TPT_PREFIX "tidepool-torch"
+#define TPT_LOG_OFF 4
+
+/* ------------------------------------------------------------ exported API */
+
+TPT_EXPORT void *tp_torch_alloc(ssize_t size, int device, void *stream);
+TPT_EXPORT void *tp_torch_try_alloc(ssize_t size, int device, void *stream);
+TPT_EXPORT void tp_torch_free(void *ptr, ssize_t size, int device, void *stream);
+TPT_EXPORT void tp_torch_init(int device_count);
+TPT_EXPORT void tp_torch_empty_cache(void);
+TPT_EXPORT void tp_torch_set_memory_fraction(double fraction, int device);
+TPT_EXPORT void tp_torch_record_stream(void *ptr, void *stream);
+TPT_EXPORT unsigned long long tp_torch_trim(int device, unsigned long long target_reserved_bytes);
+TPT_EXPORT int tp_torch_reset_peaks(int device);
+TPT_EXPORT const char *tp_torch_stats_json(int device);
+
+/* ----------------------------------------------------------------- config */
+
+typedef enum tpt_backend { TPT_BACKEND_CUDA, TPT_BACKEND_SIM } tpt_backend;
+
+typedef struct tpt_config {
+    tp_pool_kind kind;
+    uint64_t limit_bytes;       /* 0: the device's capacity */
+    double limit_fraction;      /* > 0: limit=NN% of capacity */
+    uint64_t release_threshold_bytes;
+    uint64_t idle_release_ns;
+    uint64_t alignment_bytes;
+    uint64_t page_bytes;
+    uint64_t va_reserve_bytes;
+    uint64_t max_map_bytes;
+    uint64_t tick_ns;           /* 0: no upkeep thread */
+    int log_level;              /* tp_log_level, or TPT_LOG_OFF */
+    tpt_backend backend;
+    uint64_t sim_capacity_bytes;
+    tpt_oom_mode oom;
+    char stats_path[PATH_MAX];  /* "": none, "-": stderr */
+} tpt_config;
+
+static void config_defaults(tpt_config *c) {
+    memset(c, 0, sizeof *c);
+    c->kind = TP_POOL_AUTO;
+    c->alignment_bytes = 512; /* PyTorch's caching allocator rounds blocks to 512 B */
+    c->tick_ns = 1000000000ull;
+    c->log_level = TP_LOG_WARN;
+    c->backend = TPT_BACKEND_CUDA;
+#ifdef TPT_HAVE_CXX
+    c->oom = TPT_OOM_RAISE;
+#else
+    c->oom = TPT_OOM_NULL;
+#endif
+}
+
+static const char *oom_name(tpt_oom_mode mode) {
+    return mode == TPT_OOM_RAISE ? "raise" : mode == TPT_OOM_ABORT ? "abort" : "null";
+}
+
+/* Decimal number with an optional fraction, then an optional unit: B, K/KiB,
+ * M/MiB, G/GiB, T/TiB (binary), KB/MB/GB/TB (decimal); case-insensitive. */
+static bool parse_size(const char *text, uint64_t *out) {
+    const char *p = text;
+    uint64_t whole = 0;
+    int digits = 0;
+    while (*p >= '0' && *p <= '9') {
+        if (whole > (UINT64_MAX - 9) / 10) return false;
+        whole = whole * 10 + (uint64_t)(*p++ - '0');
+        digits++;
+    }
+    double frac = 0, scale = 0.1;
+    int frac_digits = 0;
+    if (*p == '.') {
+        p++;
+        while (*p >= '0' && *p <= '9') {
+            frac += (*p++ - '0') * scale;
+            scale /= 10;
+            frac_digits++;
+        }
+        if (!frac_digits) return false;
+    }
+    if (!digits) return false;
+    char unit[4] = {0};
+    size_t n = 0;
+    while (*p) {
+        if (n == sizeof unit - 1) return false;
+        char ch = *p++;
+        if (ch >= 'a' && ch <= 'z') ch = (char)(ch - 'a' + 'A');
+        if (ch < 'A' || ch > 'Z') return false;
+        unit[n++] = ch;
+    }
+    static const struct { const char *name; uint64_t mult; } units[] = {
+        {"", 1}, {"B", 1},
+        {"K", 1ull << 10}, {"KIB", 1ull << 10}, {"M", 1ull << 20}, {"MIB", 1ull << 20},
+        {"G", 1ull << 30}, {"GIB", 1ull << 30}, {"T", 1ull << 40}, {"TIB", 1ull << 40},
+        {"KB", 1000ull}, {"MB", 1000000ull}, {"GB", 1000000000ull}, {"TB", 1000000000000ull},
+    };
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
+        if (strcmp(unit, units[i].name) != 0) continue;
+        uint64_t mult = units[i].mult;
+        if (whole > UINT64_MAX / mult) return false;
+        uint64_t bytes = whole * mult;
+        double extra = frac * (double)mult + 0.5;
+        if (frac_digits && mult == 1 && frac != 0) return false; /* no fractional bytes */
+        if (extra >= (double)(UINT64_MAX - bytes)) return false;
+        *out = bytes + (uint64_t)extra;
+        return true;
+    }
+    return false;
+}
+
+static bool parse_uint(const char *text, uint64_t max, uint64_t *out) {
+    if (!*text) return false;
+    uint64_t v = 0;
+    for (const char *p = text; *p; p++) {
+        if (*p < '0' || *p > '9') return false;
+        if (v > (max - (uint64_t)(*p - '0')) / 10) return false;
+        v = v * 10 + (uint64_t)(*p - '0');
+    }
+    *out = v;
+    return true;
+}
+
+static bool is_pow2(uint64_t v) { return v && !(v & (v - 1)); }
+
+static const char *level_name(int level) {
+    switch (level) {
+    case TP_LOG_DEBUG: return "debug";
+    case TP_LOG_INFO: return "info";
+    case TP_LOG_WARN: return "warn";
+    case TP_LOG_ERROR: return "error";
+    default: return "off";
+    }
+}
+
+static const char *kind_name(tp_pool_kind kind) {
+    return kind == TP_POOL_VMM ? "vmm" : kind == TP_POOL_SEGMENT ? "segment" : "auto";
+}
+
+/* Parses one item into c. On failure writes why into err. */
+static bool parse_item(tpt_config *c, const char *key, const char *value, char *err, size_t err_cap) {
+#define BAD(...) do { snprintf(err, err_cap, __VA_ARGS__); return false; } while (0)
+    if (!*value) BAD("'%s' has no value", key);
+    if (!strcmp(key, "kind")) {
+        if (!strcmp(value, "vmm")) c->kind = TP_POOL_VMM;
+        else if (!strcmp(value, "segment")) c->kind = TP_POOL_SEGMENT;
+        else if (!strcmp(value, "auto")) c->kind = TP_POOL_AUTO;
+        else BAD("kind=%s: expected vmm, segment or auto", value);
+    } else if (!strcmp(key, "limit")) {
+        size_t len = strlen(value);
+        if (value[len - 1] == '%') {
+            char num[32];
+            uint64_t pct;
+            if (len - 1 >= sizeof num) BAD("limit=%s: bad percentage", value);
+            memcpy(num, value, len - 1);
+            num[len - 1] = '\0';
+            if (!parse_uint(num, 100, &pct) || pct == 0) BAD("limit=%s: expected 1%%..100%%", value);
+            c->limit_fraction = (double)pct / 100.0;
+        } else if (!parse_size(value, &c->limit_bytes)) {
+            BAD("limit=%s: expected a size such as 70GiB, or a percentage such as 90%%", value);
+        }
+    } else if (!strcmp(key, "release_threshold")) {
+        if (!strcmp(value, "unlimited")) c->release_threshold_bytes = TP_BYTES_UNLIMITED;
+        else if (!parse_size(value, &c->release_threshold_bytes)) BAD("release_threshold=%s: expected a size or 'unlimited'", value);
+        else if (c->release_threshold_bytes == 0) c->release_threshold_bytes = 1; /* tidepool's 0 means default */
+    } else if (!strcmp(key, "idle_release_ms")) {
+        uint64_t ms;
+        if (!strcmp(value, "never")) c->idle_release_ns = TP_NS_NEVER;
+        else if (!parse_uint(value, UINT64_MAX / 1000000ull - 1, &ms)) BAD("idle_release_ms=%s: expected milliseconds or 'never'", value);
+        else c->idle_release_ns = ms ? ms * 1000000ull : 1;
+    } else if (!strcmp(key, "align")) {
+        if (!parse_size(value, &c->alignment_bytes) || !is_pow2(c->alignment_bytes) || c->alignment_bytes < 256)
+            BAD("align=%s: expected a power of two >= 256", value);
+    } else if (!strcmp(key, "page")) {
+        if (!parse_size(value, &c->page_bytes) || !is_pow2(c->page_bytes)) BAD("page=%s: expected a power of two size", value);
+    } else if (!strcmp(key, "va_reserve")) {
+        if (!parse_size(value, &c->va_reserve_bytes)) BAD("va_reserve=%s: expected a size", value);
+    } else if (!strcmp(key, "max_map")) {
+        if (!parse_size(value, &c->max_map_bytes)) BAD("max_map=%s: expected a size", value);
+    } else if (!strcmp(key, "tick_ms")) {
+        uint64_t ms;
+        if (!parse_uint(value, 86400000ull, &ms)) BAD("tick_ms=%s: expected milliseconds (0: off)", value);
+        c->tick_ns = ms * 1000000ull;
+    } else if (!strcmp(key, "log")) {
+        if (!strcmp(value, "debug")) c->log_level = TP_LOG_DEBUG;
+        else if (!strcmp(value, "info")) c->log_level = TP_LOG_INFO;
+        else if (!strcmp(value, "warn")) c->log_level = TP_LOG_WARN;
+        else if (!strcmp(value, "error")) c->log_level = TP_LOG_ERROR;
+        else if (!strcmp(value, "off")) c->log_level = TPT_LOG_OFF;
+        else BAD("log=%s: expected debug, info, warn, error or off", value);
+    } else if (!strcmp(key, "stats")) {
+        if (strlen(value) >= sizeof c->stats_path) BAD("stats=: path too long");
+        strcpy(c->stats_path, value);
+    } else if (!strcmp(key, "oom")) {
+        if (!strcmp(value, "null")) c->oom = TPT_OOM_NULL;
+        else if (!strcmp(value, "abort")) c->oom = TPT_OOM_ABORT;
+#ifdef TPT_HAVE_CXX
+        else if (!strcmp(value, "raise")) c->oom = TPT_OOM_RAISE;
+        else BAD("oom=%s: expected raise, null or abort", value);
+#else
+        else BAD("oom=%s: expected null or abort (raise needs the C++ part, not built)", value);
+#endif
+    } else if (!strcmp(key, "backend")) {
+        /* For tests: sim[:CAPACITY] runs on tidepool's simulated device. */
+        if (!strcmp(value, "cuda")) {
+            c->backend = TPT_BACKEND_CUDA;
+        } else if (!strncmp(value, "sim", 3) && (value[3] == '\0' || value[3] == ':')) {
+            c->backend = TPT_BACKEND_SIM;
+            c->sim_capacity_bytes = 0;
+            if (value[3] == ':' && (!parse_size(value + 4, &c->sim_capacity_bytes) || !c->sim_capacity_bytes))
+                BAD("backend=%s: expected cuda, sim or sim:SIZE", value);
+        } else {
+            BAD("backend=%s: expected cuda, sim or sim:SIZE", value);
+        }
+    } else {
+        BAD("unknown key '%s' (known: kind, limit, release_threshold, idle_release_ms, align, page, va_reserve, "
+            "max_map, tick_ms, log, stats, oom, backend)", key);
+    }
+    return true;
+#undef BAD
+}
+
+static char *trim(char *s) {
+    while (*s == ' ' || *s == '\t') s++;
+    size_t n = strlen(s);
+    while (n && (s[n - 1] == ' ' || s[n - 1] == '\t')) s[--n] = '\0';
+    return s;
+}
+
+/* Parses text into *out (defaults first). Returns false with err filled. */
+static bool parse_config(const char *text, tpt_config *out, char *err, size_t err_cap) {
+    config_defaults(out);
+    if (!text) return true;
+    size_t len = strlen(text);
+    char *copy = malloc(len + 1);
+    if (!copy) {
+        snprintf(err, err_cap, "out of host memory");
+        return false;
+    }
+    memcpy(copy, text, len + 1);
+    bool ok = true;
+    char seen[16][24];
+    size_t seen_count = 0;
+    char *item = copy;
+    if (!*trim(copy)) goto done; /* empty: defaults */
+    for (;;) {
+        char *comma = strchr(item, ',');
+        if (comma) *comma = '\0';
+        char *it = trim(item);
+        char *eq = strchr(it, '=');
+        if (!*it) {
+            snprintf(err, err_cap, "empty item");
+            ok = false;
+            break;
+        }
+        if (!eq) {
+            snprintf(err, err_cap, "'%s' is not key=value", it);
+            ok = false;
+            break;
+        }
+        *eq = '\0';
+        char *key = trim(it), *value = trim(eq + 1);
+        for (size_t i = 0; i < seen_count; i++) {
+            if (!strcmp(seen[i], key)) {
+                snprintf(err, err_cap, "'%s' given twice", key);
+                ok = false;
+                goto done;
+            }
+        }
+        if (!parse_item(out, key, value, err, err_cap)) {
+            ok = false;
+            break;
+        }
+        if (seen_count < 16 && strlen(key) < sizeof seen[0]) strcpy(seen[seen_count++], key);
+        if (!comma) break;
+        item = comma + 1;
+    }
+done:
+    free(copy);
+    if (!ok) config_defaults(out);
+    return ok;
+}
+
+/* ----------------------------------------------------------------- state */
+
+enum { SLOT_UNUSED = 0, SLOT_ACTIVE = 1, SLOT_FAILED = 2 };
+
+typedef struct tpt_slot {
+    _Atomic(tp_pool *) pool;
+    tp_device *device;      /* set with pool, under create_lock */
+    int state;              /* under create_lock */
+    tp_status error;        /* why it failed */
+    double fraction;        /* from tp_torch_set_memory_fraction before creation; 0: none */
+    uint64_t limit_bytes;   /* the limit the pool was created with */
+    char spec[48];
+    atomic_ullong alloc_calls;
+    atomic_ullong free_calls;
+    atomic_ullong zero_size_allocs;
+    atomic_ullong failed_allocs;
+    atomic_ullong free_errors;
+    atomic_ullong record_stream_calls;
+    atomic_ullong cross_stream_waits;
+} tpt_slot;
+
+/* record_stream side table: (ptr, stream) pairs. */
+typedef struct rs_entry {
+    uintptr_t ptr;   /* 0: empty; RS_TOMB: deleted */
+    void *stream;
+    int device;
+} rs_entry;
+#define RS_TOMB ((uintptr_t)1)
+
+static struct {
+    pthread_once_t once;
+    tpt_config config;
+    bool config_ok;
+    char config_error[256];
+    int device_count;            /* from tp_torch_init; 0: unknown */
+    pthread_mutex_t create_lock;
+    tpt_slot slots[TPT_MAX_DEVICES];
+    atomic_ullong activity;      /* allocs + frees, for the upkeep thread */
+    atomic_bool exiting;
+    bool tick_started;           /* under create_lock */
+    /* record_stream table */
+    pthread_mutex_t rs_lock;
+    atomic_size_t rs_live;
+    rs_entry *rs;
+    size_t rs_cap, rs_used;      /* used: live + tombstones */
+} g = {.once = PTHREAD_ONCE_INIT,
+       .create_lock = PTHREAD_MUTEX_INITIALIZER,
+       .rs_lock = PTHREAD_MUTEX_INITIALIZER};
+
+static void log_line(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void log_line(int level, const char *fmt, ...) {
+    if (level < g.config.log_level) return;
+    char buf[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, TPT_PREFIX " %s: %s\n", level_name(level), buf);
+}
+
+/* tidepool's log callback: user is the slot's spec string. */
+static void forward_log(void *user, tp_log_level level, const char *message) {
+    if ((int)level < g.config.log_level) return;
+    fprintf(stderr, TPT_PREFIX "[%s] %s: %s\n", (const char *)user, level_name(level), message);
+}
+
+static void at_exit(void);
+
+static void global_init(void) {
+    const char *text = getenv("TIDEPOOL_TORCH_CONF");
+    char err[200] = "";
+    g.config_ok = parse_config(text, &g.config, err, sizeof err);
+    if (!g.config_ok) {
+        snprintf(g.config_error, sizeof g.config_error, "%s", err);
+        fprintf(stderr, TPT_PREFIX ": TIDEPOOL_TORCH_CONF=\"%s\": %s; using the defaults\n", text, err);
+    }
+    atexit(at_exit);
+}
+
+static inline void ensure_init(void) { pthread_once(&g.once, global_init); }
+
+__attribute__((constructor)) static void on_load(void) { ensure_init(); }
+
+/* ----------------------------------------------------------------- upkeep */
+
+static void *tick_main(void *arg) {
+    (void)arg;
+    unsigned long long last = ~0ull;
+    uint64_t ns = g.config.tick_ns;
+    struct timespec ts = {(time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull)};
+    while (!atomic_load(&g.exiting)) {
+        nanosleep(&ts, NULL);
+        if (atomic_load(&g.exiting)) break;
+        unsigned long long now = atomic_load_explicit(&g.activity, memory_order_relaxed);
+        if (now != last) { /* busy: the pools' own upkeep runs on frees */
+            last = now;
+            continue;
+        }
+        for (int d = 0; d < TPT_MAX_DEVICES; d++) {
+            tp_pool *pool = atomic_load_explicit(&g.slots[d].pool, memory_order_acquire);
+            if (pool) tp_pool_tick(pool);
+        }
+    }
+    return NULL;
+}
+
+/* Called with create_lock held. */
+static void start_tick_thread(void) {
+    if (g.tick_started || !g.config.tick_ns || g.config.idle_release_ns == TP_NS_NEVER) return;
+    g.tick_started = true;
+    pthread_attr_t attr;
+    pthread_t thread;
+    if (pthread_attr_init(&attr) != 0) return;
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&thread, &attr, tick_main, NULL) != 0)
+        log_line(TP_LOG_WARN, "could not start the upkeep thread; idle memory is released only on frees");
+    pthread_attr_destroy(&attr);
+}
+
+/* ------------------------------------------------------------------ pools */
+
+static tp_pool *create_pool(int ordinal) {
+    tpt_slot *slot = &g.slots[ordinal];
+    pthread_mutex_lock(&g.create_lock);
+    tp_pool *pool = atomic_load_explicit(&slot->pool, memory_order_relaxed);
+    if (pool || slot->state == SLOT_FAILED) goto out;
+    const tpt_config *c = &g.config;
+    if (c->backend == TPT_BACKEND_SIM) {
+        char cap[32] = "";
+        if (c->sim_capacity_bytes) snprintf(cap, sizeof cap, ":%llu", (unsigned long long)c->sim_capacity_bytes);
+        snprintf(slot->spec, sizeof slot->spec, "sim%s%s", cap, c->kind == TP_POOL_SEGMENT ? ",novmm" : "");
+    } else {
+        snprintf(slot->spec, sizeof slot->spec, "cuda:%d%s", ordinal, c->kind == TP_POOL_SEGMENT ? ",novmm" : "");
+    }
+    tp_device_config dc = {0};
+    if (c->log_level != TPT_LOG_OFF) {
+        dc.log = forward_log;
+        dc.log_user = slot->spec;
+        dc.log_level = (tp_log_level)c->log_level;
+    }
+    tp_device *device = NULL;
+    tp_status st = tp_device_open(slot->spec, &dc, &device);
+    if (st == TP_OK) {
+        tp_device_info info;
+        st = tp_device_get_info(device, &info);
+        tp_pool_config pc = {0};
+        pc.kind = c->kind;
+        pc.limit_bytes = c->limit_bytes;
+        double fraction = slot->fraction > 0 ? slot->fraction : c->limit_fraction;
+        if (st == TP_OK && fraction > 0) {
+            uint64_t lim = (uint64_t)((double)info.capacity_bytes * fraction);
+            pc.limit_bytes = lim ? lim : 1;
+        }
+        if (st == TP_OK && pc.limit_bytes > info.capacity_bytes) pc.limit_bytes = 0; /* the device's capacity */
+        pc.release_threshold_bytes = c->release_threshold_bytes;
+        pc.idle_release_ns = c->idle_release_ns;
+        pc.alignment_bytes = c->alignment_bytes;
+        pc.page_bytes = c->page_bytes;
+        pc.va_reserve_bytes = c->va_reserve_bytes;
+        pc.max_map_bytes = c->max_map_bytes;
+        if (st == TP_OK) st = tp_pool_create(device, &pc, &pool);
+        if (st != TP_OK) {
+            tp_device_close(device);
+            device = NULL;
+            pool = NULL;
+        } else {
+            tp_pool_stats s;
+            if (tp_pool_get_stats(pool, &s) == TP_OK) slot->limit_bytes = s.limit_bytes;
+        }
+    }
+    if (st != TP_OK) {
+        slot->state = SLOT_FAILED;
+        slot->error = st;
+        log_line(TP_LOG_ERROR, "%s: no pool (%s: %s); allocations on device %d return NULL", slot->spec,
+                 tp_status_name(st), tp_status_describe(st), ordinal);
+        goto out;
+    }
+    slot->device = device;
+    slot->state = SLOT_ACTIVE;
+    atomic_store_explicit(&slot->pool, pool, memory_order_release);
+    start_tick_thread();
+out:
+    pthread_mutex_unlock(&g.create_lock);
+    return pool;
+}
+
+static inline tp_pool *pool_for(int device) {
+    tp_pool *pool = atomic_load_explicit(&g.slots[device].pool, memory_order_acquire);
+    return pool ? pool : create_pool(device);
+}
+
+/* --------------------------------------------------------- record_stream */
+
+static size_t rs_hash(uintptr_t ptr, size_t cap) {
+    uint64_t h = (uint64_t)ptr * 0x9E3779B97F4A7C15ull;
+    return (size_t)(h >> 20) & (cap - 1);
+}
+
+/* rs_lock held. Rebuilds the table with room for at least need live entries. */
+static bool rs_rehash(size_t need) {
+    size_t cap = 64;
+    while (cap < need * 2) cap *= 2;
+    rs_entry *fresh = calloc(cap, sizeof *fresh);
+    if (!fresh) return false;
+    for (size_t i = 0; i < g.rs_cap; i++) {
+        rs_entry e = g.rs[i];
+        if (e.ptr <= RS_TOMB) continue;
+        size_t j = rs_hash(e.ptr, cap);
+        while (fresh[j].ptr) j = (j + 1) & (cap - 1);
+        fresh[j] = e;
+    }
+    free(g.rs);
+    g.rs = fresh;
+    g.rs_cap = cap;
+    g.rs_used = atomic_load(&g.rs_live);
+    return true;
+}
+
+static void rs_insert(uintptr_t ptr, void *stream, int device) {
+    pthread_mutex_lock(&g.rs_lock);
+    size_t live = atomic_load(&g.rs_live);
+    if ((g.rs_used + 1) * 4 > g.rs_cap * 3 && !rs_rehash(live + 1)) goto out;
+    size_t i = rs_hash(ptr, g.rs_cap), target = SIZE_MAX;
+    for (; g.rs[i].ptr; i = (i + 1) & (g.rs_cap - 1)) {
+        if (g.rs[i].ptr == ptr && g.rs[i].stream == stream) goto out; /* already recorded */
+        if (g.rs[i].ptr == RS_TOMB && target == SIZE_MAX) target = i;
+    }
+    if (target == SIZE_MAX) {
+        target = i;
+        g.rs_used++;
+    }
+    g.rs[target] = (rs_entry){ptr, stream, device};
+    atomic_store(&g.rs_live, live + 1);
+out:
+    pthread_mutex_unlock(&g.rs_lock);
+}
+
+/* Takes every recorded stream of ptr out of the table (up to cap of them
+ * into out; any further ones are synchronised by the caller's fallback, so
+ * count reports them all). */
+static size_t rs_take(uintptr_t ptr, void **out, size_t cap) {
+    size_t count = 0;
+    pthread_mutex_lock(&g.rs_lock);
+    if (g.rs_cap) {
+        for (size_t i = rs_hash(ptr, g.rs_cap); g.rs[i].ptr; i = (i + 1) & (g.rs_cap - 1)) {
+            if (g.rs[i].ptr != ptr) continue;
+            if (count < cap) out[count] = g.rs[i].stream;
+            count++;
+            g.rs[i].ptr = RS_TOMB;
+            atomic_fetch_sub(&g.rs_live, 1);
+        }
+        if (atomic_load(&g.rs_live) == 0) { /* everything is a tombstone: start over */
+            memset(g.rs, 0, g.rs_cap * sizeof *g.rs);
+            g.rs_used = 0;
+        }
+    }
+    pthread_mutex_unlock(&g.rs_lock);
+    return count;
+}
+
+/* Makes free_stream wait for the work queued so far on each recorded stream. */
+static void order_after_recorded(tpt_slot *slot, uintptr_t ptr, void *free_stream) {
+    void *streams[16];
+    size_t count = rs_take(ptr, streams, 16);
+    if (count > 16) { /* more than we kept: everything the device has queued */
+        tp_device_synchronize(slot->device);
+        count = 0;
+    }
+    for (size_t i = 0; i < count; i++) {
+        if (streams[i] == free_stream) continue;
+        tp_event ev = NULL;
+        tp_status st = tp_event_create(slot->device, &ev);
+        if (st == TP_OK) st = tp_event_record(slot->device, ev, (tp_stream)streams[i]);
+        if (st == TP_OK) st = tp_stream_wait_event(slot->device, (tp_stream)free_stream, ev);
+        if (ev) tp_event_destroy(slot->device, ev);
+        if (st != TP_OK) tp_stream_synchronize(slot->device, (tp_stream)streams[i]);
+        atomic_fetch_add_explicit(&slot->cross_stream_waits, 1, memory_order_relaxed);
+    }
+}
+
+/* ----------------------------------------------------------- alloc, free */
+
+/* Why this thread's last tpt_alloc failed, for tpt_oom_message. */
+static _Thread_local tp_status tls_alloc_status;
+
+void *tpt_alloc(ssize_t size, int device, void *stream) {
+    ensure_init();
+    tls_alloc_status = TP_ERR_INVALID_ARGUMENT;
+    if (device < 0 || device >= TPT_MAX_DEVICES) return NULL;
+    tpt_slot *slot = &g.slots[device];
+    if (size <= 0) {
+        if (size == 0) atomic_fetch_add_explicit(&slot->zero_size_allocs, 1, memory_order_relaxed);
+        return NULL;
+    }
+    tp_pool *pool = pool_for(device);
+    void *ptr = NULL;
+    tls_alloc_status = pool ? tp_pool_alloc(pool, (size_t)size, (tp_stream)stream, &ptr) : TP_ERR_NO_DEVICE;
+    if (tls_alloc_status != TP_OK) {
+        atomic_fetch_add_explicit(&slot->failed_allocs, 1, memory_order_relaxed);
+        return NULL;
+    }
+    atomic_fetch_add_explicit(&slot->alloc_calls, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&g.activity, 1, memory_order_relaxed);
+    return ptr;
+}
+
+TPT_EXPORT void *tp_torch_try_alloc(ssize_t size, int device, void *stream) { return tpt_alloc(size, device, stream); }
+
+tpt_oom_mode tpt_get_oom_mode(void) {
+    ensure_init();
+    return g.config.oom;
+}
+
+/* "2.00 GiB", "20.00 MiB", "512 bytes": as PyTorch's own out-of-memory message. */
+static void format_bytes(uint64_t v, char *buf, size_t capacity) {
+    static const char *units[] = {"KiB", "MiB", "GiB", "TiB"};
+    if (v < 1024) {
+        snprintf(buf, capacity, "%llu bytes", (unsigned long long)v);
+        return;
+    }
+    double x = (double)v / 1024.0;
+    int u = 0;
+    while (x >= 1024.0 && u < 3) {
+        x /= 1024.0;
+        u++;
+    }
+    snprintf(buf, capacity, "%.2f %s", x, units[u]);
+}
+
+void tpt_oom_message(ssize_t size, int device, char *buf, size_t capacity) {
+    char amount[32];
+    format_bytes(size > 0 ? (uint64_t)size : 0, amount, sizeof amount);
+    if (device < 0 || device >= TPT_MAX_DEVICES) {
+        snprintf(buf, capacity, "CUDA out of memory. Tried to allocate %s on device %d: tidepool has no pool "
+                 "for that device number", amount, device);
+        return;
+    }
+    tpt_slot *slot = &g.slots[device];
+    tp_pool *pool = atomic_load_explicit(&slot->pool, memory_order_acquire);
+    tp_oom_report r;
+    if (pool && tls_alloc_status == TP_ERR_OUT_OF_MEMORY && tp_pool_last_oom_report(pool, &r) == TP_OK) {
+        snprintf(buf, capacity, "CUDA out of memory. Tried to allocate %s on device %d (tidepool %s pool): %s",
+                 amount, device, slot->spec, r.message);
+    } else if (pool) {
+        snprintf(buf, capacity, "CUDA out of memory. Tried to allocate %s on device %d: tidepool's %s pool "
+                 "failed (%s: %s)", amount, device, slot->spec, tp_status_name(tls_alloc_status),
+                 tp_status_describe(tls_alloc_status));
+    } else {
+        pthread_mutex_lock(&g.create_lock);
+        tp_status st = slot->error;
+        pthread_mutex_unlock(&g.create_lock);
+        snprintf(buf, capacity, "CUDA out of memory. Tried to allocate %s on device %d: tidepool could not "
+                 "open %s (%s: %s)", amount, device, slot->spec[0] ? slot->spec : "the device", tp_status_name(st),
+                 tp_status_describe(st));
+    }
+}
+
+void tpt_oom_abort(ssize_t size, int device) {
+    char message[768];
+    tpt_oom_message(size, device, message, sizeof message);
+    fprintf(stderr, TPT_PREFIX ": %s; aborting (oom=abort)\n", message);
+    fflush(stderr);
+    abort();
+}
+
+#ifndef TPT_HAVE_CXX
+/* Without the C++ part: NULL, or abort with oom=abort. */
+TPT_EXPORT void *tp_torch_alloc(ssize_t size, int device, void *stream) {
+    void *ptr = tpt_alloc(size, device, stream);
+    if (!ptr && size > 0 && g.config.oom == TPT_OOM_ABORT) tpt_oom_abort(size, device);
+    return ptr;
+}
+#endif
+
+TPT_EXPORT void tp_torch_free(void *ptr, ssize_t size, int device, void *stream) {
+    (void)size;
+    if (!ptr) return;
+    ensure_init();
+    if (device < 0 || device >= TPT_MAX_DEVICES) {
+        log_line(TP_LOG_ERROR, "free(%p) on device %d: no such device slot; the block is lost", ptr, device);
+        return;
+    }
+    tpt_slot *slot = &g.slots[device];
+    tp_pool *pool = atomic_load_explicit(&slot->pool, memory_order_acquire);
+    if (!pool) {
+        atomic_fetch_add_explicit(&slot->free_errors, 1, memory_order_relaxed);
+        log_line(TP_LOG_ERROR, "free(%p) on device %d, which has no pool", ptr, device);
+        return;
+    }
+    if (atomic_load_explicit(&g.rs_live, memory_order_relaxed))
+        order_after_recorded(slot, (uintptr_t)ptr, stream);
+    if (tp_pool_free(pool, ptr, (tp_stream)stream) != TP_OK) /* tidepool logs why */
+        atomic_fetch_add_explicit(&slot->free_errors, 1, memory_order_relaxed);
+    else
+        atomic_fetch_add_explicit(&slot->free_calls, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&g.activity, 1, memory_order_relaxed);
+}
+
+/* ------------------------------------------------------------- the hooks */
+
+TPT_EXPORT void tp_torch_init(int device_count) {
+    ensure_init();
+    pthread_mutex_lock(&g.create_lock);
+    g.device_count = device_count;
+    pthread_mutex_unlock(&g.create_lock);
+}
+
+TPT_EXPORT unsigned long long tp_torch_trim(int device, unsigned long long target_reserved_bytes) {
+    ensure_init();
+    uint64_t total = 0;
+    for (int d = 0; d < TPT_MAX_DEVICES; d++) {
+        if (device >= 0 && d != device) continue;
+        tp_pool *pool = atomic_load_explicit(&g.slots[d].pool, memory_order_acquire);
+        uint64_t released = 0;
+        if (pool && tp_pool_trim(pool, target_reserved_bytes, &released) == TP_OK) total += released;
+    }
+    return total;
+}
+
+TPT_EXPORT void tp_torch_empty_cache(void) { tp_torch_trim(-1, 0); }
+
+TPT_EXPORT void tp_torch_set_memory_fraction(double fraction, int device) {
+    ensure_init();
+    if (device < 0 || device >= TPT_MAX_DEVICES || !(fraction > 0 && fraction <= 1)) {
+        log_line(TP_LOG_ERROR, "set_memory_fraction(%g, %d): fraction must be in (0, 1]", fraction, device);
+        return;
+    }
+    tpt_slot *slot = &g.slots[device];
+    pthread_mutex_lock(&g.create_lock);
+    tp_pool *pool = atomic_load_explicit(&slot->pool, memory_order_relaxed);
+    slot->fraction = fraction;
+    tp_device *dev = slot->device;
+    pthread_mutex_unlock(&g.create_lock);
+    if (!pool) return; /* applied when the pool is created */
+    /* A live pool's limit cannot change (tidepool has no call for it): give
+     * back cached memory above the new limit and say so. */
+    tp_device_info info;
+    if (tp_device_get_info(dev, &info) != TP_OK) return;
+    uint64_t target = (uint64_t)((double)info.capacity_bytes * fraction);
+    tp_pool_trim(pool, target, NULL);
+    log_line(TP_LOG_WARN, "set_memory_fraction(%g, %d): the pool already exists with its limit; cached memory above "
+             "%llu bytes was released, but the limit stays (set limit= in TIDEPOOL_TORCH_CONF instead)",
+             fraction, device, (unsigned long long)target);
+}
+
+TPT_EXPORT void tp_torch_record_stream(void *ptr, void *stream) {
+    ensure_init();
+    if (!ptr) return;
+    /* Which pool owns ptr: the one with a live block starting there. */
+    for (int d = 0; d < TPT_MAX_DEVICES; d++) {
+        tp_pool *pool = atomic_load_explicit(&g.slots[d].pool, memory_order_acquire);
+        size_t bytes;
+        if (!pool || tp_pool_block_size(pool, ptr, &bytes) != TP_OK) continue;
+        atomic_fetch_add_explicit(&g.slots[d].record_stream_calls, 1, memory_order_relaxed);
+        rs_insert((uintptr_t)ptr, stream, d);
+        return;
+    }
+    log_line(TP_LOG_WARN, "record_stream(%p): not a live block of any tidepool pool; ignored", ptr);
+}
+
+TPT_EXPORT int tp_torch_reset_peaks(int device) {
+    ensure_init();
+    int count = 0;
+    for (int d = 0; d < TPT_MAX_DEVICES; d++) {
+        if (device >= 0 && d != device) continue;
+        tp_pool *pool = atomic_load_explicit(&g.slots[d].pool, memory_order_acquire);
+        if (pool && tp_pool_reset_peaks(pool) == TP_OK) count++;
+    }
+    return count;
+}
+
+/* ------------------------------------------------------------------ stats */
+
+typedef struct sbuf {
+    char *data;
+    size_t len, cap;
+    bool failed;
+} sbuf;
+
+static void sb_appendf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sb_appendf(sbuf *b, const char *fmt, ...) {
+    if (b->failed) return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(b->data ? b->data + b->len : NULL, b->data ? b->cap - b->len : 0, fmt, ap);
+        va_end(ap);
+        if (n < 0) {
+            b->failed = true;
+            return;
+        }
+        if (b->data && b->len + (size_t)n < b->cap) {
+            b->len += (size_t)n;
+            return;
+        }
+        size_t cap = b->cap ? b->cap : 1024;
+        while (cap <= b->len + (size_t)n) cap *= 2;
+        char *grown = realloc(b->data, cap);
+        if (!grown) {
+            b->failed = true;
+            return;
+        }
+        b->data = grown;
+        b->cap = cap;
+    }
+}
+
+/* JSON string contents: escapes quotes, backslashes and control characters. */
+static void sb_json_string(sbuf *b, const char *s) {
+    sb_appendf(b, "\"");
+    for (; *s; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch == '"' || ch == '\\') sb_appendf(b, "\\%c", ch);
+        else if (ch < 0x20) sb_appendf(b, "\\u%04x", ch);
+        else sb_appendf(b, "%c", ch);
+    }
+    sb_appendf(b, "\"");
+}
+
+static void sb_bytes_or_null(sbuf *b, const char *key, uint64_t v, bool zero_is_default) {
+    if (zero_is_default && v == 0) sb_appendf(b, "\"%s\":null,", key);
+    else if (v == UINT64_MAX) sb_appendf(b, "\"%s\":\"unlimited\",", key);
+    else sb_appendf(b, "\"%s\":%llu,", key, (unsigned long long)v);
+}
+
+static void sb_config(sbuf *b) {
+    const tpt_config *c = &g.config;
+    sb_appendf(b, "{\"ok\":%s,", g.config_ok ? "true" : "false");
+    if (!g.config_ok) {
+        sb_appendf(b, "\"error\":");
+        sb_json_string(b, g.config_error);
+        sb_appendf(b, ",");
+    }
+    sb_appendf(b, "\"kind\":\"%s\",", kind_name(c->kind));
+    if (c->limit_fraction > 0) sb_appendf(b, "\"limit\":\"%.0f%%\",", c->limit_fraction * 100);
+    else sb_bytes_or_null(b, "limit_bytes", c->limit_bytes, true);
+    sb_bytes_or_null(b, "release_threshold_bytes", c->release_threshold_bytes, true);
+    if (c->idle_release_ns == TP_NS_NEVER) sb_appendf(b, "\"idle_release_ms\":\"never\",");
+    else if (c->idle_release_ns == 0) sb_appendf(b, "\"idle_release_ms\":null,");
+    else sb_appendf(b, "\"idle_release_ms\":%llu,", (unsigned long long)(c->idle_release_ns / 1000000ull));
+    sb_appendf(b, "\"align\":%llu,", (unsigned long long)c->alignment_bytes);
+    sb_bytes_or_null(b, "page_bytes", c->page_bytes, true);
+    sb_bytes_or_null(b, "va_reserve_bytes", c->va_reserve_bytes, true);
+    sb_bytes_or_null(b, "max_map_bytes", c->max_map_bytes, true);
+    sb_appendf(b, "\"tick_ms\":%llu,\"log\":\"%s\",\"oom\":\"%s\",\"backend\":\"%s\",\"stats\":",
+               (unsigned long long)(c->tick_ns / 1000000ull), level_name(c->log_level), oom_name(c->oom),
+               c->backend == TPT_BACKEND_SIM ? "sim" : "cuda");
+    sb_json_string(b, c->stats_path);
+    sb_appendf(b, "}");
+}
+
+/* One device's object. Returns false if the slot was never used. */
+static bool sb_device(sbuf *b, int d, bool include_unused) {
+    tpt_slot *slot = &g.slots[d];
+    pthread_mutex_lock(&g.create_lock);
+    int state = slot->state;
+    tp_status error = slot->error;
+    char spec[sizeof slot->spec];
+    memcpy(spec, slot->spec, sizeof spec);
+    pthread_mutex_unlock(&g.create_lock);
+    unsigned long long zero = atomic_load(&slot->zero_size_allocs), failed = atomic_load(&slot->failed_allocs);
+    if (state == SLOT_UNUSED && !include_unused && !zero && !failed) return false;
+    sb_appendf(b, "{\"device\":%d,\"spec\":", d);
+    sb_json_string(b, spec);
+    sb_appendf(b, ",\"state\":\"%s\",",
+               state == SLOT_ACTIVE ? "active" : state == SLOT_FAILED ? "failed" : "unused");
+    if (state == SLOT_FAILED) sb_appendf(b, "\"error\":\"%s\",", tp_status_name(error));
+    sb_appendf(b,
+               "\"shim\":{\"alloc_calls\":%llu,\"free_calls\":%llu,\"zero_size_allocs\":%llu,\"failed_allocs\":%llu,"
+               "\"free_errors\":%llu,\"record_stream_calls\":%llu,\"cross_stream_waits\":%llu},\"pool\":",
+               (unsigned long long)atomic_load(&slot->alloc_calls), (unsigned long long)atomic_load(&slot->free_calls),
+               zero, failed, (unsigned long long)atomic_load(&slot->free_errors),
+               (unsigned long long)atomic_load(&slot->record_stream_calls),
+               (unsigned long long)atomic_load(&slot->cross_stream_waits));
+    tp_pool *pool = atomic_load_explicit(&slot->pool, memory_order_acquire);
+    if (!pool) {
+        sb_appendf(b, "null}");
+        return true;
+    }
+    char small[2048];
+    size_t need = 0;
+    tp_status st = tp_pool_stats_json(pool, small, sizeof small, &need);
+    if (st == TP_OK) {
+        sb_appendf(b, "%s}", small);
+    } else {
+        char *big = malloc(need + 1);
+        if (big && tp_pool_stats_json(pool, big, need + 1, NULL) == TP_OK) sb_appendf(b, "%s}", big);
+        else sb_appendf(b, "null}");
+        free(big);
+    }
+    return true;
+}
+
+static void sb_all(sbuf *b) {
+    sb_appendf(b, "{\"tidepool_torch\":{\"version\":\"%d.%d.%d\",\"pid\":%ld,\"config\":", TP_VERSION_MAJOR,
+               TP_VERSION_MINOR, TP_VERSION_PATCH, (long)getpid());
+    sb_config(b);
+    sb_appendf(b, "},\"devices\":[");
+    bool first = true;
+    for (int d = 0; d < TPT_MAX_DEVICES; d++) {
+        size_t mark = b->len;
+        if (!first) sb_appendf(b, ",");
+        if (sb_device(b, d, false)) first = false;
+        else b->len = mark;
+    }
+    sb_appendf(b, "]}");
+}
+
+/* The returned string belongs to the calling thread and stays valid until
+ * that thread's next call. device < 0: every pool, with the configuration. */
+TPT_EXPORT const char *tp_torch_stats_json(int device) {
+    static _Thread_local sbuf tls;
+    ensure_init();
+    tls.len = 0;
+    tls.failed = false;
+    if (device < 0) sb_all(&tls);
+    else if (device >= TPT_MAX_DEVICES) sb_appendf(&tls, "{\"device\":%d,\"state\":\"invalid\",\"pool\":null}", device);
+    else sb_device(&tls, device, true);
+    if (tls.failed || !tls.data) return "{\"error\":\"out of host memory\"}";
+    if (tls.len < tls.cap) tls.data[tls.len] = '\0';
+    return tls.data;
+}
+
+/* ------------------------------------------------------------------- exit */
+
+static void at_exit(void) {
+    atomic_store(&g.exiting, true);
+    const char *path = g.config.stats_path;
+    if (!path[0]) return;
+    sbuf b = {0};
+    sb_all(&b);
+    if (b.failed || !b.data) {
+        free(b.data);
+        return;
+    }
+    if (!strcmp(path, "-")) {
+        fprintf(stderr, "%s\n", b.data);
+    } else {
+        /* %p in the path becomes the process id. */
+        char resolved[PATH_MAX + 32];
+        size_t o = 0;
+        for (const char *p = path; *p && o + 24 < sizeof resolved; p++) {
+            if (p[0] == '%' && p[1] == 'p') {
+                o += (size_t)snprintf(resolved + o, sizeof resolved - o, "%ld", (long)getpid());
+                p++;
+            } else {
+                resolved[o++] = *p;
+            }
+        }
+        resolved[o] = '\0';
+        FILE *f = fopen(resolved, "w");
+        if (!f) {
+            fprintf(stderr, TPT_PREFIX ": cannot write stats to %s: %s\n", resolved, strerror(errno));
+        } else {
+            fprintf(f, "%s\n", b.data);
+            if (fclose(f) != 0) fprintf(stderr, TPT_PREFIX ": writing stats to %s failed\n", resolved);
+        }
+    }
+    free(b.data);
+}

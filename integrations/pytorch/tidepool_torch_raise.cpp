@@ -1,0 +1,48 @@
+/*
+ * tidepool_torch_raise.cpp -- tp_torch_alloc, the allocation entry point
+ * PyTorch calls, in C++ so that an allocation failure can be an exception.
+ *
+ * Why: PyTorch's CUDAPluggableAllocator does not check what alloc_fn
+ * returns. Measured with torch 2.11 on an H200: a NULL from alloc_fn for a
+ * 2 GiB request became a tensor with data_ptr() == 0 and no error, so the
+ * first kernel to touch it faults. Throwing instead makes the failing call
+ * raise in Python (PyTorch turns a std::exception into RuntimeError, whose
+ * subclass torch.cuda.OutOfMemoryError its own allocator raises), with
+ * tidepool's out-of-memory report as the message; nothing in PyTorch holds
+ * a lock or half-made state at that point (alloc_fn is the first thing its
+ * malloc calls).
+ *
+ * C callers, ctypes among them, must not call a function that may throw:
+ * they use tp_torch_try_alloc, or set oom=null. The C shim does all the
+ * work; this file only decides what a failure looks like.
+ */
+#include "tidepool_torch_internal.h"
+
+#include <stdexcept>
+
+namespace {
+
+class tidepool_out_of_memory : public std::runtime_error {
+public:
+    explicit tidepool_out_of_memory(const char *what) : std::runtime_error(what) {}
+};
+
+} // namespace
+
+extern "C" __attribute__((visibility("default"))) void *tp_torch_alloc(ssize_t size, int device, void *stream);
+
+extern "C" void *tp_torch_alloc(ssize_t size, int device, void *stream) {
+    void *ptr = tpt_alloc(size, device, stream);
+    if (ptr || size <= 0) return ptr;
+    switch (tpt_get_oom_mode()) {
+    case TPT_OOM_NULL:
+        return nullptr;
+    case TPT_OOM_ABORT:
+        tpt_oom_abort(size, device);
+    case TPT_OOM_RAISE:
+        break;
+    }
+    char message[768];
+    tpt_oom_message(size, device, message, sizeof message);
+    throw tidepool_out_of_memory(message);
+}
