@@ -25,11 +25,11 @@ if [ "$mode" = default ] || [ "$mode" = all ]; then
   run_suite "tests" build -DCMAKE_BUILD_TYPE=RelWithDebInfo
 fi
 if [ "$mode" = asan ] || [ "$mode" = all ]; then
-  CC=clang run_suite "tests under ASan+UBSan" build-asan -DCMAKE_BUILD_TYPE=Debug -DTP_SANITIZE=address,undefined
+  CC=clang CXX=clang++ run_suite "tests under ASan+UBSan" build-asan -DCMAKE_BUILD_TYPE=Debug -DTP_SANITIZE=address,undefined
 fi
 if [ "$mode" = tsan ] || [ "$mode" = all ]; then
   # ThreadSanitizer: the tests that run threads.
-  CC=clang cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DTP_SANITIZE=thread >/dev/null
+  CC=clang CXX=clang++ cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DTP_SANITIZE=thread >/dev/null
   cmake --build build-tsan
   echo "== tests under TSan"
   TSAN_OPTIONS="halt_on_error=1" ctest --test-dir build-tsan --output-on-failure -R "thread"
