@@ -299,6 +299,11 @@ typedef struct tp_pool_config {
     uint32_t growth_step_percent; /* 0: 6 (each ladder step is 6% larger) */
     /* Alignment of every block, a power of two >= 256. 0: 256. */
     uint64_t alignment_bytes;
+    /* Largest freed block parked for reuse without coalescing (the hit
+     * path). 0: 64 KiB for VMM pools (a parked block keeps its pages
+     * mapped, so larger ones cost memory on some workloads), 64 MiB for
+     * segment pools. */
+    uint64_t tcache_max_block_bytes;
     uint32_t flags;
 } tp_pool_config;
 

@@ -751,6 +751,8 @@ static tp_status resolve_config(tp_device *device, const tp_pool_config *in, tp_
     if (!out->small_segment_bytes) out->small_segment_bytes = 2 * TP_MiB;
     if (!out->medium_segment_bytes) out->medium_segment_bytes = 20 * TP_MiB;
     if (!out->growth_step_percent) out->growth_step_percent = 6;
+    if (!out->tcache_max_block_bytes)
+        out->tcache_max_block_bytes = out->kind == TP_POOL_VMM ? POOL_TCACHE_MAX_BLOCK_VMM : POOL_TCACHE_MAX_BLOCK;
     if (out->small_segment_bytes % out->alignment_bytes || out->medium_segment_bytes % out->alignment_bytes)
         return TP_ERR_INVALID_ARGUMENT;
     return TP_OK;
@@ -779,7 +781,7 @@ tp_status tp_pool_create(tp_device *device, const tp_pool_config *config, tp_poo
     /* The segment pool parks blocks up to 64 MiB. The VMM pool parks only
      * small ones: a parked block keeps its pages busy, and large ones would
      * pin pages that a request of another size could use without mapping. */
-    pool->tcache_max_block_bytes = resolved.kind == TP_POOL_VMM ? POOL_TCACHE_MAX_BLOCK_VMM : POOL_TCACHE_MAX_BLOCK;
+    pool->tcache_max_block_bytes = resolved.tcache_max_block_bytes;
     pool->tcache_limit_bytes = TP_MIN(resolved.release_threshold_bytes,
                                       resolved.kind == TP_POOL_VMM ? 32 * TP_MiB : 256 * TP_MiB);
     pool->stats.kind = resolved.kind;
