@@ -7,10 +7,10 @@
  *      a request of its bin on the stream that freed it. No device call, no
  *      range-allocator work: the hit path.
  *   2. the backing's try_alloc: good fit in the range allocator among free
- *      ranges usable on the stream (tp_pool_find_usable); the VMM backing
- *      maps pages the block lacks, the segment backing mallocs a segment
- *      when nothing fits. Before growing, idle units beyond the release
- *      threshold whose last use has completed are released.
+ *      ranges usable on the stream; the VMM backing maps pages the block
+ *      lacks (under its soft cap, pool_vmm.c), the segment backing mallocs a
+ *      segment when nothing fits (after releasing idle segments beyond the
+ *      release threshold, tp_pool_release_before_growth).
  *   3. out of memory: the ladder (alloc_with_ladder): flush the tcache and
  *      release completed idle units, oldest first, as much as needed ->
  *      synchronise the streams holding pending frees -> release all idle

@@ -6,14 +6,15 @@
  * order works and a block may span any number of pages. Every page is a
  * unit of its own (units[p] for page p): it counts the live blocks touching
  * it, and with none it is idle and may be unmapped alone once the work that
- * last used it has completed. A block is placed by good fit over addresses;
+ * last used it has completed. A block goes to the first window, in good-fit
+ * order, whose pages are mapped and usable on the stream (place_accept);
  * the pages it touches that are not mapped are then mapped in runs, one
  * device call per run (the driver backs each page with its own physical
- * allocation, so pages unmap independently). When the pool must grow it
- * also maps a look-ahead of free pages right after the block -- 1/32 of
- * what it holds, at least two pages -- so a stream of growing requests
- * costs O(log n) device calls, not one per request. Releasing an idle page
- * takes its idle, completed neighbours along in the same call.
+ * allocation, so pages unmap independently). Growth maps a look-ahead after
+ * the block (lookahead_pages) so growing requests cost O(log n) calls, and
+ * first unmaps idle pages when the pool would pass its soft cap (soft_cap).
+ * Releasing an idle page takes its idle, completed neighbours of the same
+ * age along in the same call.
  *
  * Invariants (vmm_check): units[p].live equals the number of used nodes
  * overlapping page p; a page is UNUSED iff unmapped, IDLE iff mapped with no
