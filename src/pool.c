@@ -5,7 +5,11 @@
  * Allocation path
  *   1. tcache: a freed block parked per size bin (not coalesced), reused by
  *      a request of its bin on the stream that freed it. No device call, no
- *      range-allocator work: the hit path.
+ *      range-allocator work: the hit path. Blocks above the tcache's size
+ *      bound park in a single last-freed slot that lives only until the next
+ *      allocation: reused when that allocation fits it (free X, alloc X
+ *      again: the common loop), else released before the allocation looks
+ *      for room, so placement sees the same free memory as without it.
  *   2. the backing's try_alloc: good fit in the range allocator among free
  *      ranges usable on the stream; the VMM backing maps pages the block
  *      lacks (under its soft cap, pool_vmm.c), the segment backing mallocs a
@@ -30,7 +34,8 @@
  *
  * Invariants (tp_pool_check): the range allocator's own; every map entry is
  * a used node starting at its key; cached nodes are exactly the tcache
- * entries and their bytes sum to tcache_bytes; idle units are exactly the
+ * entries (bins plus the last-freed slot) and their bytes sum to
+ * tcache_bytes; idle units are exactly the
  * LRU list and sum to idle_bytes; allocated/requested/pinned statistics
  * equal sums over the nodes; plus the backing's invariants.
  *
@@ -474,7 +479,13 @@ void tp_pool_lru_append(tp_pool *pool, uint32_t u, uint64_t now) {
 
 void tp_pool_unit_became_idle(tp_pool *pool, uint32_t u) {
     pool->units[u].state = UNIT_IDLE;
-    tp_pool_lru_append(pool, u, tp_pool_now(pool));
+    uint64_t since = pool->idle_stamp_ns;
+    if (!since) {
+        since = tp_pool_now(pool);
+    } else if (pool->lru_tail != POOL_NONE && pool->units[pool->lru_tail].idle_since_ns > since) {
+        since = pool->units[pool->lru_tail].idle_since_ns; /* keep the list in idle order */
+    }
+    tp_pool_lru_append(pool, u, since);
 }
 
 void tp_pool_unit_became_busy(tp_pool *pool, uint32_t u) {
@@ -599,9 +610,50 @@ void tp_pool_release_block(tp_pool *pool, uint32_t id, tp_tag tag) {
     pool->backend->after_release(pool, offset, size, merged, tag);
 }
 
+/* May the parked block n be handed out again in place? Only where
+ * good-fit placement would choose the same address had n been released:
+ * n has no free range before it (release would merge backwards), and the
+ * free range F after it, if any, leaves no better fit: the first non-empty
+ * bin at or above n's, F itself aside, is at or above the bin of n + F.
+ * So the free X / alloc X loop skips the range allocator without changing
+ * where blocks go. */
+static bool reuse_in_place(tp_ra *ra, const tp_ra_node *n) {
+    if (n->addr_prev != RA_NONE && tp_ra_node_at(ra, n->addr_prev)->state == RA_NODE_FREE) return false;
+    if (n->addr_next == RA_NONE) return true;
+    const tp_ra_node *f = tp_ra_node_at(ra, n->addr_next);
+    if (f->state != RA_NODE_FREE) return true;
+    uint32_t bin = tp_ra_bin_floor(ra, n->size);
+    uint32_t first = tp_ra_next_nonempty_bin(ra, bin);
+    if (first != RA_NONE && first == f->bin && ra->heads[first] == n->addr_next && f->list_next == RA_NONE)
+        first = tp_ra_next_nonempty_bin(ra, first + 1); /* F alone in its bin: look past it */
+    return first == RA_NONE || first >= tp_ra_bin_floor(ra, n->size + f->size);
+}
+
+/* Returns the last-freed block, if any, to the range allocator; units it
+ * leaves idle count as idle since the block was freed. */
+static void last_freed_release(tp_pool *pool) {
+    uint32_t id = pool->last_freed;
+    if (id == RA_NONE) return;
+    pool->last_freed = RA_NONE;
+    tp_ra_node *n = tp_ra_node_at(&pool->ra, id);
+    pool->tcache_bytes -= n->size;
+    map_del(&pool->blocks, n->offset);
+    pool->idle_stamp_ns = pool->last_freed_ns ? pool->last_freed_ns : 1;
+    tp_pool_release_block(pool, id, n->tag);
+    pool->idle_stamp_ns = 0;
+}
+
 static bool tcache_push(tp_pool *pool, uint32_t id) {
     tp_ra_node *n = tp_ra_node_at(&pool->ra, id);
-    if (n->size > pool->tcache_max_block_bytes || pool->tcache_bytes + n->size > pool->tcache_limit_bytes) return false;
+    if (n->size > pool->tcache_max_block_bytes) {
+        last_freed_release(pool);
+        pool->last_freed = id;
+        pool->last_freed_ns = tp_pool_now(pool);
+        pool->tcache_bytes += n->size;
+        n->flags |= NODE_CACHED;
+        return true;
+    }
+    if (pool->tcache_bytes + n->size > pool->tcache_limit_bytes) return false;
     uint32_t bin = tp_ra_bin_floor(&pool->ra, n->size);
     uint8_t count = pool->tcache_count[bin];
     if (count == POOL_TCACHE_DEPTH) return false;
@@ -615,6 +667,19 @@ static bool tcache_push(tp_pool *pool, uint32_t id) {
 /* A parked block of bin(size) or the next bin, freed on slot, that holds
  * size bytes and wastes at most 1/8 of them. */
 static uint32_t tcache_pop(tp_pool *pool, uint64_t size, uint32_t slot) {
+    if (size > pool->tcache_max_block_bytes || pool->last_freed != RA_NONE) {
+        uint32_t id = pool->last_freed;
+        if (id == RA_NONE) return RA_NONE;
+        tp_ra_node *n = tp_ra_node_at(&pool->ra, id);
+        if (n->size == size && n->tag.slot == slot && reuse_in_place(&pool->ra, n)) {
+            pool->last_freed = RA_NONE;
+            pool->tcache_bytes -= n->size;
+            n->flags &= ~NODE_CACHED;
+            return id;
+        }
+        last_freed_release(pool);
+        if (size > pool->tcache_max_block_bytes) return RA_NONE;
+    }
     uint32_t bin = tp_ra_bin_floor(&pool->ra, size);
     for (uint32_t b = bin; b <= bin + 1 && b < RA_BIN_COUNT; b++) {
         uint8_t count = pool->tcache_count[b];
@@ -633,6 +698,7 @@ static uint32_t tcache_pop(tp_pool *pool, uint64_t size, uint32_t slot) {
 uint64_t tp_pool_tcache_flush(tp_pool *pool) {
     if (!pool->tcache_bytes) return 0;
     uint64_t flushed = pool->tcache_bytes;
+    last_freed_release(pool);
     for (uint32_t bin = 0; bin < RA_BIN_COUNT; bin++) {
         for (uint8_t i = 0; i < pool->tcache_count[bin]; i++) {
             uint32_t id = pool->tcache[bin][i];
@@ -780,8 +846,11 @@ tp_status tp_pool_create(tp_device *device, const tp_pool_config *config, tp_poo
     pool->stream_capacity = 0;
     /* The segment pool parks blocks up to 64 MiB. The VMM pool parks only
      * small ones: a parked block keeps its pages busy, and large ones would
-     * pin pages that a request of another size could use without mapping. */
+     * pin pages that a request of another size could use without mapping.
+     * Larger blocks use the one last-freed slot, emptied by the next
+     * allocation. */
     pool->tcache_max_block_bytes = resolved.tcache_max_block_bytes;
+    pool->last_freed = RA_NONE;
     pool->tcache_limit_bytes = TP_MIN(resolved.release_threshold_bytes,
                                       resolved.kind == TP_POOL_VMM ? 32 * TP_MiB : 256 * TP_MiB);
     pool->stats.kind = resolved.kind;
@@ -1371,6 +1440,12 @@ tp_status tp_pool_check(tp_pool *pool, char *msg, size_t msg_capacity) {
                 if (tp_ra_bin_floor(&pool->ra, n->size) != bin) POOL_FAIL("tcache bin %u holds a node of another bin", bin);
                 parked += n->size;
             }
+        }
+        if (pool->last_freed != RA_NONE) {
+            tp_ra_node *n = tp_ra_node_at(&pool->ra, pool->last_freed);
+            if (n->state != RA_NODE_USED || !(n->flags & NODE_CACHED)) POOL_FAIL("last-freed slot holds a bad node");
+            if (n->size <= pool->tcache_max_block_bytes) POOL_FAIL("last-freed slot holds a tcache-sized node");
+            parked += n->size;
         }
         if (parked != cached) POOL_FAIL("tcache lists and flags disagree");
         uint64_t idle = 0, reserved = 0, listed = 0;

@@ -95,6 +95,12 @@ struct tp_pool {
     uint64_t tcache_bytes;
     uint64_t tcache_limit_bytes;
     uint64_t tcache_max_block_bytes;
+    /* The last freed block too large for the tcache, parked until the next
+     * allocation: reused if that allocation fits it, released (coalesced)
+     * before anything else otherwise. RA_NONE when empty. */
+    uint32_t last_freed;
+    uint64_t last_freed_ns;  /* when it was freed */
+    uint64_t idle_stamp_ns;  /* nonzero: the idle-since time for units going idle now */
 
     pool_stream *streams; /* index = slot; slot 0 unused */
     size_t stream_count, stream_capacity;

@@ -124,20 +124,6 @@ static void bin_remove(tp_ra *ra, uint32_t id) {
     n->list_prev = n->list_next = RA_NONE;
 }
 
-/* First non-empty bin at or above bin, or RA_NONE. */
-static uint32_t next_nonempty_bin(const tp_ra *ra, uint32_t bin) {
-    if (bin >= RA_BIN_COUNT) return RA_NONE;
-    uint32_t fl = bin / RA_SL_COUNT, sl = bin % RA_SL_COUNT;
-    uint32_t sl_map = ra->sl_bitmap[fl] & (0xffffu << sl);
-    if (!sl_map) {
-        uint64_t fl_map = ra->fl_bitmap & (~0ull << (fl + 1));
-        if (!fl_map) return RA_NONE;
-        fl = (uint32_t)__builtin_ctzll(fl_map);
-        sl_map = ra->sl_bitmap[fl];
-    }
-    return fl * RA_SL_COUNT + (uint32_t)__builtin_ctz(sl_map);
-}
-
 uint32_t tp_ra_add_region(tp_ra *ra, uint64_t offset, uint64_t size, uint32_t unit, tp_tag tag) {
     uint32_t id = node_new(ra);
     if (id == RA_NONE) return RA_NONE;
@@ -179,8 +165,8 @@ uint32_t tp_ra_find(tp_ra *ra, uint64_t size, tp_ra_accept_fn accept, void *ctx,
         if (rejected == RA_NONE) rejected = id;
     }
     resume = id;
-    for (uint32_t bin = next_nonempty_bin(ra, ceil_bin); bin != RA_NONE && visits < max_visits;
-         bin = next_nonempty_bin(ra, bin + 1)) {
+    for (uint32_t bin = tp_ra_next_nonempty_bin(ra, ceil_bin); bin != RA_NONE && visits < max_visits;
+         bin = tp_ra_next_nonempty_bin(ra, bin + 1)) {
         /* In the floor bin only the ranges the first loop did not try. */
         for (id = bin == floor_bin ? resume : ra->heads[bin]; id != RA_NONE && visits < max_visits;
              id = ra->nodes[id].list_next) {

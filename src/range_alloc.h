@@ -120,4 +120,18 @@ static inline uint32_t tp_ra_bin_of_units(uint64_t units) {
 static inline uint32_t tp_ra_bin_floor(const tp_ra *ra, uint64_t size) { return tp_ra_bin_of_units(size >> ra->shift); }
 uint64_t tp_ra_bin_lower_bound(const tp_ra *ra, uint32_t bin);
 
+/* First non-empty bin at or above bin, or RA_NONE. */
+static inline uint32_t tp_ra_next_nonempty_bin(const tp_ra *ra, uint32_t bin) {
+    if (bin >= RA_BIN_COUNT) return RA_NONE;
+    uint32_t fl = bin / RA_SL_COUNT, sl = bin % RA_SL_COUNT;
+    uint32_t sl_map = ra->sl_bitmap[fl] & (0xffffu << sl);
+    if (!sl_map) {
+        uint64_t fl_map = ra->fl_bitmap & (~0ull << (fl + 1));
+        if (!fl_map) return RA_NONE;
+        fl = (uint32_t)__builtin_ctzll(fl_map);
+        sl_map = ra->sl_bitmap[fl];
+    }
+    return fl * RA_SL_COUNT + (uint32_t)__builtin_ctz(sl_map);
+}
+
 #endif /* TIDEPOOL_RANGE_ALLOC_H */
