@@ -134,7 +134,10 @@ typedef struct tp_device_config {
  *                              are decimal)
  *   "sim:6GiB,novmm"           without virtual memory management
  *   options after commas:      novmm, gran=2MiB, nocheck (hazard checker off),
- *                              graph_node_bytes=10KiB, seed=N
+ *                              graph_node_bytes=10KiB, seed=N, graphpool (the
+ *                              driver keeps the memory of destroyed graph
+ *                              executables for later ones and does not
+ *                              report an executable's bytes, as CUDA does)
  *   "cuda:0"                   CUDA device 0 through the driver API
  *   "cuda:0,novmm"             ... with VMM disabled (segment pools only)
  * config may be NULL. */

@@ -21,6 +21,8 @@ static tp_status parse_option(tp_device_options *options, const char *option, co
         options->novmm = true;
     } else if (KEY_IS("nocheck") && !value) {
         options->nocheck = true;
+    } else if (KEY_IS("graphpool") && !value) {
+        options->graphpool = true;
     } else if (KEY_IS("gran") && value) {
         if (!tp_parse_bytes(value, &options->granularity_bytes) || !tp_is_pow2(options->granularity_bytes))
             goto bad;
@@ -36,7 +38,7 @@ static tp_status parse_option(tp_device_options *options, const char *option, co
 #undef KEY_IS
     return TP_OK;
 bad:
-    tp_logf(logger, TP_LOG_ERROR, "device spec: bad option '%s' (known: novmm, nocheck, gran=SIZE, "
+    tp_logf(logger, TP_LOG_ERROR, "device spec: bad option '%s' (known: novmm, nocheck, graphpool, gran=SIZE, "
             "graph_node_bytes=SIZE, seed=N)", option);
     return TP_ERR_BAD_SPEC;
 }

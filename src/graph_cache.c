@@ -190,6 +190,7 @@ struct tp_graph_cache {
     uint64_t exec_bytes;
     uint64_t seq;
     uint64_t recent[GC_RECENT];
+    uint64_t node_bytes_learned; /* exec_bytes_accounted; 0 until measured */
     unsigned recent_next;
     uint64_t next_idle_check_ns;
 
@@ -586,6 +587,26 @@ static uint64_t recent_max(const tp_graph_cache *cache) {
     return m;
 }
 
+/* The bytes an executable is counted at: what was reported or measured,
+ * but at least the learned cost per node times its nodes. A driver that
+ * keeps the memory of destroyed executables and hands it to new ones (CUDA
+ * does) shows no drop in free memory for them, or a partial one; counted
+ * at that (or at the configured guess), they would let the cache hold
+ * several times its cap. The cost per node rises to any higher
+ * measurement at once and follows lower ones slowly (1/16 of the gap),
+ * ignoring those below half of it (memory partly reused, not a cheaper
+ * executable); before the first measurement it is node_bytes_estimate. */
+static uint64_t exec_bytes_accounted(tp_graph_cache *cache, uint64_t measured_bytes, uint64_t nodes) {
+    if (!nodes) nodes = 1;
+    uint64_t per_node = measured_bytes / nodes, learned = cache->node_bytes_learned;
+    if (per_node > learned)
+        cache->node_bytes_learned = per_node;
+    else if (per_node && per_node >= learned / 2)
+        cache->node_bytes_learned = learned - (learned - per_node) / 16;
+    uint64_t model = cache->node_bytes_learned ? cache->node_bytes_learned : cache->config.node_bytes_estimate;
+    return TP_MAX(measured_bytes, model * nodes);
+}
+
 /* Instantiates graph as a new variant of key. newpins (may be NULL) are
  * consumed on every path. */
 static tp_status instantiate_new(tp_graph_cache *cache, uint64_t key, tp_graph graph, gc_pins *newpins,
@@ -606,15 +627,10 @@ static tp_status instantiate_new(tp_graph_cache *cache, uint64_t key, tp_graph g
         bool measured = cache->ops->mem_info(cache->device, &free_before, &total) == TP_OK;
         st = cache->ops->graph_instantiate(cache->device, graph, &exec, &bytes);
         if (st == TP_OK) {
-            if (bytes == 0) {
-                if (measured && cache->ops->mem_info(cache->device, &free_after, &total) == TP_OK &&
-                    free_before > free_after)
-                    bytes = free_before - free_after;
-                if (bytes == 0) {
-                    uint64_t nodes = graph_node_count(cache, graph);
-                    bytes = cache->config.node_bytes_estimate * (nodes ? nodes : 1);
-                }
-            }
+            if (bytes == 0 && measured && cache->ops->mem_info(cache->device, &free_after, &total) == TP_OK &&
+                free_before > free_after)
+                bytes = free_before - free_after;
+            bytes = exec_bytes_accounted(cache, bytes, graph_node_count(cache, graph));
             break;
         }
         cache->stats.instantiate_failures++;

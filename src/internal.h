@@ -133,6 +133,7 @@ typedef struct tp_device_options {
     int ordinal;
     bool novmm;
     bool nocheck;
+    bool graphpool;
 } tp_device_options;
 
 tp_status tp_sim_device_create(tp_device *device, const tp_device_options *options);

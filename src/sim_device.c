@@ -115,6 +115,10 @@ typedef struct sim_device {
     uint64_t next_va, next_malloc;
 
     uint64_t mapped_bytes, allocated_bytes, graph_bytes, occupied_bytes;
+    /* graphpool: memory the "driver" holds for executables, never given
+     * back: the high-water mark of graph_bytes. */
+    bool graph_pool;
+    uint64_t graph_pool_bytes;
     sim_fault faults[TP_SIM_OP_COUNT_];
     tp_sim_counters counters;
 } sim_device;
@@ -137,7 +141,8 @@ static bool is_sim(tp_device *device) {
 }
 
 static uint64_t physical_used(const sim_device *sim) {
-    return sim->mapped_bytes + sim->allocated_bytes + sim->graph_bytes + sim->occupied_bytes;
+    uint64_t graph = sim->graph_pool ? sim->graph_pool_bytes : sim->graph_bytes;
+    return sim->mapped_bytes + sim->allocated_bytes + graph + sim->occupied_bytes;
 }
 
 static void note_physical(sim_device *sim) {
@@ -677,9 +682,16 @@ static tp_status sim_graph_instantiate(tp_device *device, tp_graph graph, tp_gra
     exec->bytes = (uint64_t)g->node_count * sim->graph_node_bytes;
     SIM_LOCKED(sim, {
         st = sim_enter(sim, TP_SIM_OP_GRAPH_INSTANTIATE);
-        if (st == TP_OK && physical_used(sim) + exec->bytes > sim->capacity_bytes) st = TP_ERR_OUT_OF_MEMORY;
+        /* With graphpool, only growth of the pool takes new memory. */
+        uint64_t growth = exec->bytes;
+        if (sim->graph_pool) {
+            uint64_t room = sim->graph_pool_bytes - sim->graph_bytes;
+            growth = exec->bytes > room ? exec->bytes - room : 0;
+        }
+        if (st == TP_OK && physical_used(sim) + growth > sim->capacity_bytes) st = TP_ERR_OUT_OF_MEMORY;
         if (st == TP_OK) {
             sim->graph_bytes += exec->bytes;
+            sim->graph_pool_bytes += growth;
             sim->counters.graph_exec_bytes = sim->graph_bytes;
             sim->counters.graph_execs++;
             note_physical(sim);
@@ -691,7 +703,7 @@ static tp_status sim_graph_instantiate(tp_device *device, tp_graph graph, tp_gra
         return st;
     }
     *out_exec = (tp_graph_exec)exec;
-    *out_bytes = exec->bytes;
+    *out_bytes = sim->graph_pool ? 0 : exec->bytes;
     return TP_OK;
 }
 
@@ -786,6 +798,7 @@ tp_status tp_sim_device_create(tp_device *device, const tp_device_options *optio
     sim->graph_node_bytes = options->graph_node_bytes ? options->graph_node_bytes : 10 * TP_KiB;
     sim->vmm = !options->novmm;
     sim->check = !options->nocheck;
+    sim->graph_pool = options->graphpool;
     sim->streams[0].in_use = true; /* the default stream */
     sim->next_va = SIM_VA_BASE;
     sim->next_malloc = SIM_MALLOC_BASE;

@@ -684,6 +684,44 @@ static void test_byte_estimate(void) {
     CHECK_OK(tp_device_close(dev));
 }
 
+static void test_driver_pooled_graph_memory(void) {
+    /* As on the H200: the driver keeps the memory of destroyed executables
+     * and hands it to later ones, so an instantiation that reuses it shows
+     * no drop in free memory. The cache must still count such executables
+     * at their real size, or it admits more than the cap and the driver's
+     * pool (the device memory graphs hold) grows past it. */
+    test_log log = {0};
+    tp_device *dev = gt_open("sim:8GiB,graph_node_bytes=64KiB,graphpool", &log);
+    const uint64_t cap = 64 * TEST_MiB;
+    tp_graph_cache *cache = make_cache(dev, (tp_graph_cache_config){.max_bytes = cap, .idle_evict_ns = TP_NS_NEVER});
+    tp_sim_counters c;
+    uint64_t pool_half = 0;
+    for (int r = 0; r < 2000; r++) {
+        uint32_t nodes = 50 + (uint32_t)((r * 37) % 201); /* 3.1 .. 15.6 MiB */
+        tp_graph g = gt_graph(dev, nodes, 1000 + (uint64_t)r, 0);
+        CHECK_OK(tp_graph_cache_prepare(cache, 1000 + (uint64_t)r, g, NULL));
+        CHECK_OK(tp_graph_cache_launch(cache, 1000 + (uint64_t)r, TP_STREAM_DEFAULT));
+        CHECK_OK(tp_sim_graph_destroy(dev, g));
+        if (r == 999) {
+            CHECK_OK(tp_sim_get_counters(dev, &c));
+            pool_half = c.physical_used_bytes;
+        }
+    }
+    CHECK_OK(tp_sim_get_counters(dev, &c));
+    tp_graph_cache_stats st = gt_stats(cache);
+    /* The live executables fit the cap by the device's own count ... */
+    CHECK_MSG(c.graph_exec_bytes <= cap, "live executables hold %.1f MiB, cap %.0f MiB",
+              c.graph_exec_bytes / (double)TEST_MiB, cap / (double)TEST_MiB);
+    /* ... so the driver's pool stays within the cap plus one executable, and flat. */
+    CHECK_MSG(c.physical_used_bytes <= cap + 16 * TEST_MiB, "graph memory grew to %.1f MiB",
+              c.physical_used_bytes / (double)TEST_MiB);
+    CHECK(c.physical_used_bytes == pool_half);
+    CHECK(st.evictions_bytes > 1000 && st.exec_bytes <= cap);
+    CHECK_CACHE(cache);
+    CHECK_OK(tp_graph_cache_destroy(cache));
+    CHECK_OK(tp_device_close(dev));
+}
+
 int main(void) {
     test_bad_input();
     test_prepare_launch_hit_update();
@@ -696,5 +734,6 @@ int main(void) {
     test_fail_at_n();
     test_stats_json();
     test_byte_estimate();
+    test_driver_pooled_graph_memory();
     return check_report("test_graph_cache");
 }
