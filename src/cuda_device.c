@@ -593,8 +593,8 @@ static tp_status cuda_device_synchronize(tp_device *device) {
 
 /* The clock of idle ages (pools: 100 ms and more; graph cache: seconds).
  * The coarse clock (a few ms resolution) is enough and is read without a
- * timer access: on the H200 host a precise read cost about 60 ns, as much
- * as a whole cached alloc+free pair. */
+ * precise timer read: on the H200 host CLOCK_MONOTONIC cost 31 ns a read
+ * and the coarse clock 6 ns, against ~60 ns for a whole cached pair. */
 static uint64_t cuda_now_ns(tp_device *device) {
     (void)device;
     struct timespec ts;

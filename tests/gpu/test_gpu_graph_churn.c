@@ -7,10 +7,13 @@
  * peak, end of the device memory in use).
  *
  * Measured on the H200 (driver 580): such an executable costs about 8 MiB
- * of device memory, and the driver's own use grows by a few hundred MiB
- * over the first few hundred instantiations before it levels off; the
- * invariants below are about the shape of the curve, not its first
- * steps. */
+ * of device memory, and the driver keeps the memory of destroyed
+ * executables for later ones, so most instantiations under the cap show no
+ * drop in free memory: the cache counts them at its learned cost per node
+ * (graph_cache.c, exec_bytes_accounted). Capped, the memory in use went
+ * 528.8 -> 666.8 MiB by request 200 and stayed there to request 2000;
+ * uncapped it grew to 17,100.8 MiB. The invariants below are about the
+ * shape of the curve, not its first steps. */
 #include "gpu_common.h"
 
 #include "internal.h"
@@ -21,10 +24,14 @@ static uint64_t used_bytes(void) {
     return (uint64_t)(total - free_bytes);
 }
 
+/* Requests after which every hot key has been used at least twice. */
+#define WARM_REQUESTS 20
+
 typedef struct curve {
     uint64_t start, peak, end, half; /* half: in use halfway through */
     uint64_t execs_end, exec_bytes_peak, evictions;
     uint64_t hot_instantiations;     /* instantiations beyond one per key */
+    uint64_t hot_instantiations_steady; /* ... once every hot key had been used twice */
 } curve;
 
 static curve churn(tp_device *dev, gpu_ptr dst, uint64_t cap_bytes, int requests) {
@@ -44,6 +51,7 @@ static curve churn(tp_device *dev, gpu_ptr dst, uint64_t cap_bytes, int requests
         CHECK_OK(tp_graph_cache_run(cache, (uint64_t)k + 1, (tp_graph)hot[k], NULL, s));
     }
     int eager = 0;
+    uint64_t instantiations_warm = 0; /* after request WARM_REQUESTS - 1 */
     for (int r = 0; r < requests; r++) {
         int nodes = 50 + (r * 37) % 201;
         gpu_graph g = gpu_memset_graph(dst, nodes, (unsigned)r & 0xff, r % 2);
@@ -54,6 +62,11 @@ static curve churn(tp_device *dev, gpu_ptr dst, uint64_t cap_bytes, int requests
         for (int k = 0; k < 3; k++) {
             int h = (r + k) % 10; /* hot keys come back through run: evicted or not, they launch */
             CHECK_OK(tp_graph_cache_run(cache, (uint64_t)h + 1, (tp_graph)hot[h], NULL, s));
+        }
+        if (r == WARM_REQUESTS - 1) {
+            tp_graph_cache_stats warm;
+            CHECK_OK(tp_graph_cache_get_stats(cache, &warm));
+            instantiations_warm = warm.instantiations;
         }
         if ((r + 1) % (requests / 10) == 0) {
             CHECK_OK(tp_stream_synchronize(dev, s));
@@ -73,6 +86,7 @@ static curve churn(tp_device *dev, gpu_ptr dst, uint64_t cap_bytes, int requests
     c.exec_bytes_peak = st.exec_bytes_peak;
     c.evictions = st.evictions_bytes + st.evictions_count;
     c.hot_instantiations = st.instantiations - (uint64_t)requests - 10;
+    c.hot_instantiations_steady = st.instantiations - instantiations_warm - (uint64_t)(requests - WARM_REQUESTS);
     CHECK(eager == 0);
     char msg[256] = "";
     tp_status cs = tp_graph_cache_check(cache, msg, sizeof msg);
@@ -100,10 +114,12 @@ int main(void) {
     curve off = churn(dev, dst, TP_BYTES_UNLIMITED, requests);
     printf("graph churn, %d requests of new topologies + 10 hot keys:\n", requests);
     printf("  cap %.0f MiB: in use start %.1f, half-way %.1f, peak %.1f, end %.1f MiB; %llu executables at the end, "
-           "peak %.1f MiB of them, %llu evictions, %llu re-instantiations of hot keys\n",
+           "peak %.1f MiB of them, %llu evictions, %llu re-instantiations of hot keys (%llu after the first %d "
+           "requests)\n",
            cap / (double)TEST_MiB, on.start / (double)TEST_MiB, on.half / (double)TEST_MiB, on.peak / (double)TEST_MiB,
            on.end / (double)TEST_MiB, (unsigned long long)on.execs_end, on.exec_bytes_peak / (double)TEST_MiB,
-           (unsigned long long)on.evictions, (unsigned long long)on.hot_instantiations);
+           (unsigned long long)on.evictions, (unsigned long long)on.hot_instantiations,
+           (unsigned long long)on.hot_instantiations_steady, WARM_REQUESTS);
     printf("  cap off:    in use start %.1f, half-way %.1f, peak %.1f, end %.1f MiB; %llu executables at the end, "
            "peak %.1f MiB of them\n",
            off.start / (double)TEST_MiB, off.half / (double)TEST_MiB, off.peak / (double)TEST_MiB,
@@ -117,8 +133,13 @@ int main(void) {
     /* Without the cap the same loop keeps growing, to far beyond it. */
     CHECK_MSG(off.end > off.half + cap / 2 && off.peak - off.start > 4 * cap, "uncapped grew %.1f MiB",
               (off.peak - off.start) / (double)TEST_MiB);
-    /* Hot keys live in the protected segment: new keys do not push them out. */
-    CHECK_MSG(on.hot_instantiations == 0, "hot keys re-instantiated %llu times", (unsigned long long)on.hot_instantiations);
+    /* Hot keys live in the protected segment: once each has been used
+     * twice, new keys do not push them out. (Before that they are new keys
+     * like any other: on the H200 one was evicted in the first requests,
+     * when the cache counts executables at a cautious learned size.) */
+    CHECK_MSG(on.hot_instantiations_steady == 0, "hot keys re-instantiated %llu times after warm-up",
+              (unsigned long long)on.hot_instantiations_steady);
+    CHECK(on.hot_instantiations <= 10);
     CHECK(on.evictions > 0 && off.execs_end == (uint64_t)requests + 10);
     GPU_OK(gpu.MemFree(dst));
     CHECK_OK(tp_device_close(dev));
