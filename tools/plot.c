@@ -7,6 +7,7 @@
  * pool its reserved bytes (solid line) and cached bytes (dashed line) in the
  * pool's colour, its peak reserved marked with a dot and a label, and, for
  * a pool that gave up, a cross where it aborted (its curves end there).
+ * plot_lines_svg draws plain byte-valued lines in the same frame.
  *
  * x is the trace's time when the trace has timestamps, else the event
  * index; ticks fall on 1-2-5 steps. y is bytes, ticks on power-of-two steps
@@ -214,6 +215,60 @@ static void draw_polyline(FILE *out, const replay_result *r, size_t n, const x_a
     fprintf(out, "\"/>\n");
 }
 
+/* Where a panel's plot area lies and how values map into it. */
+typedef struct plot_frame {
+    double plot_top, bottom;
+    double y_scale, x_scale; /* pixels per byte, per x unit */
+} plot_frame;
+
+/* A panel's title, grid, byte labels on y (power-of-two steps up to at
+ * least y_max) and x ticks (1-2-5 steps up to x_max), x titled x_title. */
+static plot_frame draw_frame(FILE *out, double top, const char *title, uint64_t y_max, double x_max, bool by_time,
+                             const char *x_title) {
+    if (y_max < 1) y_max = 1;
+    if (x_max <= 0) x_max = 1;
+    uint64_t y_step = 1;
+    while (y_step < y_max / 8 + (y_max % 8 != 0)) y_step *= 2;
+    uint64_t y_top = (y_max + y_step - 1) / y_step * y_step;
+    plot_frame f;
+    f.plot_top = top + PLOT_TOP_OFFSET;
+    f.bottom = f.plot_top + PLOT_HEIGHT;
+    f.y_scale = PLOT_HEIGHT / (double)y_top;
+    f.x_scale = (PLOT_RIGHT - PLOT_LEFT) / x_max;
+
+    fprintf(out, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"15\" font-weight=\"bold\">", PLOT_LEFT, top + 24);
+    xml_text(out, title ? title : "");
+    fprintf(out, "</text>\n");
+
+    char label[48];
+    for (uint64_t v = 0; v <= y_top; v += y_step) {
+        double y = f.bottom - (double)v * f.y_scale;
+        fprintf(out, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#e3e3e3\"/>\n", PLOT_LEFT, y,
+                PLOT_RIGHT, y);
+        axis_bytes(v, label, sizeof label);
+        fprintf(out, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" text-anchor=\"end\">%s</text>\n", PLOT_LEFT - 6,
+                y + 4, label);
+    }
+    double x_step = nice_step(x_max, 8);
+    for (double v = 0; v <= x_max * 1.0001; v += x_step) {
+        double x = PLOT_LEFT + v * f.x_scale;
+        fprintf(out, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#333\"/>\n", x, f.bottom, x,
+                f.bottom + 5);
+        axis_number(v, by_time, label, sizeof label);
+        fprintf(out, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" text-anchor=\"middle\">%s</text>\n", x,
+                f.bottom + 18, label);
+    }
+    fprintf(out, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" text-anchor=\"middle\">", (PLOT_LEFT + PLOT_RIGHT) / 2,
+            f.bottom + 36);
+    xml_text(out, x_title);
+    fprintf(out, "</text>\n");
+    fprintf(out,
+            "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" text-anchor=\"middle\" "
+            "transform=\"rotate(-90 %.1f %.1f)\">device memory</text>\n",
+            PLOT_LEFT - 62, (f.plot_top + f.bottom) / 2, PLOT_LEFT - 62, (f.plot_top + f.bottom) / 2);
+    return f;
+}
+
 static void draw_panel(FILE *out, const plot_panel *panel, double top) {
     const replay_result *results = panel->results;
     size_t count = panel->count;
@@ -233,42 +288,8 @@ static void draw_panel(FILE *out, const plot_panel *panel, double top) {
         }
         if (r->peak_reserved_bytes > y_max) y_max = r->peak_reserved_bytes;
     }
-    uint64_t y_step = 1;
-    while (y_step < y_max / 8 + (y_max % 8 != 0)) y_step *= 2;
-    uint64_t y_top = (y_max + y_step - 1) / y_step * y_step;
-    double plot_top = top + PLOT_TOP_OFFSET, bottom = plot_top + PLOT_HEIGHT;
-    double y_scale = PLOT_HEIGHT / (double)y_top;
-    double x_scale = (PLOT_RIGHT - PLOT_LEFT) / axis.max;
-
-    fprintf(out, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"15\" font-weight=\"bold\">", PLOT_LEFT, top + 24);
-    xml_text(out, panel->title ? panel->title : "");
-    fprintf(out, "</text>\n");
-
-    /* Grid and y labels. */
-    char label[48];
-    for (uint64_t v = 0; v <= y_top; v += y_step) {
-        double y = bottom - (double)v * y_scale;
-        fprintf(out, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#e3e3e3\"/>\n", PLOT_LEFT, y,
-                PLOT_RIGHT, y);
-        axis_bytes(v, label, sizeof label);
-        fprintf(out, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" text-anchor=\"end\">%s</text>\n", PLOT_LEFT - 6,
-                y + 4, label);
-    }
-    double x_step = nice_step(axis.max, 8);
-    for (double v = 0; v <= axis.max * 1.0001; v += x_step) {
-        double x = PLOT_LEFT + v * x_scale;
-        fprintf(out, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#333\"/>\n", x, bottom, x,
-                bottom + 5);
-        axis_number(v, axis.by_time, label, sizeof label);
-        fprintf(out, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" text-anchor=\"middle\">%s</text>\n", x,
-                bottom + 18, label);
-    }
-    fprintf(out, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" text-anchor=\"middle\">%s</text>\n",
-            (PLOT_LEFT + PLOT_RIGHT) / 2, bottom + 36, axis.title);
-    fprintf(out,
-            "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" text-anchor=\"middle\" "
-            "transform=\"rotate(-90 %.1f %.1f)\">device memory</text>\n",
-            PLOT_LEFT - 62, (plot_top + bottom) / 2, PLOT_LEFT - 62, (plot_top + bottom) / 2);
+    plot_frame f = draw_frame(out, top, panel->title, y_max, axis.max, axis.by_time, axis.title);
+    double plot_top = f.plot_top, bottom = f.bottom, y_scale = f.y_scale, x_scale = f.x_scale;
 
     /* Live bytes, once: from the pool that failed least. */
     const replay_result *live = NULL;
@@ -371,6 +392,46 @@ static void draw_panel(FILE *out, const plot_panel *panel, double top) {
     fprintf(out, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\">peak reserved</text>\n", lx + 32, ly);
 }
 
+/* Opens path's temporary beside it and writes the SVG prologue; NULL with
+ * err filled on failure. */
+static FILE *svg_open(const char *path, char *temp_path, size_t temp_capacity, double height, const char *title,
+                      char *err, size_t capacity) {
+    if ((size_t)snprintf(temp_path, temp_capacity, "%s.tmp", path) >= temp_capacity) {
+        snprintf(err, capacity, "%s: path too long", path);
+        return NULL;
+    }
+    FILE *out = fopen(temp_path, "w");
+    if (!out) {
+        snprintf(err, capacity, "%s: cannot create: %s", temp_path, strerror(errno));
+        return NULL;
+    }
+    fprintf(out,
+            "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
+            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" viewBox=\"0 0 %.0f %.0f\" "
+            "font-family=\"Helvetica, Arial, sans-serif\">\n<title>",
+            CHART_WIDTH, height, CHART_WIDTH, height);
+    xml_text(out, title);
+    fprintf(out, "</title>\n<rect width=\"100%%\" height=\"100%%\" fill=\"#fff\"/>\n");
+    return out;
+}
+
+/* Ends the SVG and renames the temporary into place. */
+static int svg_close(FILE *out, const char *path, const char *temp_path, char *err, size_t capacity) {
+    fprintf(out, "</svg>\n");
+    bool write_failed = ferror(out) != 0;
+    if (fclose(out) != 0 || write_failed) {
+        snprintf(err, capacity, "%s: write failed", temp_path);
+        remove(temp_path);
+        return -1;
+    }
+    if (rename(temp_path, path) != 0) {
+        snprintf(err, capacity, "%s: cannot rename into place: %s", path, strerror(errno));
+        remove(temp_path);
+        return -1;
+    }
+    return 0;
+}
+
 int plot_replay_svg_panels(const char *path, const char *title, const plot_panel *panels, size_t panel_count,
                            char *err, size_t capacity) {
     if (!panel_count) {
@@ -386,43 +447,61 @@ int plot_replay_svg_panels(const char *path, const char *title, const plot_panel
         }
     }
     char temp_path[4096];
-    if ((size_t)snprintf(temp_path, sizeof temp_path, "%s.tmp", path) >= sizeof temp_path) {
-        snprintf(err, capacity, "%s: path too long", path);
-        return -1;
-    }
-    FILE *out = fopen(temp_path, "w");
-    if (!out) {
-        snprintf(err, capacity, "%s: cannot create: %s", temp_path, strerror(errno));
-        return -1;
-    }
     double header = title && panel_count > 1 ? HEADER_HEIGHT : 0;
-    double height = header + PANEL_HEIGHT * (double)panel_count;
-    fprintf(out,
-            "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
-            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" viewBox=\"0 0 %.0f %.0f\" "
-            "font-family=\"Helvetica, Arial, sans-serif\">\n<title>",
-            CHART_WIDTH, height, CHART_WIDTH, height);
-    xml_text(out, title ? title : "tidepool replay");
-    fprintf(out, "</title>\n<rect width=\"100%%\" height=\"100%%\" fill=\"#fff\"/>\n");
+    FILE *out = svg_open(path, temp_path, sizeof temp_path, header + PANEL_HEIGHT * (double)panel_count,
+                         title ? title : "tidepool replay", err, capacity);
+    if (!out) return -1;
     if (header) {
         fprintf(out, "<text x=\"%.1f\" y=\"24\" font-size=\"17\" font-weight=\"bold\">", PLOT_LEFT);
         xml_text(out, title);
         fprintf(out, "</text>\n");
     }
     for (size_t p = 0; p < panel_count; p++) draw_panel(out, &panels[p], header + PANEL_HEIGHT * (double)p);
-    fprintf(out, "</svg>\n");
-    bool write_failed = ferror(out) != 0;
-    if (fclose(out) != 0 || write_failed) {
-        snprintf(err, capacity, "%s: write failed", temp_path);
-        remove(temp_path);
+    return svg_close(out, path, temp_path, err, capacity);
+}
+
+int plot_lines_svg(const char *path, const char *title, const char *x_title, const plot_line *lines,
+                   size_t line_count, char *err, size_t capacity) {
+    uint64_t y_max = 1;
+    double x_max = 0;
+    size_t points = 0;
+    for (size_t i = 0; i < line_count; i++) {
+        for (size_t k = 0; k < lines[i].count; k++) {
+            if (lines[i].y[k] > y_max) y_max = lines[i].y[k];
+            if (lines[i].x[k] > x_max) x_max = lines[i].x[k];
+        }
+        points += lines[i].count;
+    }
+    if (!points) {
+        snprintf(err, capacity, "%s: nothing to plot", path);
         return -1;
     }
-    if (rename(temp_path, path) != 0) {
-        snprintf(err, capacity, "%s: cannot rename into place: %s", path, strerror(errno));
-        remove(temp_path);
-        return -1;
+    char temp_path[4096];
+    FILE *out = svg_open(path, temp_path, sizeof temp_path, PANEL_HEIGHT, title, err, capacity);
+    if (!out) return -1;
+    plot_frame f = draw_frame(out, 0, title, y_max, x_max, false, x_title);
+    double lx = PLOT_RIGHT + 20, ly = f.plot_top + 8;
+    for (size_t i = 0; i < line_count; i++) {
+        const plot_line *line = &lines[i];
+        const char *colour = line->colour ? line->colour : spare_colours[i % (sizeof spare_colours / sizeof *spare_colours)];
+        const char *dash = line->dashed ? " stroke-dasharray=\"5,3\"" : "";
+        if (line->count) {
+            fprintf(out, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.8\"%s points=\"", colour, dash);
+            for (size_t k = 0; k < line->count; k++)
+                fprintf(out, "%.1f,%.1f ", PLOT_LEFT + line->x[k] * f.x_scale,
+                        f.bottom - (double)line->y[k] * f.y_scale);
+            fprintf(out, "\"/>\n");
+        }
+        fprintf(out, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" stroke-width=\"1.8\"%s/>\n",
+                lx, ly - 4, lx + 24, ly - 4, colour, dash);
+        fprintf(out, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\">", lx + 32, ly);
+        xml_text(out, line->name);
+        fprintf(out, "</text>\n");
+        ly += 20;
     }
-    return 0;
+    fprintf(out, "<path d=\"M%.1f,%.1f V%.1f H%.1f\" fill=\"none\" stroke=\"#333\"/>\n", PLOT_LEFT, f.plot_top,
+            f.bottom, PLOT_RIGHT);
+    return svg_close(out, path, temp_path, err, capacity);
 }
 
 int plot_replay_svg(const char *path, const char *title, const replay_result *results, size_t count, char *err,

@@ -1,7 +1,8 @@
 /*
  * plot.h -- SVG charts of replay curves: live, reserved and cached bytes
  * over the trace for every pool of a run, in one chart with axes, units, a
- * legend and each pool's peak marked.
+ * legend and each pool's peak marked; and plain byte-valued lines over a
+ * count (the graph-churn scenario).
  */
 #ifndef TIDEPOOL_PLOT_H
 #define TIDEPOOL_PLOT_H
@@ -22,5 +23,20 @@ typedef struct plot_panel {
 /* Several charts stacked in one SVG under a common title. */
 int plot_replay_svg_panels(const char *path, const char *title, const plot_panel *panels, size_t panel_count,
                            char *err, size_t capacity);
+
+/* A line of a plot_lines_svg chart: points (x[k], y[k]), y in bytes. */
+typedef struct plot_line {
+    const char *name;   /* legend text */
+    const char *colour; /* "#rrggbb"; NULL: one of a fixed set */
+    bool dashed;
+    const double *x;
+    const uint64_t *y;
+    size_t count;
+} plot_line;
+
+/* One chart of byte-valued lines over x (titled x_title, ticks on 1-2-5
+ * steps from 0), with a legend. Returns 0, or -1 with err filled. */
+int plot_lines_svg(const char *path, const char *title, const char *x_title, const plot_line *lines,
+                   size_t line_count, char *err, size_t capacity);
 
 #endif

@@ -393,6 +393,10 @@ const scenario_param_info scenario_param_table[SCENARIO_PARAM_COUNT_] = {
     [SCENARIO_PARAM_MINUTES] = {"--minutes", "minutes of small temporaries", offsetof(scenario_params, minutes), 0,
                                 100000},
     [SCENARIO_PARAM_SEED] = {"--seed", "seed of the random choices", offsetof(scenario_params, seed), 0, UINT64_MAX},
+    [SCENARIO_PARAM_HOT] = {"--hot", "hot keys run again between requests", offsetof(scenario_params, hot_keys), 0,
+                            1000},
+    [SCENARIO_PARAM_CAP_MIB] = {"--cap-mib", "graph cache byte cap in MiB (0: run only without a cap)",
+                                offsetof(scenario_params, cap_mib), 0, 1u << 30},
 };
 
 typedef int (*gen_fn)(gen *g, const scenario_params *p);
@@ -459,6 +463,15 @@ static const scenario scenarios[] = {
          SCENARIO_USES(SCENARIO_PARAM_SEED),
      {.requests = 100, .context_tokens = 16384, .seed = 1}, "sim:6GiB,novmm", 3 * TP_GiB, check_image_requests,
      generate_image_requests, NULL},
+    {"graph-churn", "a graph cache under new graph topologies at every request (failure mode 7)",
+     "each request runs a graph of a new topology (50..250 nodes) under a new key through the graph\n"
+     "cache, then 3 of --hot steady keys; once with the byte cap, once without, on fresh devices.\n"
+     "The default device pools graph memory like the CUDA driver. Takes --device, --json, --plot",
+     "request",
+     SCENARIO_USES(SCENARIO_PARAM_REQUESTS) | SCENARIO_USES(SCENARIO_PARAM_HOT) |
+         SCENARIO_USES(SCENARIO_PARAM_CAP_MIB) | SCENARIO_USES(SCENARIO_PARAM_SEED),
+     {.requests = 2000, .hot_keys = 10, .cap_mib = 256, .seed = 7}, "sim:64GiB,graph_node_bytes=48KiB,graphpool", 0,
+     NULL, NULL, graph_churn_run},
 };
 
 const scenario *scenario_find(const char *name) {

@@ -26,6 +26,8 @@ typedef struct scenario_params {
     uint64_t rounds;         /* --rounds */
     uint64_t minutes;        /* --minutes */
     uint64_t seed;           /* --seed */
+    uint64_t hot_keys;       /* --hot */
+    uint64_t cap_mib;        /* --cap-mib */
 } scenario_params;
 
 typedef enum scenario_param_id {
@@ -35,6 +37,8 @@ typedef enum scenario_param_id {
     SCENARIO_PARAM_ROUNDS,
     SCENARIO_PARAM_MINUTES,
     SCENARIO_PARAM_SEED,
+    SCENARIO_PARAM_HOT,
+    SCENARIO_PARAM_CAP_MIB,
     SCENARIO_PARAM_COUNT_
 } scenario_param_id;
 
@@ -79,6 +83,9 @@ struct scenario {
      * the resolved options; returns the exit status. */
     int (*run)(const scenario *self, const scenario_params *params, const tide_run_options *options);
 };
+
+/* graph-churn's run (graph_churn.c). */
+int graph_churn_run(const scenario *self, const scenario_params *params, const tide_run_options *options);
 
 /* NULL if there is none of that name. */
 const scenario *scenario_find(const char *name);

@@ -178,6 +178,11 @@ int tide_scenario(int argc, char **argv) {
     }
     if (!options.device_given && s->device) options.replay.device_spec = s->device;
     if (!options.occupy_given) options.replay.occupied_bytes = s->occupied_bytes;
+    if (s->run && out_path) {
+        fprintf(stderr, "tide scenario: %s drives a graph cache, not pools: it has no trace to write (--out)\n",
+                s->name);
+        return 2;
+    }
     if (s->run) return s->run(s, &params, &options);
     if (out_path) {
         if (replay_option) {

@@ -111,6 +111,23 @@ scenario)
     [ -s "$scratch/direct.json" ] || fail "no JSON from the direct replay"
     cmp -s "$scratch/direct.json" "$scratch/written.json" || { fail "written trace replays differently"; diff "$scratch/direct.json" "$scratch/written.json"; }
     expect 0 "^time_us,action,addr,size,stream" "$tide" scenario cross-stream --steps 3 --out -
+    # graph-churn: the capped run holds the cap (plus one executable), the
+    # uncapped one grows; both say so in JSON with the fields of the issue.
+    expect 0 "cap 64 MiB .* no cap|hot re-inst" "$tide" scenario graph-churn --requests 400 --cap-mib 64
+    expect 0 '"graph_exec_bytes_cap":67108864' "$tide" scenario graph-churn --requests 400 --cap-mib 64 --json
+    cap_line=$(grep '"run":"cap"' "$out") nocap_line=$(grep '"run":"no-cap"' "$out")
+    field() { printf '%s\n' "$1" | sed -n "s/.*\"$2\":\([0-9]*\).*/\1/p"; }
+    for f in graph_exec_bytes_peak graph_evictions device_graph_bytes_peak hot_reinstantiations_after_warmup; do
+        [ -n "$(field "$cap_line" $f)" ] || fail "graph-churn JSON lacks $f"
+    done
+    cap_peak=$(field "$cap_line" device_graph_bytes_peak) nocap_end=$(field "$nocap_line" device_graph_bytes_end)
+    [ "${cap_peak:-999999999999}" -le $((80 * 1048576)) ] || fail "graph-churn capped at 64 MiB held $cap_peak bytes"
+    [ "${nocap_end:-0}" -ge $((1024 * 1048576)) ] || fail "graph-churn without a cap held only $nocap_end bytes"
+    [ "$(field "$cap_line" graph_evictions)" -gt 100 ] 2>/dev/null || fail "graph-churn capped run evicted too little"
+    [ "$(field "$cap_line" hot_reinstantiations_after_warmup)" = 0 ] || fail "graph-churn evicted hot keys"
+    expect 2 "no trace to write" "$tide" scenario graph-churn --out "$scratch/gc.csv"
+    expect 2 "takes --device, --json and --plot" "$tide" scenario graph-churn --pool vmm
+    expect 2 "graph-churn takes no --steps" "$tide" scenario graph-churn --steps 3
     ;;
 svg)
     need_xmllint
@@ -121,6 +138,8 @@ svg)
     expect 0 "wrote" "$tide" scenario high-water --minutes 1 --pool vmm,segment,ggml-legacy --plot "$scratch/scenario.svg"
     svg_ok "$scratch/scenario.svg"
     expect 1 "cannot create" "$tide" scenario fa-decode --context 300 --plot "$scratch/no/such/dir/x.svg"
+    expect 0 "wrote" "$tide" scenario graph-churn --requests 200 --plot "$scratch/churn.svg"
+    svg_ok "$scratch/churn.svg"
     ;;
 demo)
     need_xmllint
