@@ -12,7 +12,8 @@
  * device call per run (the driver backs each page with its own physical
  * allocation, so pages unmap independently). Growth maps a look-ahead after
  * the block (lookahead_pages) so growing requests cost O(log n) calls, and
- * first unmaps idle pages when the pool would pass its soft cap (soft_cap).
+ * first unmaps idle pages when the pool would pass its soft or hard cap
+ * (cap_with_headroom).
  * Releasing an idle page takes its idle, completed neighbours of the same
  * age along in the same call.
  *
@@ -131,23 +132,30 @@ static tp_status map_run(tp_pool *pool, uint64_t first, uint64_t last) {
 }
 
 /* Growth policy. The pool may hold up to a soft cap: the highest allocated
- * bytes it has seen plus 1/HEADROOM_DIV of that (and always what the
+ * bytes it has seen plus 1/SOFT_HEADROOM_DIV of that (and always what the
  * current request needs). Below the cap it keeps idle pages cached and maps
- * a look-ahead when it grows; at the cap it first unmaps idle pages whose
- * work has completed. So the cache is generous while the pool runs below
- * its high-water mark and tight when a workload reaches a new peak. */
-#define HEADROOM_DIV 128
-/* Pages freed more recently than this are not unmapped to make room under
- * the cap: they are the working set of the step in progress, and unmapping
- * them only to map them again is churn. */
+ * a look-ahead when it grows; past the cap it first unmaps idle pages whose
+ * work has completed and that have been idle for VMM_CAP_RELEASE_MIN_IDLE_NS
+ * (fresher ones are the working set of the step in progress: unmapping them
+ * only to map them again is churn). Past the hard cap (1/HARD_HEADROOM_DIV)
+ * fresh idle pages go too: a workload whose blocks move through the address
+ * space every step (two streams, KV blocks reallocated larger every token:
+ * the image-requests scenario) would otherwise keep mapping new pages,
+ * 1.37x its peak live instead of 1.07x. So the cache is generous while the
+ * pool runs below its high-water mark and tight when it reaches a new one. */
+#define SOFT_HEADROOM_DIV 128
+#define HARD_HEADROOM_DIV 16
 #define VMM_CAP_RELEASE_MIN_IDLE_NS 100000000ull
 
-static uint64_t soft_cap(const tp_pool *pool, uint64_t missing_bytes) {
-    uint64_t high = pool->stats.allocated_bytes.peak > pool->high_water_allocated ? pool->stats.allocated_bytes.peak
-                                                                                 : pool->high_water_allocated;
-    uint64_t cap = high + high / HEADROOM_DIV + 2 * pool->page_bytes;
+static uint64_t high_water(const tp_pool *pool) {
+    return TP_MAX(pool->stats.allocated_bytes.peak, pool->high_water_allocated);
+}
+
+/* max(high water + high water / div + 2 pages, what the pool needs now) */
+static uint64_t cap_with_headroom(const tp_pool *pool, uint64_t div, uint64_t missing_bytes) {
+    uint64_t high = high_water(pool);
     uint64_t floor = pool->stats.reserved_bytes.current - pool->idle_bytes + missing_bytes;
-    return TP_MAX(cap, floor);
+    return TP_MAX(high + high / div + 2 * pool->page_bytes, floor);
 }
 
 /* Look-ahead: while the pool only grows (a streak of growths with no free
@@ -165,7 +173,7 @@ static uint64_t lookahead_pages(const tp_pool *pool) {
         uint32_t doublings = TP_MIN(pool->growth_streak - 1, 20u);
         target = TP_MAX(target, TP_MIN(pool->page_bytes << doublings, reserved / 8));
     } else {
-        uint64_t high = TP_MAX(pool->stats.allocated_bytes.peak, pool->high_water_allocated);
+        uint64_t high = high_water(pool);
         uint64_t low = TP_MIN(pool->low_water_allocated, high);
         target = TP_MAX(target, (high - low) / 16);
     }
@@ -183,7 +191,7 @@ static tp_status map_block(tp_pool *pool, uint32_t id, uint64_t *out_need) {
     uint64_t missing = missing_pages << pool->page_shift;
 
     pool->growth_streak++;
-    uint64_t cap = soft_cap(pool, missing);
+    uint64_t cap = cap_with_headroom(pool, SOFT_HEADROOM_DIV, missing);
     /* Look-ahead: unmapped pages wholly inside the free range after the block. */
     uint64_t extra = 0, want = lookahead_pages(pool);
     pool->low_water_allocated = pool->stats.allocated_bytes.current;
@@ -194,6 +202,9 @@ static tp_status map_block(tp_pool *pool, uint32_t id, uint64_t *out_need) {
     }
     if (pool->stats.reserved_bytes.current + missing > cap)
         tp_pool_release_idle_down_to(pool, cap > missing ? cap - missing : 0, VMM_CAP_RELEASE_MIN_IDLE_NS);
+    uint64_t hard = cap_with_headroom(pool, HARD_HEADROOM_DIV, missing);
+    if (pool->stats.reserved_bytes.current + missing > hard)
+        tp_pool_release_idle_down_to(pool, hard > missing ? hard - missing : 0, 0);
     uint64_t reserved = pool->stats.reserved_bytes.current, limit = pool->config.limit_bytes;
     if (reserved + missing > limit) {
         *out_need = reserved + missing - limit;

@@ -92,9 +92,10 @@ static void tidepool_extra(void *impl, char *buf, size_t cap) {
     tp_pool_stats s;
     tp_pool_get_stats(a->pool, &s);
     snprintf(buf, cap,
-             "\"device_frees\":%llu,\"cache_hits\":%llu,\"synchronizations\":%llu,\"fragmentation_end\":%.4f",
-             (unsigned long long)s.device_frees,
-             (unsigned long long)s.cache_hits, (unsigned long long)s.synchronizations, s.fragmentation);
+             "\"device_frees\":%llu,\"cache_hits\":%llu,\"synchronizations\":%llu,\"cross_stream_waits\":%llu,"
+             "\"fragmentation_end\":%.4f",
+             (unsigned long long)s.device_frees, (unsigned long long)s.cache_hits,
+             (unsigned long long)s.synchronizations, (unsigned long long)s.cross_stream_waits, s.fragmentation);
 }
 
 static void tidepool_oom_report(void *impl, char *buf, size_t cap) {
