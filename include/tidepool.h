@@ -134,7 +134,9 @@ typedef struct tp_device_config {
  *                              are decimal)
  *   "sim:6GiB,novmm"           without virtual memory management
  *   options after commas:      novmm, gran=2MiB, nocheck (hazard checker off),
- *                              graph_node_bytes=10KiB, seed=N, graphpool (the
+ *                              graph_node_bytes=10KiB, graph_exec_bytes=0 (a
+ *                              fixed cost per executable on top), seed=N,
+ *                              graphpool (the
  *                              driver keeps the memory of destroyed graph
  *                              executables for later ones and does not
  *                              report an executable's bytes, as CUDA does)

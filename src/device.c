@@ -28,6 +28,8 @@ static tp_status parse_option(tp_device_options *options, const char *option, co
             goto bad;
     } else if (KEY_IS("graph_node_bytes") && value) {
         if (!tp_parse_bytes(value, &options->graph_node_bytes)) goto bad;
+    } else if (KEY_IS("graph_exec_bytes") && value) {
+        if (!tp_parse_bytes(value, &options->graph_exec_bytes)) goto bad;
     } else if (KEY_IS("seed") && value) {
         char *end;
         options->seed = strtoull(value, &end, 10);
@@ -39,7 +41,7 @@ static tp_status parse_option(tp_device_options *options, const char *option, co
     return TP_OK;
 bad:
     tp_logf(logger, TP_LOG_ERROR, "device spec: bad option '%s' (known: novmm, nocheck, graphpool, gran=SIZE, "
-            "graph_node_bytes=SIZE, seed=N)", option);
+            "graph_node_bytes=SIZE, graph_exec_bytes=SIZE, seed=N)", option);
     return TP_ERR_BAD_SPEC;
 }
 

@@ -27,18 +27,20 @@
  *      one refused) a new executable is instantiated; if the key already
  *      has GC_MAX_VARIANTS, its least recently used one is evicted first.
  *   3. Instantiation evicts beforehand to leave room for one more executable
- *      and for an estimate of its bytes (the largest of the key's variants
- *      and of the last GC_RECENT instantiations), and afterwards until the
- *      bounds hold. On out of memory it evicts one victim (executables with
- *      no launch in flight first; waiting for the launch otherwise) and
- *      retries, until none is left: then TP_ERR_RUN_EAGER. An executable
- *      larger than max_bytes on its own is destroyed: TP_ERR_RUN_EAGER.
+ *      and for an estimate of its bytes (the largest of the key's variants,
+ *      of the last GC_RECENT instantiations and of the model below), and
+ *      afterwards until the bounds hold. On out of memory it evicts one
+ *      victim (executables with no launch in flight first; waiting for the
+ *      launch otherwise) and retries, until none is left: then
+ *      TP_ERR_RUN_EAGER. An executable larger than max_bytes on its own is
+ *      destroyed: TP_ERR_RUN_EAGER.
  *   Bytes of an executable: what the device reported; if it reported 0, the
  *   drop in the device's free memory across the instantiation (an
- *   allocation by another thread at that moment skews it); if that is not
- *   measurable, node_bytes_estimate x node count (the device ops table has
- *   no node-count query yet, so one node is assumed: see
- *   graph_node_count()).
+ *   allocation by another thread at that moment skews it); in either case
+ *   no less than the model of exec_bytes_accounted (the highest cost per
+ *   node of the last GC_COST_WINDOW measurements, times the node count;
+ *   node_bytes_estimate per node before any), because a driver that reuses
+ *   the memory of destroyed executables shows no drop for most of them.
  *
  * Eviction order: segmented LRU
  *   Two recency lists, most recent at the head: probation and protected.
@@ -120,6 +122,11 @@
 
 #define GC_MAX_VARIANTS 4
 #define GC_RECENT 16
+/* Measured instantiation costs kept for the byte model (exec_bytes_accounted). */
+#define GC_COST_WINDOW 16
+typedef struct gc_cost {
+    uint64_t bytes, nodes;
+} gc_cost;
 #define GC_DEFAULT_MAX_EXECS 64u
 #define GC_DEFAULT_MAX_BYTES (256 * TP_MiB)
 #define GC_DEFAULT_IDLE_NS 10000000000ull
@@ -190,7 +197,8 @@ struct tp_graph_cache {
     uint64_t exec_bytes;
     uint64_t seq;
     uint64_t recent[GC_RECENT];
-    uint64_t node_bytes_learned; /* exec_bytes_accounted; 0 until measured */
+    gc_cost cost[GC_COST_WINDOW]; /* exec_bytes_accounted: the last measured costs */
+    unsigned cost_next, cost_count;
     unsigned recent_next;
     uint64_t next_idle_check_ns;
 
@@ -588,23 +596,33 @@ static uint64_t recent_max(const tp_graph_cache *cache) {
 }
 
 /* The bytes an executable is counted at: what was reported or measured,
- * but at least the learned cost per node times its nodes. A driver that
- * keeps the memory of destroyed executables and hands it to new ones (CUDA
- * does) shows no drop in free memory for them, or a partial one; counted
- * at that (or at the configured guess), they would let the cache hold
- * several times its cap. The cost per node rises to any higher
- * measurement at once and follows lower ones slowly (1/16 of the gap),
- * ignoring those below half of it (memory partly reused, not a cheaper
- * executable); before the first measurement it is node_bytes_estimate. */
-static uint64_t exec_bytes_accounted(tp_graph_cache *cache, uint64_t measured_bytes, uint64_t nodes) {
+ * but at least the highest cost per node among the last GC_COST_WINDOW
+ * instantiations that showed a cost, times its nodes. A driver that keeps
+ * the memory of destroyed executables and hands it to new ones (CUDA does)
+ * shows no drop in free memory for them, or a partial one; counted at that
+ * (or at the configured guess), they would let the cache hold several times
+ * its cap. A maximum is cautious on purpose: partial measurements do not
+ * lower it, and an outlier leaves the window after GC_COST_WINDOW newer
+ * measurements. Executables whose cost hardly depends on their node count
+ * are over-counted (the H200's ~8 MiB memset graphs of 50..250 nodes: 2.2x),
+ * so such a cache holds fewer executables than its cap allows, never more.
+ * Before the first measurement: node_bytes_estimate per node. */
+static uint64_t modelled_bytes(const tp_graph_cache *cache, uint64_t nodes) {
     if (!nodes) nodes = 1;
-    uint64_t per_node = measured_bytes / nodes, learned = cache->node_bytes_learned;
-    if (per_node > learned)
-        cache->node_bytes_learned = per_node;
-    else if (per_node && per_node >= learned / 2)
-        cache->node_bytes_learned = learned - (learned - per_node) / 16;
-    uint64_t model = cache->node_bytes_learned ? cache->node_bytes_learned : cache->config.node_bytes_estimate;
-    return TP_MAX(measured_bytes, model * nodes);
+    if (!cache->cost_count) return cache->config.node_bytes_estimate * nodes;
+    uint64_t per_node = 0;
+    for (unsigned i = 0; i < cache->cost_count; i++)
+        per_node = TP_MAX(per_node, (cache->cost[i].bytes + cache->cost[i].nodes - 1) / cache->cost[i].nodes);
+    return per_node * nodes;
+}
+
+static uint64_t exec_bytes_accounted(tp_graph_cache *cache, uint64_t measured_bytes, uint64_t nodes) {
+    if (measured_bytes) {
+        cache->cost[cache->cost_next] = (gc_cost){measured_bytes, nodes ? nodes : 1};
+        cache->cost_next = (cache->cost_next + 1) % GC_COST_WINDOW;
+        if (cache->cost_count < GC_COST_WINDOW) cache->cost_count++;
+    }
+    return TP_MAX(measured_bytes, modelled_bytes(cache, nodes));
 }
 
 /* Instantiates graph as a new variant of key. newpins (may be NULL) are
@@ -766,7 +784,7 @@ static tp_status prepare_locked(tp_graph_cache *cache, uint64_t key, tp_graph gr
     if (alive >= GC_MAX_VARIANTS) evict(cache, oldest, REASON_COUNT, false, NULL);
     estimate = TP_MAX(estimate, recent_max(cache));
     uint64_t nodes = graph_node_count(cache, graph);
-    if (nodes) estimate = TP_MAX(estimate, nodes * cache->config.node_bytes_estimate);
+    if (nodes) estimate = TP_MAX(estimate, modelled_bytes(cache, nodes));
     return instantiate_new(cache, key, graph, newpins, estimate, now);
 }
 

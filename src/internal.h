@@ -129,6 +129,7 @@ typedef struct tp_device_options {
     uint64_t capacity_bytes;    /* 0: backend default */
     uint64_t granularity_bytes; /* 0: backend default */
     uint64_t graph_node_bytes;  /* sim: device bytes per graph node */
+    uint64_t graph_exec_bytes;  /* sim: device bytes per executable on top */
     uint64_t seed;
     int ordinal;
     bool novmm;

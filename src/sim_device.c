@@ -98,7 +98,7 @@ typedef struct sim_device {
     tp_device *device;
     uint64_t capacity_bytes;
     uint64_t granularity_bytes;
-    uint64_t graph_node_bytes;
+    uint64_t graph_node_bytes, graph_exec_bytes;
     bool vmm;
     bool check;
     _Atomic uint64_t now_ns; /* written under the lock, read without it */
@@ -679,7 +679,7 @@ static tp_status sim_graph_instantiate(tp_device *device, tp_graph graph, tp_gra
         tp_host_free(&device->host, exec, sizeof *exec);
         return st;
     }
-    exec->bytes = (uint64_t)g->node_count * sim->graph_node_bytes;
+    exec->bytes = (uint64_t)g->node_count * sim->graph_node_bytes + sim->graph_exec_bytes;
     SIM_LOCKED(sim, {
         st = sim_enter(sim, TP_SIM_OP_GRAPH_INSTANTIATE);
         /* With graphpool, only growth of the pool takes new memory. */
@@ -796,6 +796,7 @@ tp_status tp_sim_device_create(tp_device *device, const tp_device_options *optio
     sim->capacity_bytes = options->capacity_bytes ? options->capacity_bytes : 16 * TP_GiB;
     sim->granularity_bytes = options->granularity_bytes ? options->granularity_bytes : 2 * TP_MiB;
     sim->graph_node_bytes = options->graph_node_bytes ? options->graph_node_bytes : 10 * TP_KiB;
+    sim->graph_exec_bytes = options->graph_exec_bytes;
     sim->vmm = !options->novmm;
     sim->check = !options->nocheck;
     sim->graph_pool = options->graphpool;

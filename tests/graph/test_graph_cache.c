@@ -722,6 +722,89 @@ static void test_driver_pooled_graph_memory(void) {
     CHECK_OK(tp_device_close(dev));
 }
 
+/* Churns new keys (50..250 nodes) through cache; returns the executables
+ * alive at the end and the device's graph memory then. */
+static uint64_t churn_new_keys(tp_device *dev, tp_graph_cache *cache, int requests, uint64_t *out_device_bytes) {
+    for (int r = 0; r < requests; r++) {
+        uint32_t nodes = 50 + (uint32_t)((r * 37) % 201);
+        tp_graph g = gt_graph(dev, nodes, 5000 + (uint64_t)r, 0);
+        tp_status st = tp_graph_cache_prepare(cache, 5000 + (uint64_t)r, g, NULL);
+        CHECK_MSG(st == TP_OK || st == TP_ERR_RUN_EAGER, "request %d: %s", r, tp_status_name(st));
+        CHECK_OK(tp_sim_graph_destroy(dev, g));
+    }
+    tp_sim_counters c;
+    CHECK_OK(tp_sim_get_counters(dev, &c));
+    *out_device_bytes = c.physical_used_bytes;
+    return gt_stats(cache).execs;
+}
+
+static void test_byte_model_fixed_cost(void) {
+    /* Executables that cost about the same whatever their node count (the
+     * H200: ~8 MiB for 50..250 memset nodes), on a driver that pools graph
+     * memory: the per-node model over-counts the larger ones, so the cache
+     * holds fewer than its cap would allow -- but never more: the device
+     * stays within the cap plus one executable. */
+    test_log log = {0};
+    tp_device *dev = gt_open("sim:8GiB,graph_node_bytes=1KiB,graph_exec_bytes=8MiB,graphpool", &log);
+    const uint64_t cap = 64 * TEST_MiB;
+    tp_graph_cache *cache = make_cache(dev, (tp_graph_cache_config){.max_bytes = cap, .idle_evict_ns = TP_NS_NEVER});
+    uint64_t held = 0, execs = churn_new_keys(dev, cache, 500, &held);
+    uint64_t counted = gt_stats(cache).exec_bytes, real = gt_sim_exec_bytes(dev);
+    printf("  fixed cost 8 MiB, 64 MiB cap: %llu executables, counted %.1f MiB for %.1f MiB, device %.1f MiB\n",
+           (unsigned long long)execs, counted / (double)TEST_MiB, real / (double)TEST_MiB, held / (double)TEST_MiB);
+    CHECK_MSG(held <= cap + 9 * TEST_MiB, "graph memory %.1f MiB", held / (double)TEST_MiB);
+    CHECK(execs >= 1 && real <= cap && counted >= real);
+    CHECK_CACHE(cache);
+    CHECK_OK(tp_graph_cache_destroy(cache));
+    CHECK_OK(tp_device_close(dev));
+}
+
+static int inflated_left;
+static tp_status instantiate_inflated(tp_device *device, tp_graph graph, tp_graph_exec *out_exec,
+                                      uint64_t *out_bytes) {
+    tp_status st = real_instantiate(device, graph, out_exec, out_bytes);
+    if (st == TP_OK && inflated_left > 0) {
+        inflated_left--;
+        *out_bytes = 512 * TEST_MiB; /* a one-time cost the driver charged to this one */
+    }
+    return st;
+}
+
+static void test_byte_model_outlier(void) {
+    /* One instantiation that reported a huge cost (driver start-up, say)
+     * makes the cache count big, then leaves the model after newer
+     * measurements: the cache holds several executables again. */
+    test_log log = {0};
+    tp_device *dev = gt_open("sim:8GiB,graph_node_bytes=64KiB", &log);
+    const tp_device_ops *real_ops = dev->ops;
+    static tp_device_ops wrapped;
+    wrapped = *real_ops;
+    real_instantiate = real_ops->graph_instantiate;
+    wrapped.graph_instantiate = instantiate_inflated;
+    dev->ops = &wrapped;
+    inflated_left = 1;
+    tp_graph_cache *cache = make_cache(dev, (tp_graph_cache_config){.max_bytes = TP_GiB, .idle_evict_ns = TP_NS_NEVER});
+    uint64_t held = 0;
+    churn_new_keys(dev, cache, 60, &held);
+    /* 64 KiB/node, 50..250 nodes: 3..16 MiB each, about 100 fit in 1 GiB.
+     * While the outlier was in the window, executables were counted at its
+     * cost per node (some above the cap on their own: run eagerly); after
+     * 16 newer measurements every one is cached and counted right. */
+    tp_graph_cache_stats st = gt_stats(cache);
+    printf("  outlier: %llu eager fallbacks, %llu executables alive after 60 requests\n",
+           (unsigned long long)st.eager_fallbacks, (unsigned long long)st.execs);
+    CHECK_MSG(st.eager_fallbacks <= 16, "%llu eager fallbacks", (unsigned long long)st.eager_fallbacks);
+    /* (those counted big while it was in the window stay counted big until
+     * evicted: ~30 alive, not ~45) */
+    CHECK_MSG(st.execs >= 25, "%llu executables alive after the outlier", (unsigned long long)st.execs);
+    uint64_t counted = gt_stats(cache).exec_bytes, real = gt_sim_exec_bytes(dev);
+    CHECK_MSG(counted == real, "counted %.1f MiB for %.1f MiB", counted / (double)TEST_MiB, real / (double)TEST_MiB);
+    dev->ops = real_ops;
+    CHECK_CACHE(cache);
+    CHECK_OK(tp_graph_cache_destroy(cache));
+    CHECK_OK(tp_device_close(dev));
+}
+
 int main(void) {
     test_bad_input();
     test_prepare_launch_hit_update();
@@ -735,5 +818,7 @@ int main(void) {
     test_stats_json();
     test_byte_estimate();
     test_driver_pooled_graph_memory();
+    test_byte_model_fixed_cost();
+    test_byte_model_outlier();
     return check_report("test_graph_cache");
 }
