@@ -645,15 +645,24 @@ static tp_status mem_info_broken(tp_device *device, uint64_t *out_free, uint64_t
     return TP_ERR_DEVICE;
 }
 
+/* Points dev at a copy of its operations whose instantiate is fn (which
+ * calls real_instantiate); returns the copy, for further changes. Undo by
+ * restoring dev->ops. */
+static tp_device_ops *wrap_instantiate(tp_device *dev,
+                                       tp_status (*fn)(tp_device *, tp_graph, tp_graph_exec *, uint64_t *)) {
+    static tp_device_ops wrapped;
+    wrapped = *dev->ops;
+    real_instantiate = dev->ops->graph_instantiate;
+    wrapped.graph_instantiate = fn;
+    dev->ops = &wrapped;
+    return &wrapped;
+}
+
 static void test_byte_estimate(void) {
     test_log log = {0};
     tp_device *dev = gt_open("sim:1GiB,graph_node_bytes=1MiB", &log);
     const tp_device_ops *real_ops = dev->ops;
-    static tp_device_ops wrapped;
-    wrapped = *real_ops;
-    real_instantiate = real_ops->graph_instantiate;
-    wrapped.graph_instantiate = instantiate_unreported;
-    dev->ops = &wrapped;
+    tp_device_ops *wrapped = wrap_instantiate(dev, instantiate_unreported);
 
     /* measured: the drop of free device memory across the instantiation */
     tp_graph_cache *cache =
@@ -671,7 +680,7 @@ static void test_byte_estimate(void) {
     CHECK_OK(tp_graph_cache_destroy(cache));
 
     /* not measurable: node_bytes_estimate per node of the template */
-    wrapped.mem_info = mem_info_broken;
+    wrapped->mem_info = mem_info_broken;
     cache = make_cache(dev, (tp_graph_cache_config){.node_bytes_estimate = 3 * TEST_MiB,
                                                     .idle_evict_ns = TP_NS_NEVER});
     CHECK_OK(tp_graph_cache_prepare(cache, 1, g5, NULL));
@@ -777,11 +786,7 @@ static void test_byte_model_outlier(void) {
     test_log log = {0};
     tp_device *dev = gt_open("sim:8GiB,graph_node_bytes=64KiB", &log);
     const tp_device_ops *real_ops = dev->ops;
-    static tp_device_ops wrapped;
-    wrapped = *real_ops;
-    real_instantiate = real_ops->graph_instantiate;
-    wrapped.graph_instantiate = instantiate_inflated;
-    dev->ops = &wrapped;
+    wrap_instantiate(dev, instantiate_inflated);
     inflated_left = 1;
     tp_graph_cache *cache = make_cache(dev, (tp_graph_cache_config){.max_bytes = TP_GiB, .idle_evict_ns = TP_NS_NEVER});
     uint64_t held = 0;
