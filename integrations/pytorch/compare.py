@@ -40,8 +40,12 @@ of the prompts and pixel values are compared too.
 --warmup (read, the default) first reads the libraries' files into the page
 cache, so the first run does not pay for cold disk reads. --modes and
 --scenarios pick a subset (a mode may repeat, e.g. default,default, to see
-the run-to-run spread); --tp-conf adds TIDEPOOL_TORCH_CONF items to the
-tidepool runs.
+the run-to-run spread); --rounds N runs the --modes list N times,
+interleaved (A B A B ...), and prints per allocator the median, min and max
+of the time inside generate() and its ratio to the first mode's median: the
+way to put a figure on "within 2%" on a noisy host (on the H200, single
+full-length runs of one allocator varied by tens of percent). --tp-conf adds
+TIDEPOOL_TORCH_CONF items to the tidepool runs.
 """
 import argparse
 import hashlib
@@ -418,6 +422,52 @@ def print_table(results, baseline_mode):
         print(line(row))
 
 
+def run_counts(results):
+    counts = {}
+    for r in results:
+        counts[(r["scenario"], r["mode"])] = counts.get((r["scenario"], r["mode"]), 0) + 1
+    return counts
+
+
+def median(values):
+    v = sorted(values)
+    if not v:
+        return None
+    mid = len(v) // 2
+    return v[mid] if len(v) % 2 else (v[mid - 1] + v[mid]) / 2.0
+
+
+def summarize(results, baseline_mode):
+    """Per workload and allocator, over its successful runs: the number of
+    runs, the median, min and max of the seconds inside generate() and of the
+    workload's wall time, and the median generate() time relative to the
+    baseline mode's (1.02 = 2% slower)."""
+    groups = {}
+    for r in results:
+        if r.get("rc") == 0 and not r.get("error") and r.get("gen_s"):
+            groups.setdefault((r["scenario"], r["mode"]), []).append(r)
+    rows = []
+    for (scen, mode), rs in groups.items():
+        gen = [r["gen_s"] for r in rs]
+        wall = [r["wall_s"] for r in rs if r.get("wall_s") is not None]
+        rows.append(dict(scenario=scen, mode=mode, runs=len(rs), gen_median_s=median(gen), gen_min_s=min(gen),
+                         gen_max_s=max(gen), wall_median_s=median(wall)))
+    for row in rows:
+        base = next((b for b in rows if b["scenario"] == row["scenario"] and b["mode"] == baseline_mode), None)
+        row["gen_vs_baseline"] = (row["gen_median_s"] / base["gen_median_s"]
+                                  if base and base["gen_median_s"] else None)
+    return rows
+
+
+def print_summary(results, baseline_mode):
+    print("medians over rounds (generate() seconds, min-max; wall seconds; generate() median / %s's):"
+          % baseline_mode)
+    for row in summarize(results, baseline_mode):
+        print("  %-18s %-11s runs %d  generate %s s (%s-%s)  wall %s s  ratio %s" % (
+            row["scenario"], row["mode"], row["runs"], fmt(row["gen_median_s"]), fmt(row["gen_min_s"]),
+            fmt(row["gen_max_s"]), fmt(row["wall_median_s"]), fmt(row["gen_vs_baseline"], "%.3f")))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -445,6 +495,8 @@ def main():
                     help="torch.use_deterministic_algorithms(True) and CUBLAS_WORKSPACE_CONFIG=:4096:8 in every run")
     ap.add_argument("--timeout", type=float, default=None,
                     help="seconds per run (default 150; 420 with --full)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run the --modes list this many times, interleaved, and print medians (for wall time)")
     ap.add_argument("--out", help="write the results as JSON here")
     # internal: one run
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -471,6 +523,8 @@ def main():
         args.decode_tokens, args.requests = 64, 3
     if args.timeout is None:
         args.timeout = 420 if args.full else 150
+    if args.rounds < 1:
+        ap.error("--rounds must be at least 1")
     modes = [m for m in args.modes.split(",") if m]
     scens = [s for s in args.scenarios.split(",") if s]
     for m in modes:
@@ -496,7 +550,7 @@ def main():
         print("[%6.0fs] warm-up: read %.1f GiB of torch/transformers/nvidia files in %.0fs" % (
             time.perf_counter() - t0, nbytes / (1 << 30), secs), flush=True)
     for scen in scens:
-        for mode in modes:
+        for mode in modes * args.rounds:  # rounds interleave: A B A B, so drift hits every mode alike
             r = run_one(args, scen, mode, kwargs[scen])
             results.append(r)
             print("[%6.0fs] %-18s %-11s rc=%s %5.0fs  used %s MiB  alloc peak %s MiB  %s tok/s  %s" % (
@@ -509,6 +563,9 @@ def main():
                 write_out(args.out, t0, results)
     print()
     print_table(results, modes[0])
+    if any(n > 1 for n in run_counts(results).values()):
+        print()
+        print_summary(results, modes[0])
     print("\npeak used = device memory in use (%s) at its peak minus before the model was built; "
           "alloc peak = the allocator's peak reserved bytes; same = generated ids hash like the %s run"
           % (next((r.get("sampler") for r in results if r.get("sampler")), "?"), modes[0]))
