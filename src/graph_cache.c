@@ -625,10 +625,10 @@ static uint64_t exec_bytes_accounted(tp_graph_cache *cache, uint64_t measured_by
     return TP_MAX(measured_bytes, modelled_bytes(cache, nodes));
 }
 
-/* Instantiates graph as a new variant of key. newpins (may be NULL) are
- * consumed on every path. */
-static tp_status instantiate_new(tp_graph_cache *cache, uint64_t key, tp_graph graph, gc_pins *newpins,
-                                 uint64_t estimate, uint64_t now) {
+/* Instantiates graph (of nodes nodes, 0 if unknown) as a new variant of
+ * key. newpins (may be NULL) are consumed on every path. */
+static tp_status instantiate_new(tp_graph_cache *cache, uint64_t key, tp_graph graph, uint64_t nodes,
+                                 gc_pins *newpins, uint64_t estimate, uint64_t now) {
     const tp_logger *log = &cache->device->logger;
     gc_exec *e = tp_host_calloc(cache->host, 1, sizeof *e);
     if (!e) {
@@ -648,7 +648,7 @@ static tp_status instantiate_new(tp_graph_cache *cache, uint64_t key, tp_graph g
             if (bytes == 0 && measured && cache->ops->mem_info(cache->device, &free_after, &total) == TP_OK &&
                 free_before > free_after)
                 bytes = free_before - free_after;
-            bytes = exec_bytes_accounted(cache, bytes, graph_node_count(cache, graph));
+            bytes = exec_bytes_accounted(cache, bytes, nodes);
             break;
         }
         cache->stats.instantiate_failures++;
@@ -785,7 +785,7 @@ static tp_status prepare_locked(tp_graph_cache *cache, uint64_t key, tp_graph gr
     estimate = TP_MAX(estimate, recent_max(cache));
     uint64_t nodes = graph_node_count(cache, graph);
     if (nodes) estimate = TP_MAX(estimate, modelled_bytes(cache, nodes));
-    return instantiate_new(cache, key, graph, newpins, estimate, now);
+    return instantiate_new(cache, key, graph, nodes, newpins, estimate, now);
 }
 
 /* ----------------------------------------------------------------- reclaim */
