@@ -335,8 +335,9 @@ tp_status tp_pool_forget_stream(tp_pool *pool, tp_stream stream);
  * pinned is never released. */
 tp_status tp_pool_trim(tp_pool *pool, uint64_t target_reserved_bytes, uint64_t *out_released_bytes);
 /* Time-driven upkeep for hosts that may go quiet: releases memory idle
- * longer than idle_release_ns above the threshold. Cheap; call it now and
- * then (e.g. once a second). */
+ * longer than idle_release_ns above the threshold, and, once no alloc or
+ * free has happened since the previous tick, the blocks parked for quick
+ * reuse. Cheap; call it now and then (e.g. once a second). */
 tp_status tp_pool_tick(tp_pool *pool);
 
 /* A callback the out-of-memory ladder calls when releasing the pool's own

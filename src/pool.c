@@ -1113,7 +1113,15 @@ tp_status tp_pool_tick(tp_pool *pool) {
     if (!pool) return TP_ERR_INVALID_ARGUMENT;
     pthread_mutex_lock(&pool->lock);
     if (pool->config.idle_release_ns != TP_NS_NEVER) {
-        tp_pool_tcache_flush(pool);
+        /* Parked blocks go back only once the pool has gone quiet (no
+         * alloc or free since the previous tick): a busy pool is about to
+         * reuse them, and its frees run the periodic upkeep anyway.
+         * Flushing on every tick moved blocks mid-step: replayed with a
+         * tick a second, decode_growing_kv held 1.033x peak live on VMM
+         * instead of 1.008x, gemma3_mtmd 1.080x on segment for 1.057x. */
+        uint64_t calls = pool->stats.allocs + pool->stats.frees;
+        if (calls == pool->calls_at_tick) tp_pool_tcache_flush(pool);
+        pool->calls_at_tick = calls;
         release_aged(pool, true);
     }
     pthread_mutex_unlock(&pool->lock);

@@ -101,6 +101,7 @@ struct tp_pool {
     uint32_t last_freed;
     uint64_t last_freed_ns;  /* when it was freed */
     uint64_t idle_stamp_ns;  /* nonzero: the idle-since time for units going idle now */
+    uint64_t calls_at_tick;  /* allocs + frees at the previous tp_pool_tick */
 
     pool_stream *streams; /* index = slot; slot 0 unused */
     size_t stream_count, stream_capacity;

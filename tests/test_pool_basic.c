@@ -251,6 +251,42 @@ static void test_last_freed_slot(tp_pool_kind kind) {
     fixture_close(&f);
 }
 
+static void test_tick_flushes_only_when_quiet(tp_pool_kind kind) {
+    /* tp_pool_tick leaves parked blocks alone while the pool is busy (they
+     * are about to be reused) and returns them once a tick finds no alloc or
+     * free since the previous one; idle release then gives the memory back. */
+    /* threshold 1 MiB: the tcache may hold the block, a 2 MiB unit is above it */
+    tp_pool_config pc = {.release_threshold_bytes = TEST_MiB, .idle_release_ns = 1000000};
+    fixture f;
+    fixture_open(&f, "sim:1GiB", kind, &pc);
+    void *p;
+    tp_pool_stats s;
+    CHECK_OK(tp_pool_alloc(f.pool, 32 * 1024, TP_STREAM_DEFAULT, &p));
+    CHECK_OK(tp_pool_free(f.pool, p, TP_STREAM_DEFAULT)); /* parked */
+    for (int busy_tick = 0; busy_tick < 3; busy_tick++) {
+        CHECK_OK(tp_sim_advance(f.dev, 5000000));
+        CHECK_OK(tp_pool_tick(f.pool)); /* activity since the previous tick: kept */
+        CHECK_OK(tp_pool_get_stats(f.pool, &s));
+        CHECK_MSG(s.reserved_bytes.current > 0, "%s: busy tick %d released the parked block", kind_name(kind),
+                  busy_tick);
+        /* still parked, so not merged back into its unit's free range */
+        CHECK_MSG(s.largest_free_bytes < s.reserved_bytes.current, "%s: busy tick %d flushed the parked block",
+                  kind_name(kind), busy_tick);
+        void *q;
+        CHECK_OK(tp_pool_alloc(f.pool, 32 * 1024, TP_STREAM_DEFAULT, &q));
+        CHECK(q == p); /* reused from the cache */
+        CHECK_OK(tp_pool_free(f.pool, q, TP_STREAM_DEFAULT));
+    }
+    CHECK_OK(tp_pool_tick(f.pool));            /* sees the last free: kept */
+    CHECK_OK(tp_pool_tick(f.pool));            /* quiet: flushed, idle from now */
+    CHECK_OK(tp_sim_advance(f.dev, 5000000));
+    CHECK_OK(tp_pool_tick(f.pool));            /* aged: released */
+    CHECK_OK(tp_pool_get_stats(f.pool, &s));
+    CHECK_MSG(s.reserved_bytes.current == 0, "%s: quiet pool still holds %llu bytes", kind_name(kind),
+              (unsigned long long)s.reserved_bytes.current);
+    fixture_close(&f);
+}
+
 static void test_pins_and_capture(tp_pool_kind kind) {
     fixture f;
     fixture_open(&f, "sim:1GiB", kind, NULL);
@@ -375,6 +411,7 @@ int main(void) {
         test_bad_input(kinds[i]);
         test_idle_release(kinds[i]);
         test_last_freed_slot(kinds[i]);
+        test_tick_flushes_only_when_quiet(kinds[i]);
         test_pins_and_capture(kinds[i]);
         reclaim_calls = 0;
         test_reclaim_callback(kinds[i]);

@@ -320,8 +320,12 @@ static void legacy_destroy(void *impl) {
     free(p);
 }
 
-static const replay_pool_ops legacy_ops = {legacy_alloc,      legacy_free,      legacy_counters,
-                                           legacy_extra,      legacy_oom_report, legacy_destroy};
+static const replay_pool_ops legacy_ops = {.alloc = legacy_alloc,
+                                           .free = legacy_free,
+                                           .counters = legacy_counters,
+                                           .extra_json = legacy_extra,
+                                           .oom_report = legacy_oom_report,
+                                           .destroy = legacy_destroy};
 const replay_pool_factory replay_ggml_legacy_factory = {"ggml-legacy", false, legacy_create, &legacy_ops};
 
 /* ------------------------------------------------------------- ggml-vmm */
@@ -411,6 +415,9 @@ static void ggml_vmm_oom_report(void *impl, char *buf, size_t cap) {
              tp_format_bytes(p->mapped, mapped, sizeof mapped), tp_format_bytes(p->used, used, sizeof used));
 }
 
-static const replay_pool_ops ggml_vmm_ops = {ggml_vmm_alloc, ggml_vmm_free,       ggml_vmm_counters,
-                                             NULL,           ggml_vmm_oom_report, ggml_vmm_destroy};
+static const replay_pool_ops ggml_vmm_ops = {.alloc = ggml_vmm_alloc,
+                                             .free = ggml_vmm_free,
+                                             .counters = ggml_vmm_counters,
+                                             .oom_report = ggml_vmm_oom_report,
+                                             .destroy = ggml_vmm_destroy};
 const replay_pool_factory replay_ggml_vmm_factory = {"ggml-vmm", true, ggml_vmm_create, &ggml_vmm_ops};

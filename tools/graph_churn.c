@@ -258,7 +258,8 @@ static int write_plot(const char *path, const churn_result *results, size_t coun
 int graph_churn_run(const scenario *self, const scenario_params *params, const tide_run_options *options) {
     const replay_options *ro = &options->replay;
     if (options->pools || options->occupy_given || ro->pool_config.limit_bytes ||
-        ro->pool_config.release_threshold_bytes || ro->pool_config.idle_release_ns || !ro->follow_trace_time) {
+        ro->pool_config.release_threshold_bytes || ro->pool_config.idle_release_ns || !ro->follow_trace_time ||
+        ro->tick_ns) {
         fprintf(stderr, "tide scenario: graph-churn drives a graph cache, not pools: of the options below it takes "
                         "--device, --json and --plot (see tide scenario --help)\n");
         return 2;

@@ -113,8 +113,15 @@ static void tidepool_destroy(void *impl) {
     free(a);
 }
 
-static const replay_pool_ops tidepool_ops = {tidepool_alloc,  tidepool_free,       tidepool_counters,
-                                             tidepool_extra,  tidepool_oom_report, tidepool_destroy};
+static void tidepool_tick(void *impl) { tp_pool_tick(((tidepool_adapter *)impl)->pool); }
+
+static const replay_pool_ops tidepool_ops = {.alloc = tidepool_alloc,
+                                             .free = tidepool_free,
+                                             .counters = tidepool_counters,
+                                             .extra_json = tidepool_extra,
+                                             .oom_report = tidepool_oom_report,
+                                             .tick = tidepool_tick,
+                                             .destroy = tidepool_destroy};
 
 extern const replay_pool_factory replay_ggml_legacy_factory;
 extern const replay_pool_factory replay_ggml_vmm_factory;
@@ -208,6 +215,7 @@ typedef struct replay_lane {
     bool is_sim;
     uint64_t sim_now_ns;
     uint64_t last_event_ns; /* trace time of the latest event, for the final sample */
+    uint64_t next_tick_ns;  /* trace time of the next tick (options.tick_ns) */
     addr_map live;
     stream_entry streams[MAX_STREAMS];
     size_t stream_count;
@@ -271,9 +279,17 @@ static void lane_oom_report(replay_lane *lane, char *buf, size_t capacity) {
     if (lane->factory->ops->oom_report) lane->factory->ops->oom_report(lane->impl, buf, capacity);
 }
 
-static void lane_event(replay_lane *lane, const trace_event *e, bool follow_time) {
+static void lane_event(replay_lane *lane, const trace_event *e, bool follow_time, uint64_t tick_ns) {
     replay_result *r = &lane->result;
     lane->last_event_ns = e->time_ns;
+    if (tick_ns && lane->factory->ops->tick && e->time_ns >= lane->next_tick_ns) {
+        if (lane->is_sim && follow_time && e->time_ns > lane->sim_now_ns) {
+            tp_sim_advance(lane->device, e->time_ns - lane->sim_now_ns);
+            lane->sim_now_ns = e->time_ns;
+        }
+        lane->factory->ops->tick(lane->impl);
+        lane->next_tick_ns = e->time_ns + tick_ns;
+    }
     if (lane->is_sim && follow_time && e->time_ns > lane->sim_now_ns) {
         tp_sim_advance(lane->device, e->time_ns - lane->sim_now_ns);
         lane->sim_now_ns = e->time_ns;
@@ -404,7 +420,7 @@ void replay_feed(replay_run *run, const trace_event *events, size_t count) {
         uint64_t sample_ns = 0;
         uint64_t start = replay_now_ns();
         for (size_t i = 0; i < count; i++) {
-            lane_event(lane, &events[i], run->options.follow_trace_time);
+            lane_event(lane, &events[i], run->options.follow_trace_time, run->options.tick_ns);
             if (lane->samples_capacity && lane->result.events >= lane->next_sample) {
                 uint64_t s0 = replay_now_ns();
                 lane_sample(lane, events[i].time_ns);

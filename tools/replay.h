@@ -47,6 +47,8 @@ typedef struct replay_pool_ops {
     /* One line on the most recent out-of-memory: what was asked, what the
      * pool and the device held, what it did about it (optional). */
     void (*oom_report)(void *impl, char *buf, size_t capacity);
+    /* Time-driven upkeep, as a host calls it now and then (optional). */
+    void (*tick)(void *impl);
     void (*destroy)(void *impl);
 } replay_pool_ops;
 
@@ -108,6 +110,9 @@ typedef struct replay_options {
     /* Device memory another tenant holds for the whole replay (e.g. model
      * weights outside the pool); simulated devices only. */
     uint64_t occupied_bytes;
+    /* Call the pools' tick every this many ns of trace time, as the PyTorch
+     * shim's upkeep thread does once a second (0: never). */
+    uint64_t tick_ns;
 } replay_options;
 
 typedef struct replay_run replay_run;

@@ -53,6 +53,8 @@ void tide_run_options_help(FILE *out) {
             "  --limit SIZE         pool byte limit (e.g. 6GiB)\n"
             "  --release-threshold SIZE   idle bytes a tidepool pool keeps cached\n"
             "  --idle-release-ms N  how long idle memory above the threshold stays\n"
+            "  --tick-ms N          call tidepool's tp_pool_tick every N ms of trace time (the PyTorch\n"
+            "                       shim's upkeep thread ticks every 1000 ms)\n"
             "  --no-trace-time      do not move the simulated clock with the events' timestamps\n",
             replay_pool_names());
 }
@@ -69,7 +71,7 @@ static const char *option_value(const char *command, int argc, char **argv, int 
 int tide_run_parse_option(const char *command, int argc, char **argv, int *index, tide_run_options *o) {
     const char *a = argv[*index];
     static const char *const with_value[] = {"--pool",  "--device", "--plot", "--limit", "--release-threshold",
-                                             "--idle-release-ms", "--occupy"};
+                                             "--idle-release-ms", "--occupy", "--tick-ms"};
     bool takes_value = false;
     for (size_t i = 0; i < sizeof with_value / sizeof *with_value; i++) takes_value |= !strcmp(a, with_value[i]);
     if (!strcmp(a, "--json")) {
@@ -97,6 +99,10 @@ int tide_run_parse_option(const char *command, int argc, char **argv, int *index
     } else if (!strcmp(a, "--occupy")) {
         if (!tide_parse_bytes_option(a, v, &o->replay.occupied_bytes)) return -1;
         o->occupy_given = true;
+    } else if (!strcmp(a, "--tick-ms")) {
+        uint64_t ms;
+        if (!tide_parse_count_option(command, a, v, 1, UINT64_MAX / 1000000ull, &ms)) return -1;
+        o->replay.tick_ns = ms * 1000000ull;
     } else { /* --idle-release-ms */
         uint64_t ms;
         if (!tide_parse_count_option(command, a, v, 0, UINT64_MAX / 1000000ull, &ms)) return -1;

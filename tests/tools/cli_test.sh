@@ -58,6 +58,9 @@ usage)
     expect 2 "no trace file given" "$tide" replay
     expect 2 "unknown option '--bogus'" "$tide" replay "$data/qwen2vl_excerpt.csv" --bogus
     expect 2 "--limit needs a size" "$tide" replay "$data/qwen2vl_excerpt.csv" --limit 12XB
+    expect 2 "--tick-ms needs a whole number" "$tide" replay "$data/qwen2vl_excerpt.csv" --tick-ms 0
+    expect 0 "--tick-ms N" "$tide" replay --help
+    expect 2 "takes --device, --json and --plot" "$tide" scenario graph-churn --tick-ms 1000
     expect 2 "--device needs a value" "$tide" replay "$data/qwen2vl_excerpt.csv" --device
     expect 2 "unknown pool 'nope'" "$tide" replay "$data/qwen2vl_excerpt.csv" --pool vmm,nope
     expect 2 "--idle-release-ms needs a whole number" "$tide" replay "$data/qwen2vl_excerpt.csv" --idle-release-ms soon
@@ -111,6 +114,14 @@ scenario)
     [ -s "$scratch/direct.json" ] || fail "no JSON from the direct replay"
     cmp -s "$scratch/direct.json" "$scratch/written.json" || { fail "written trace replays differently"; diff "$scratch/direct.json" "$scratch/written.json"; }
     expect 0 "^time_us,action,addr,size,stream" "$tide" scenario cross-stream --steps 3 --out -
+    # a tick a second, as the PyTorch shim's upkeep thread calls it, leaves a
+    # busy pool's placement alone: same memory, same device calls
+    for tick in "" "--tick-ms 1000"; do
+        "$tide" scenario image-requests --requests 12 --device sim:6GiB --pool vmm,segment --json $tick |
+            sed 's/"ns_per_event":[0-9.]*,//' >"$scratch/tick$([ -n "$tick" ] && echo 1).json"
+    done
+    [ -s "$scratch/tick.json" ] || fail "no JSON from image-requests"
+    cmp -s "$scratch/tick.json" "$scratch/tick1.json" || { fail "ticks changed the replay"; diff "$scratch/tick.json" "$scratch/tick1.json"; }
     # graph-churn: the capped run holds the cap (plus one executable), the
     # uncapped one grows; both say so in JSON with the fields of the issue.
     expect 0 "cap 64 MiB .* no cap|hot re-inst" "$tide" scenario graph-churn --requests 400 --cap-mib 64
