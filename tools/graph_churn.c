@@ -171,6 +171,10 @@ done:
 
 static double mib(uint64_t bytes) { return (double)bytes / (double)TP_MiB; }
 
+static uint64_t evictions(const tp_graph_cache_stats *s) {
+    return s->evictions_count + s->evictions_bytes + s->evictions_idle + s->evictions_pressure + s->evictions_explicit;
+}
+
 static void print_json(const churn_result *r, const scenario_params *params, const char *spec) {
     const tp_graph_cache_stats *s = &r->stats;
     printf("{\"scenario\":\"graph-churn\",\"result\":{\"run\":");
@@ -189,8 +193,7 @@ static void print_json(const churn_result *r, const scenario_params *params, con
            "\"device_graph_bytes_end\":%llu,\"hot_reinstantiations\":%llu,"
            "\"hot_reinstantiations_after_warmup\":%llu,\"warmup_requests\":%d,\"cache\":%s}}\n",
            (unsigned long long)s->exec_bytes_peak,
-           (unsigned long long)(s->evictions_count + s->evictions_bytes + s->evictions_idle + s->evictions_pressure +
-                                s->evictions_explicit),
+           (unsigned long long)evictions(s),
            (unsigned long long)s->execs, (unsigned long long)s->instantiations,
            (unsigned long long)s->eager_fallbacks, (unsigned long long)r->device_start,
            (unsigned long long)r->device_half, (unsigned long long)r->device_peak,
@@ -218,8 +221,7 @@ static void print_table(const churn_result *results, size_t count, const scenari
                  (unsigned long long)r->hot_reinstantiations_after_warmup);
         printf("%-12s %28s %14.1f %10.1f %10llu %8llu %16s %6llu\n", r->label, curve, mib(r->device_peak),
                mib(s->exec_bytes_peak),
-               (unsigned long long)(s->evictions_count + s->evictions_bytes + s->evictions_idle +
-                                    s->evictions_pressure + s->evictions_explicit),
+               (unsigned long long)evictions(s),
                (unsigned long long)s->execs, hot, (unsigned long long)s->eager_fallbacks);
     }
     printf("\ndevice graph = memory the device holds for executables (with graphpool, freed executable memory "

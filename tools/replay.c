@@ -282,17 +282,13 @@ static void lane_oom_report(replay_lane *lane, char *buf, size_t capacity) {
 static void lane_event(replay_lane *lane, const trace_event *e, bool follow_time, uint64_t tick_ns) {
     replay_result *r = &lane->result;
     lane->last_event_ns = e->time_ns;
-    if (tick_ns && lane->factory->ops->tick && e->time_ns >= lane->next_tick_ns) {
-        if (lane->is_sim && follow_time && e->time_ns > lane->sim_now_ns) {
-            tp_sim_advance(lane->device, e->time_ns - lane->sim_now_ns);
-            lane->sim_now_ns = e->time_ns;
-        }
-        lane->factory->ops->tick(lane->impl);
-        lane->next_tick_ns = e->time_ns + tick_ns;
-    }
     if (lane->is_sim && follow_time && e->time_ns > lane->sim_now_ns) {
         tp_sim_advance(lane->device, e->time_ns - lane->sim_now_ns);
         lane->sim_now_ns = e->time_ns;
+    }
+    if (tick_ns && lane->factory->ops->tick && e->time_ns >= lane->next_tick_ns) {
+        lane->factory->ops->tick(lane->impl);
+        lane->next_tick_ns = e->time_ns + tick_ns;
     }
     r->events++;
     if (r->fatal) return;
