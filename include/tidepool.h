@@ -337,7 +337,8 @@ tp_status tp_pool_trim(tp_pool *pool, uint64_t target_reserved_bytes, uint64_t *
 /* Time-driven upkeep for hosts that may go quiet: releases memory idle
  * longer than idle_release_ns above the threshold, and, once no alloc or
  * free has happened since the previous tick, the blocks parked for quick
- * reuse. Cheap; call it now and then (e.g. once a second). */
+ * reuse (a large parked block freed longer than idle_release_ns ago goes
+ * even from a busy pool). Cheap; call it now and then (e.g. once a second). */
 tp_status tp_pool_tick(tp_pool *pool);
 
 /* A callback the out-of-memory ladder calls when releasing the pool's own

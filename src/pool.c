@@ -1120,7 +1120,11 @@ tp_status tp_pool_tick(tp_pool *pool) {
          * tick a second, decode_growing_kv held 1.033x peak live on VMM
          * instead of 1.008x, gemma3_mtmd 1.080x on segment for 1.057x. */
         uint64_t calls = pool->stats.allocs + pool->stats.frees;
-        if (calls == pool->calls_at_tick) tp_pool_tcache_flush(pool);
+        if (calls == pool->calls_at_tick)
+            tp_pool_tcache_flush(pool);
+        else if (pool->last_freed != RA_NONE &&
+                 tp_pool_now(pool) - pool->last_freed_ns >= pool->config.idle_release_ns)
+            last_freed_release(pool); /* cold since its free, whatever the pool did since */
         pool->calls_at_tick = calls;
         release_aged(pool, true);
     }

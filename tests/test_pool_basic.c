@@ -287,6 +287,26 @@ static void test_tick_flushes_only_when_quiet(tp_pool_kind kind) {
     fixture_close(&f);
 }
 
+static void test_tick_releases_a_block_parked_past_idle_release(tp_pool_kind kind) {
+    /* A large block freed and then left alone is cold once idle_release_ns
+     * has passed since its free: the next tick gives it back even when that
+     * tick is the first to see the free (found on the H200: a 1 GiB block
+     * freed 120 ms before a tick stayed held). */
+    tp_pool_config pc = {.release_threshold_bytes = 4 * TEST_MiB, .idle_release_ns = 50000000};
+    fixture f;
+    fixture_open(&f, "sim:4GiB", kind, &pc);
+    void *big;
+    CHECK_OK(tp_pool_alloc(f.pool, TEST_GiB, TP_STREAM_DEFAULT, &big));
+    CHECK_OK(tp_pool_free(f.pool, big, TP_STREAM_DEFAULT));
+    CHECK_OK(tp_sim_advance(f.dev, 120000000));
+    CHECK_OK(tp_pool_tick(f.pool));
+    tp_pool_stats s;
+    CHECK_OK(tp_pool_get_stats(f.pool, &s));
+    CHECK_MSG(s.reserved_bytes.current <= 6 * TEST_MiB, "%s: a block idle for 120 ms is still held after a tick: %llu bytes",
+              kind_name(kind), (unsigned long long)s.reserved_bytes.current);
+    fixture_close(&f);
+}
+
 static void test_pins_and_capture(tp_pool_kind kind) {
     fixture f;
     fixture_open(&f, "sim:1GiB", kind, NULL);
@@ -412,6 +432,7 @@ int main(void) {
         test_idle_release(kinds[i]);
         test_last_freed_slot(kinds[i]);
         test_tick_flushes_only_when_quiet(kinds[i]);
+        test_tick_releases_a_block_parked_past_idle_release(kinds[i]);
         test_pins_and_capture(kinds[i]);
         reclaim_calls = 0;
         test_reclaim_callback(kinds[i]);
