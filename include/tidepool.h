@@ -52,6 +52,14 @@
 extern "C" {
 #endif
 
+/* Marks the functions a shared build exports; everything else the library
+ * defines is hidden (-fvisibility=hidden). */
+#if defined(__GNUC__) || defined(__clang__)
+#define TP_API __attribute__((visibility("default")))
+#else
+#define TP_API
+#endif
+
 #define TP_VERSION_MAJOR 0
 #define TP_VERSION_MINOR 1
 #define TP_VERSION_PATCH 0
@@ -75,7 +83,10 @@ extern "C" {
     X(TP_ERR_BUSY, "object still in use")                                        \
     X(TP_ERR_RUN_EAGER, "graph could not be instantiated: run the work eagerly") \
     X(TP_ERR_TOPOLOGY_MISMATCH, "graph topology differs from the executable")   \
-    X(TP_ERR_CAPTURE, "invalid stream-capture state")
+    X(TP_ERR_CAPTURE, "invalid stream-capture state")                          \
+    X(TP_ERR_BUFFER_TOO_SMALL, "the output buffer is too small")                \
+    X(TP_ERR_NOT_FOUND, "no such key, report or registration")                  \
+    X(TP_ERR_CORRUPT, "an internal invariant does not hold")
 
 typedef enum tp_status {
 #define TP_STATUS_ENUM_(name, description) name,
@@ -85,9 +96,9 @@ typedef enum tp_status {
 } tp_status;
 
 /* "TP_ERR_OUT_OF_MEMORY"; "TP_UNKNOWN_STATUS" for values outside the list. */
-const char *tp_status_name(tp_status status);
+TP_API const char *tp_status_name(tp_status status);
 /* A sentence describing the status. */
-const char *tp_status_describe(tp_status status);
+TP_API const char *tp_status_describe(tp_status status);
 
 /* ------------------------------------------------------------- host hooks */
 
@@ -143,10 +154,10 @@ typedef struct tp_device_config {
  *   "cuda:0"                   CUDA device 0 through the driver API
  *   "cuda:0,novmm"             ... with VMM disabled (segment pools only)
  * config may be NULL. */
-tp_status tp_device_open(const char *spec, const tp_device_config *config, tp_device **out_device);
+TP_API tp_status tp_device_open(const char *spec, const tp_device_config *config, tp_device **out_device);
 /* Closes the device. Pools and graph caches created on it must be destroyed
  * first (TP_ERR_BUSY otherwise, and nothing is closed). */
-tp_status tp_device_close(tp_device *device);
+TP_API tp_status tp_device_close(tp_device *device);
 
 typedef struct tp_device_info {
     char name[96];              /* "simulated device", "NVIDIA H200", ... */
@@ -158,24 +169,24 @@ typedef struct tp_device_info {
     bool vmm_enabled;           /* ... and the spec did not say novmm */
 } tp_device_info;
 
-tp_status tp_device_get_info(const tp_device *device, tp_device_info *out_info);
+TP_API tp_status tp_device_get_info(const tp_device *device, tp_device_info *out_info);
 /* Free and total device memory as the driver (or simulator) sees it. */
-tp_status tp_device_mem_info(tp_device *device, uint64_t *out_free_bytes, uint64_t *out_total_bytes);
-tp_status tp_device_synchronize(tp_device *device);
+TP_API tp_status tp_device_mem_info(tp_device *device, uint64_t *out_free_bytes, uint64_t *out_total_bytes);
+TP_API tp_status tp_device_synchronize(tp_device *device);
 
-tp_status tp_stream_create(tp_device *device, tp_stream *out_stream);
-tp_status tp_stream_destroy(tp_device *device, tp_stream stream);
-tp_status tp_stream_synchronize(tp_device *device, tp_stream stream);
-tp_status tp_stream_wait_event(tp_device *device, tp_stream stream, tp_event event);
+TP_API tp_status tp_stream_create(tp_device *device, tp_stream *out_stream);
+TP_API tp_status tp_stream_destroy(tp_device *device, tp_stream stream);
+TP_API tp_status tp_stream_synchronize(tp_device *device, tp_stream stream);
+TP_API tp_status tp_stream_wait_event(tp_device *device, tp_stream stream, tp_event event);
 
-tp_status tp_event_create(tp_device *device, tp_event *out_event);
-tp_status tp_event_destroy(tp_device *device, tp_event event);
-tp_status tp_event_record(tp_device *device, tp_event event, tp_stream stream);
+TP_API tp_status tp_event_create(tp_device *device, tp_event *out_event);
+TP_API tp_status tp_event_destroy(tp_device *device, tp_event event);
+TP_API tp_status tp_event_record(tp_device *device, tp_event event, tp_stream stream);
 /* TP_OK when complete, TP_NOT_READY when not yet. */
-tp_status tp_event_query(tp_device *device, tp_event event);
-tp_status tp_event_synchronize(tp_device *device, tp_event event);
+TP_API tp_status tp_event_query(tp_device *device, tp_event event);
+TP_API tp_status tp_event_synchronize(tp_device *device, tp_event event);
 
-/* ------------------------------------------------------- simulated device */
+/* ------------------------------------------------------------------ ranges */
 
 /* A device address range: [address, address + bytes). */
 typedef struct tp_range {
@@ -183,80 +194,29 @@ typedef struct tp_range {
     uint64_t bytes;
 } tp_range;
 
-/* Operation kinds for counters and fault injection. */
-#define TP_SIM_OP_LIST(X)                                                         \
-    X(TP_SIM_OP_VA_RESERVE, "va_reserve")                                         \
-    X(TP_SIM_OP_VA_RELEASE, "va_release")                                         \
-    X(TP_SIM_OP_MAP, "map")                                                       \
-    X(TP_SIM_OP_UNMAP, "unmap")                                                   \
-    X(TP_SIM_OP_MALLOC, "malloc")                                                 \
-    X(TP_SIM_OP_FREE, "free")                                                     \
-    X(TP_SIM_OP_EVENT, "event")                                                   \
-    X(TP_SIM_OP_SYNC, "sync")                                                     \
-    X(TP_SIM_OP_GRAPH_INSTANTIATE, "graph_instantiate")                           \
-    X(TP_SIM_OP_GRAPH_UPDATE, "graph_update")                                     \
-    X(TP_SIM_OP_GRAPH_LAUNCH, "graph_launch")                                     \
-    X(TP_SIM_OP_ANY, "any")
+/* ------------------------------------------------- raw device memory */
 
-typedef enum tp_sim_op {
-#define TP_SIM_OP_ENUM_(name, label) name,
-    TP_SIM_OP_LIST(TP_SIM_OP_ENUM_)
-#undef TP_SIM_OP_ENUM_
-    TP_SIM_OP_COUNT_
-} tp_sim_op;
+/* Device memory outside any pool: what the pools themselves are built on.
+ * For baselines, tools and tests that model other allocators; a program
+ * that wants pooled memory uses tp_pool_alloc. Addresses are device
+ * addresses (a CUdeviceptr on CUDA). */
+TP_API tp_status tp_device_mem_alloc(tp_device *device, uint64_t bytes, uint64_t *out_address);
+TP_API tp_status tp_device_mem_free(tp_device *device, uint64_t address, uint64_t bytes);
+/* VMM (TP_ERR_UNSUPPORTED without it): reserve address space, then back
+ * [va, va + bytes) with physical pages of the device's granularity. */
+TP_API tp_status tp_device_va_reserve(tp_device *device, uint64_t bytes, uint64_t alignment, uint64_t *out_va);
+TP_API tp_status tp_device_va_release(tp_device *device, uint64_t va, uint64_t bytes);
+TP_API tp_status tp_device_map(tp_device *device, uint64_t va, uint64_t bytes);
+TP_API tp_status tp_device_unmap(tp_device *device, uint64_t va, uint64_t bytes);
 
-const char *tp_sim_op_name(tp_sim_op op);
+/* ------------------------------------------------------------- byte sizes */
 
-typedef struct tp_sim_counters {
-    uint64_t calls[TP_SIM_OP_COUNT_];  /* successful + failed calls per kind (ANY: all) */
-    uint64_t faults_injected;
-    uint64_t hazards;                  /* all hazards below together */
-    uint64_t hazards_handout;          /* memory handed out while other-stream work still touches it */
-    uint64_t hazards_unmap;            /* unmapped while queued work touches it */
-    uint64_t hazards_free;             /* freed to the device while queued work touches it */
-    uint64_t invalid_accesses;         /* work launched on unmapped / unallocated memory */
-    uint64_t physical_used_bytes;      /* mapped + allocated + graph + occupied */
-    uint64_t physical_peak_bytes;
-    uint64_t graph_exec_bytes;         /* device memory held by graph executables */
-    uint64_t graph_execs;
-    uint64_t pending_kernels;          /* launched work not yet complete */
-    uint64_t now_ns;                   /* virtual clock */
-} tp_sim_counters;
-
-/* Simulated-device calls return TP_ERR_UNSUPPORTED on other backends. */
-
-/* Queues a kernel of the given duration on stream; it touches ranges. It
- * starts when the stream's earlier work and waited-on events are done. */
-tp_status tp_sim_launch(tp_device *device, tp_stream stream, uint64_t duration_ns,
-                        const tp_range *ranges, size_t range_count);
-/* Advances the virtual clock. Host-side calls take no virtual time. */
-tp_status tp_sim_advance(tp_device *device, uint64_t ns);
-tp_status tp_sim_now(tp_device *device, uint64_t *out_now_ns);
-/* After `after_successes` further successful calls of kind op, the next
- * `fail_count` calls fail with `status` (0 = TP_ERR_DEVICE; map and malloc
- * usually want TP_ERR_OUT_OF_MEMORY). TP_SIM_OP_ANY counts every call. */
-tp_status tp_sim_inject_fault(tp_device *device, tp_sim_op op, uint64_t after_successes,
-                              uint64_t fail_count, tp_status status);
-tp_status tp_sim_clear_faults(tp_device *device);
-tp_status tp_sim_get_counters(tp_device *device, tp_sim_counters *out_counters);
-/* Another tenant takes (bytes > 0) or gives back (bytes == 0: all) device
- * memory, for "only 100 MiB free" scenarios. */
-tp_status tp_sim_occupy(tp_device *device, uint64_t bytes);
-
-/* A simulated graph template: node_count kernels (an executable costs
- * node_count x graph_node_bytes of device memory), a topology identity
- * (executables update in place only to a template of the same topology),
- * the run time of one launch and the ranges its kernels touch. */
-typedef struct tp_sim_graph_desc {
-    uint32_t node_count;
-    uint64_t topology_id;
-    uint64_t duration_ns;
-    const tp_range *ranges;
-    size_t range_count;
-} tp_sim_graph_desc;
-
-tp_status tp_sim_graph_create(tp_device *device, const tp_sim_graph_desc *desc, tp_graph *out_graph);
-tp_status tp_sim_graph_destroy(tp_device *device, tp_graph graph);
+/* Parses "6GiB", "512MiB", "1.5G", "4096", "10KB": binary units for K/M/G/T
+ * with or without "iB", decimal for KB/MB/GB/TB. False on anything else,
+ * and on values that do not fit in 64 bits. */
+TP_API bool tp_parse_bytes(const char *text, uint64_t *out_bytes);
+/* Writes "1.50 GiB"-style text into buf and returns buf. */
+TP_API const char *tp_format_bytes(uint64_t bytes, char *buf, size_t capacity);
 
 /* ------------------------------------------------------------------- pool */
 
@@ -312,57 +272,57 @@ typedef struct tp_pool_config {
     uint32_t flags;
 } tp_pool_config;
 
-tp_status tp_pool_create(tp_device *device, const tp_pool_config *config, tp_pool **out_pool);
+TP_API tp_status tp_pool_create(tp_device *device, const tp_pool_config *config, tp_pool **out_pool);
 /* Waits for queued work on every stream the pool has seen, then returns all
  * device memory. Blocks still live are released too; their count is logged. */
-tp_status tp_pool_destroy(tp_pool *pool);
+TP_API tp_status tp_pool_destroy(tp_pool *pool);
 
 /* bytes > 0. On TP_ERR_OUT_OF_MEMORY *out_ptr is NULL and
  * tp_pool_last_oom_report() says why. */
-tp_status tp_pool_alloc(tp_pool *pool, size_t bytes, tp_stream stream, void **out_ptr);
-tp_status tp_pool_free(tp_pool *pool, void *ptr, tp_stream stream);
+TP_API tp_status tp_pool_alloc(tp_pool *pool, size_t bytes, tp_stream stream, void **out_ptr);
+TP_API tp_status tp_pool_free(tp_pool *pool, void *ptr, tp_stream stream);
 /* Requested size of a live block (TP_ERR_NOT_OWNED if none starts at ptr). */
-tp_status tp_pool_block_size(tp_pool *pool, const void *ptr, size_t *out_bytes);
+TP_API tp_status tp_pool_block_size(tp_pool *pool, const void *ptr, size_t *out_bytes);
 
 /* A pool remembers every stream it has seen (it records events on them and
  * waits for them in trim and destroy). Before destroying a stream the pool
  * has seen, forget it here: this waits for the stream's queued work and
  * drops the pool's reference. Unknown streams are ignored. */
-tp_status tp_pool_forget_stream(tp_pool *pool, tp_stream stream);
+TP_API tp_status tp_pool_forget_stream(tp_pool *pool, tp_stream stream);
 
 /* Releases idle memory until the pool holds at most target_reserved_bytes,
  * oldest idle first, waiting for queued work where it must. Memory in use or
  * pinned is never released. */
-tp_status tp_pool_trim(tp_pool *pool, uint64_t target_reserved_bytes, uint64_t *out_released_bytes);
+TP_API tp_status tp_pool_trim(tp_pool *pool, uint64_t target_reserved_bytes, uint64_t *out_released_bytes);
 /* Time-driven upkeep for hosts that may go quiet: releases memory idle
  * longer than idle_release_ns above the threshold, and, once no alloc or
  * free has happened since the previous tick, the blocks parked for quick
  * reuse (a large parked block freed longer than idle_release_ns ago goes
  * even from a busy pool). Cheap; call it now and then (e.g. once a second). */
-tp_status tp_pool_tick(tp_pool *pool);
+TP_API tp_status tp_pool_tick(tp_pool *pool);
 
 /* A callback the out-of-memory ladder calls when releasing the pool's own
  * idle memory was not enough. It should release what it can (graph
  * executables, pins, other caches) and return the bytes it believes it
  * freed. Runs without the pool lock held. */
 typedef uint64_t (*tp_reclaim_fn)(void *user, tp_pool *pool, uint64_t bytes_needed);
-tp_status tp_pool_add_reclaim_callback(tp_pool *pool, tp_reclaim_fn fn, void *user);
+TP_API tp_status tp_pool_add_reclaim_callback(tp_pool *pool, tp_reclaim_fn fn, void *user);
 /* After it returns, fn is not running and will not be called again (it
  * waits for a reclaim round in progress; do not call it from fn). */
-tp_status tp_pool_remove_reclaim_callback(tp_pool *pool, tp_reclaim_fn fn, void *user);
+TP_API tp_status tp_pool_remove_reclaim_callback(tp_pool *pool, tp_reclaim_fn fn, void *user);
 
 /* Pins keep memory out of reach: a block with pins is not reused, unmapped
  * or returned to the device until every pin is gone, even after it is freed.
  * Pinning [ptr, ptr+bytes) pins every live block that overlaps it. */
-tp_status tp_pool_pin(tp_pool *pool, const void *ptr, size_t bytes);
-tp_status tp_pool_unpin(tp_pool *pool, const void *ptr, size_t bytes);
+TP_API tp_status tp_pool_pin(tp_pool *pool, const void *ptr, size_t bytes);
+TP_API tp_status tp_pool_unpin(tp_pool *pool, const void *ptr, size_t bytes);
 
 /* Capture tracking: between begin and end, blocks allocated on `stream` are
  * recorded. end returns them as ranges (the caller owns the array, free it
  * with tp_pool_free_ranges) so that a graph cache can pin them. */
-tp_status tp_pool_capture_begin(tp_pool *pool, tp_stream stream);
-tp_status tp_pool_capture_end(tp_pool *pool, tp_stream stream, tp_range **out_ranges, size_t *out_count);
-void tp_pool_free_ranges(tp_pool *pool, tp_range *ranges);
+TP_API tp_status tp_pool_capture_begin(tp_pool *pool, tp_stream stream);
+TP_API tp_status tp_pool_capture_end(tp_pool *pool, tp_stream stream, tp_range **out_ranges, size_t *out_count);
+TP_API void tp_pool_free_ranges(tp_pool *pool, tp_range *ranges);
 
 /* current / peak (since creation or the last reset) / total (cumulative). */
 typedef struct tp_stat {
@@ -400,13 +360,13 @@ typedef struct tp_pool_stats {
 } tp_pool_stats;
 
 /* Full statistics; walks the pool's metadata for the free-range figures. */
-tp_status tp_pool_get_stats(tp_pool *pool, tp_pool_stats *out_stats);
+TP_API tp_status tp_pool_get_stats(tp_pool *pool, tp_pool_stats *out_stats);
 /* Sets every peak to its current value. */
-tp_status tp_pool_reset_peaks(tp_pool *pool);
+TP_API tp_status tp_pool_reset_peaks(tp_pool *pool);
 /* Writes the stats as one JSON object into buf (always NUL-terminated when
  * capacity > 0); *out_length (optional) gets the full length. Returns
  * TP_ERR_INVALID_ARGUMENT if it did not fit. */
-tp_status tp_pool_stats_json(tp_pool *pool, char *buf, size_t capacity, size_t *out_length);
+TP_API tp_status tp_pool_stats_json(tp_pool *pool, char *buf, size_t capacity, size_t *out_length);
 
 typedef struct tp_oom_report {
     uint64_t request_bytes;
@@ -425,11 +385,11 @@ typedef struct tp_oom_report {
 
 /* The report of the most recent failed allocation (TP_ERR_INVALID_ARGUMENT
  * if there was none). */
-tp_status tp_pool_last_oom_report(tp_pool *pool, tp_oom_report *out_report);
+TP_API tp_status tp_pool_last_oom_report(tp_pool *pool, tp_oom_report *out_report);
 
 /* Validates every invariant of the pool and its range allocator. On failure
  * returns TP_ERR_INVALID_ARGUMENT and describes the first violation in msg. */
-tp_status tp_pool_check(tp_pool *pool, char *msg, size_t msg_capacity);
+TP_API tp_status tp_pool_check(tp_pool *pool, char *msg, size_t msg_capacity);
 
 /* ------------------------------------------------------------ graph cache */
 
@@ -491,37 +451,37 @@ typedef struct tp_graph_cache_stats {
     uint64_t pinned_ranges;
 } tp_graph_cache_stats;
 
-tp_status tp_graph_cache_create(tp_device *device, const tp_graph_cache_config *config, tp_graph_cache **out_cache);
+TP_API tp_status tp_graph_cache_create(tp_device *device, const tp_graph_cache_config *config, tp_graph_cache **out_cache);
 /* Evicts everything (waiting for running launches) and frees the cache. */
-tp_status tp_graph_cache_destroy(tp_graph_cache *cache);
+TP_API tp_status tp_graph_cache_destroy(tp_graph_cache *cache);
 
 /* Registers the cache as a reclaim callback of pool: when the pool runs out
  * of memory it evicts idle executables (releasing their pins) first. */
-tp_status tp_graph_cache_attach_pool(tp_graph_cache *cache, tp_pool *pool);
-tp_status tp_graph_cache_detach_pool(tp_graph_cache *cache, tp_pool *pool);
+TP_API tp_status tp_graph_cache_attach_pool(tp_graph_cache *cache, tp_pool *pool);
+TP_API tp_status tp_graph_cache_detach_pool(tp_graph_cache *cache, tp_pool *pool);
 
 /* Makes key's executable match graph: a known key whose executable can be
  * updated to graph is updated in place; a new key, or a failed update, is
  * instantiated (evicting to stay within the bounds). If instantiation runs
  * out of memory after evicting everything evictable, returns
  * TP_ERR_RUN_EAGER: run the work without a graph. pins may be NULL. */
-tp_status tp_graph_cache_prepare(tp_graph_cache *cache, uint64_t key, tp_graph graph, const tp_graph_pins *pins);
+TP_API tp_status tp_graph_cache_prepare(tp_graph_cache *cache, uint64_t key, tp_graph graph, const tp_graph_pins *pins);
 /* Launches key's executable on stream (TP_ERR_INVALID_ARGUMENT if the key
  * has none). */
-tp_status tp_graph_cache_launch(tp_graph_cache *cache, uint64_t key, tp_stream stream);
+TP_API tp_status tp_graph_cache_launch(tp_graph_cache *cache, uint64_t key, tp_stream stream);
 /* prepare, then launch. */
-tp_status tp_graph_cache_run(tp_graph_cache *cache, uint64_t key, tp_graph graph, const tp_graph_pins *pins,
+TP_API tp_status tp_graph_cache_run(tp_graph_cache *cache, uint64_t key, tp_graph graph, const tp_graph_pins *pins,
                              tp_stream stream);
-tp_status tp_graph_cache_evict(tp_graph_cache *cache, uint64_t key);
+TP_API tp_status tp_graph_cache_evict(tp_graph_cache *cache, uint64_t key);
 /* Idle eviction: call now and then if background_thread is off. */
-tp_status tp_graph_cache_tick(tp_graph_cache *cache);
-tp_status tp_graph_cache_get_stats(tp_graph_cache *cache, tp_graph_cache_stats *out_stats);
+TP_API tp_status tp_graph_cache_tick(tp_graph_cache *cache);
+TP_API tp_status tp_graph_cache_get_stats(tp_graph_cache *cache, tp_graph_cache_stats *out_stats);
 /* JSON rendering, same contract as tp_pool_stats_json. */
-tp_status tp_graph_cache_stats_json(tp_graph_cache *cache, char *buf, size_t capacity, size_t *out_length);
+TP_API tp_status tp_graph_cache_stats_json(tp_graph_cache *cache, char *buf, size_t capacity, size_t *out_length);
 /* Validates the cache's invariants (lists, byte and count sums, bounds,
  * pins); on failure returns TP_ERR_INVALID_ARGUMENT with the first
  * violation in msg. */
-tp_status tp_graph_cache_check(tp_graph_cache *cache, char *msg, size_t msg_capacity);
+TP_API tp_status tp_graph_cache_check(tp_graph_cache *cache, char *msg, size_t msg_capacity);
 
 #ifdef __cplusplus
 }

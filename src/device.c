@@ -189,3 +189,39 @@ tp_status tp_event_synchronize(tp_device *device, tp_event event) {
     if (!device || !event) return TP_ERR_INVALID_ARGUMENT;
     return device->ops->event_synchronize(device, event);
 }
+
+/* ---------------------------------------------------- raw device memory */
+
+tp_status tp_device_mem_alloc(tp_device *device, uint64_t bytes, uint64_t *out_address) {
+    if (!device || !out_address || bytes == 0) return TP_ERR_INVALID_ARGUMENT;
+    return device->ops->mem_alloc(device, bytes, out_address);
+}
+
+tp_status tp_device_mem_free(tp_device *device, uint64_t address, uint64_t bytes) {
+    if (!device) return TP_ERR_INVALID_ARGUMENT;
+    return device->ops->mem_free(device, address, bytes);
+}
+
+tp_status tp_device_va_reserve(tp_device *device, uint64_t bytes, uint64_t alignment, uint64_t *out_va) {
+    if (!device || !out_va || bytes == 0) return TP_ERR_INVALID_ARGUMENT;
+    if (!device->info.vmm_enabled) return TP_ERR_UNSUPPORTED;
+    return device->ops->va_reserve(device, bytes, alignment, out_va);
+}
+
+tp_status tp_device_va_release(tp_device *device, uint64_t va, uint64_t bytes) {
+    if (!device) return TP_ERR_INVALID_ARGUMENT;
+    if (!device->info.vmm_enabled) return TP_ERR_UNSUPPORTED;
+    return device->ops->va_release(device, va, bytes);
+}
+
+tp_status tp_device_map(tp_device *device, uint64_t va, uint64_t bytes) {
+    if (!device || bytes == 0) return TP_ERR_INVALID_ARGUMENT;
+    if (!device->info.vmm_enabled) return TP_ERR_UNSUPPORTED;
+    return device->ops->map(device, va, bytes);
+}
+
+tp_status tp_device_unmap(tp_device *device, uint64_t va, uint64_t bytes) {
+    if (!device || bytes == 0) return TP_ERR_INVALID_ARGUMENT;
+    if (!device->info.vmm_enabled) return TP_ERR_UNSUPPORTED;
+    return device->ops->unmap(device, va, bytes);
+}

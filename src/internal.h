@@ -10,6 +10,7 @@
 #define TIDEPOOL_INTERNAL_H
 
 #include "tidepool.h"
+#include "tidepool_sim.h"
 
 #include <pthread.h>
 #include <stdarg.h>
@@ -56,11 +57,6 @@ typedef struct tp_logger {
 void tp_logf(const tp_logger *logger, tp_log_level level, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
-/* "1.50 GiB" style rendering of a byte count into buf. */
-const char *tp_format_bytes(uint64_t bytes, char *buf, size_t capacity);
-/* Parses "6GiB", "512MiB", "1.5G", "4096", "10KB". Binary units for K/M/G/T
- * with or without "iB"; decimal for KB/MB/GB/TB. Returns false on junk. */
-bool tp_parse_bytes(const char *text, uint64_t *out_bytes);
 
 /* ----------------------------------------------------------------- device */
 

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 
 #include "tidepool.h"
+#include "tidepool_sim.h"
 
 static int check_failures;
 
