@@ -1,0 +1,105 @@
+/* The one internal hash map (common/tpi_map.h), against a reference model:
+ * random puts, replacements and removals over a small key space (so keys
+ * collide and probe runs form), the key that marks empty slots, growth and
+ * shrinking, iteration and a host allocator that fails. */
+#include "check.h"
+#include "tpi_map.h"
+
+#include <stdint.h>
+
+enum { KEYS = 512 };
+
+/* Keys that share home slots and the reserved empty-slot key. */
+static uint64_t key_of(unsigned i) { return i == 0 ? TPI_MAP_EMPTY : (uint64_t)i << 21; }
+
+static void test_map_matches_a_reference_model(void) {
+    tpi_map m;
+    tpi_map_init(&m, NULL);
+    uint64_t model[KEYS];
+    bool present[KEYS] = {false};
+    size_t count = 0;
+    test_rng rng = {7};
+    for (int op = 0; op < 200000; op++) {
+        unsigned i = (unsigned)rng_below(&rng, KEYS);
+        /* phases: mostly inserting, then mostly removing (shrinks the table) */
+        bool inserting = (op / 20000) % 2 == 0 ? rng_below(&rng, 4) != 0 : rng_below(&rng, 4) == 0;
+        if (inserting) {
+            uint64_t v = rng_next(&rng);
+            CHECK(tpi_map_put(&m, key_of(i), v));
+            if (!present[i]) count++;
+            present[i] = true;
+            model[i] = v;
+        } else {
+            uint64_t got = 0;
+            bool removed = tpi_map_remove(&m, key_of(i), &got);
+            CHECK(removed == present[i]);
+            if (present[i]) CHECK(got == model[i]);
+            if (present[i]) count--;
+            present[i] = false;
+        }
+        if (op % 997 == 0) {
+            for (unsigned k = 0; k < KEYS; k++) {
+                uint64_t v = 0;
+                bool found = tpi_map_get(&m, key_of(k), &v);
+                CHECK(found == present[k]);
+                if (found && present[k]) CHECK(v == model[k]);
+            }
+            CHECK(m.count == count);
+            CHECK(m.capacity == 0 || m.count * 2 <= m.capacity);
+        }
+    }
+    size_t cursor = 0, seen = 0;
+    uint64_t key, value;
+    while (tpi_map_next(&m, &cursor, &key, &value)) {
+        unsigned i = key == TPI_MAP_EMPTY ? 0 : (unsigned)(key >> 21);
+        CHECK(i < KEYS && present[i] && model[i] == value);
+        seen++;
+    }
+    CHECK(seen == count);
+    tpi_map_destroy(&m);
+}
+
+static void test_map_shrinks_when_emptied(void) {
+    tpi_map m;
+    tpi_map_init(&m, NULL);
+    for (uint64_t k = 1; k <= 100000; k++) CHECK(tpi_map_put(&m, k * 256, k));
+    size_t grown = m.capacity;
+    CHECK(grown >= 200000);
+    for (uint64_t k = 1; k <= 100000; k++) CHECK(tpi_map_remove(&m, k * 256, NULL));
+    CHECK(m.count == 0);
+    CHECK(m.capacity <= TPI_MAP_MIN_CAPACITY * 2);
+    CHECK(!tpi_map_remove(&m, 256, NULL));
+    tpi_map_destroy(&m);
+}
+
+static int failing_allowed;
+static void *failing_alloc(void *user, size_t bytes) {
+    (void)user;
+    if (failing_allowed-- <= 0) return NULL;
+    return malloc(bytes);
+}
+
+static void test_map_survives_host_out_of_memory(void) {
+    tp_host_allocator failing = tpi_map_libc_allocator;
+    failing.alloc = failing_alloc;
+    failing_allowed = 1;
+    tpi_map m;
+    tpi_map_init(&m, &failing);
+    size_t stored = 0;
+    for (uint64_t k = 1; k <= 1000; k++)
+        if (tpi_map_put(&m, k, k)) stored++;
+    CHECK(stored == TPI_MAP_MIN_CAPACITY / 2); /* the first table, then no room */
+    CHECK(m.count == stored);
+    for (uint64_t k = 1; k <= stored; k++) {
+        uint64_t v;
+        CHECK(tpi_map_get(&m, k, &v) && v == k);
+    }
+    tpi_map_destroy(&m);
+}
+
+int main(void) {
+    test_map_matches_a_reference_model();
+    test_map_shrinks_when_emptied();
+    test_map_survives_host_out_of_memory();
+    return check_report("test_map");
+}
