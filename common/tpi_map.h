@@ -8,8 +8,9 @@
  * library, and its names (tpi_) are not part of the public API.
  *
  * Algorithm: open addressing with linear probing over a power-of-two table
- * of {key, value} entries, at most half full; a Fibonacci hash of the key
- * picks the home slot. Deletion shifts later entries of the probe run back
+ * of {key, value} entries, at most half full; the top bits of a
+ * Fibonacci hash of the key pick the home slot (so keys that differ only
+ * in high bits, like page-aligned addresses, still spread). Deletion shifts later entries of the probe run back
  * (no tombstones), so lookups stay short however many keys come and go;
  * the table halves when it is less than 1/8 full. Every key is allowed:
  * the key that marks an empty slot (TPI_MAP_EMPTY) is kept beside the
@@ -45,6 +46,7 @@ typedef struct tpi_map_entry {
 typedef struct tpi_map {
     tpi_map_entry *entries;
     size_t capacity; /* slots; 0 before the first insert */
+    unsigned shift;  /* 64 - log2(capacity) */
     size_t count;    /* keys stored, the side entry included */
     bool has_empty_key;
     uint64_t empty_key_value; /* value of key TPI_MAP_EMPTY when stored */
@@ -82,7 +84,7 @@ static inline void tpi_map_destroy(tpi_map *m) {
 }
 
 static inline size_t tpi_map_home_(const tpi_map *m, uint64_t key) {
-    return (size_t)((key * 0x9E3779B97F4A7C15ull) >> 17) & (m->capacity - 1);
+    return (size_t)((key * 0x9E3779B97F4A7C15ull) >> m->shift);
 }
 
 /* Slot of key in the table, or capacity when absent (key != EMPTY). */
@@ -115,6 +117,7 @@ static inline bool tpi_map_rehash_(tpi_map *m, size_t new_capacity) {
     tpi_map grown = *m;
     grown.entries = entries;
     grown.capacity = new_capacity;
+    grown.shift = 64u - (unsigned)__builtin_ctzll((unsigned long long)new_capacity);
     for (size_t i = 0; i < m->capacity; i++) {
         if (m->entries[i].key == TPI_MAP_EMPTY) continue;
         size_t j = tpi_map_home_(&grown, m->entries[i].key);
@@ -124,6 +127,7 @@ static inline bool tpi_map_rehash_(tpi_map *m, size_t new_capacity) {
     if (m->entries) m->host->free(m->host->user, m->entries, m->capacity * sizeof *m->entries);
     m->entries = entries;
     m->capacity = new_capacity;
+    m->shift = grown.shift;
     return true;
 }
 

@@ -308,7 +308,8 @@ TP_API tp_status tp_pool_tick(tp_pool *pool);
 typedef uint64_t (*tp_reclaim_fn)(void *user, tp_pool *pool, uint64_t bytes_needed);
 TP_API tp_status tp_pool_add_reclaim_callback(tp_pool *pool, tp_reclaim_fn fn, void *user);
 /* After it returns, fn is not running and will not be called again (it
- * waits for a reclaim round in progress; do not call it from fn). */
+ * waits for a reclaim round in progress; do not call it from fn).
+ * TP_ERR_NOT_FOUND if fn and user were not registered. */
 TP_API tp_status tp_pool_remove_reclaim_callback(tp_pool *pool, tp_reclaim_fn fn, void *user);
 
 /* Pins keep memory out of reach: a block with pins is not reused, unmapped
@@ -331,32 +332,44 @@ typedef struct tp_stat {
     uint64_t total;
 } tp_stat;
 
+/* The pool's statistics, one list for the struct, the JSON and the docs:
+ * X(name, kind, description), kind being counter (only grows) or gauge. */
+#define TP_POOL_STAT_BYTES_LIST(X)                                                    \
+    X(requested_bytes, gauge, "live bytes as the callers asked for them")             \
+    X(allocated_bytes, gauge, "live bytes after rounding to the alignment")           \
+    X(reserved_bytes, gauge, "device memory held (mapped pages or segments)")         \
+    X(cached_bytes, gauge, "reserved but not allocated (idle in the pool)")           \
+    X(pinned_bytes, gauge, "bytes kept by pins")
+
+#define TP_POOL_STAT_COUNT_LIST(X)                                                    \
+    X(limit_bytes, gauge, "most device memory the pool may hold")                     \
+    X(allocs, counter, "allocations served")                                          \
+    X(frees, counter, "frees")                                                        \
+    X(cache_hits, counter, "allocations served without a device call")                \
+    X(device_calls, counter, "map/unmap/malloc/free/reserve calls, and failed event calls") \
+    X(device_allocs, counter, "maps (VMM) or mallocs (segment)")                      \
+    X(device_frees, counter, "unmaps or frees")                                       \
+    X(oom_retries, counter, "out-of-memory ladder steps taken")                       \
+    X(ooms, counter, "allocations that failed for lack of memory")                    \
+    X(synchronizations, counter, "host waits on device work")                         \
+    X(events_recorded, counter, "events recorded to learn when frees completed")      \
+    X(cross_stream_waits, counter, "stream-wait-event instead of a host wait")        \
+    X(hazards, counter, "hazards the device's checker reported")                      \
+    X(device_errors, counter, "device calls that failed")                             \
+    X(reclaim_calls, counter, "reclaim callbacks invoked")                            \
+    X(streams, counter, "streams the pool has seen")                                  \
+    X(free_ranges, gauge, "free ranges inside reserved memory")                       \
+    X(largest_free_bytes, gauge, "largest of them")
+
 typedef struct tp_pool_stats {
     tp_pool_kind kind;
-    tp_stat requested_bytes; /* live bytes as the callers asked for them */
-    tp_stat allocated_bytes; /* live bytes after rounding to the alignment */
-    tp_stat reserved_bytes;  /* device memory held (mapped pages or segments) */
-    tp_stat cached_bytes;    /* reserved but not allocated (idle in the pool) */
-    tp_stat pinned_bytes;    /* bytes kept by pins */
-    uint64_t limit_bytes;
-    uint64_t allocs;
-    uint64_t frees;
-    uint64_t cache_hits;          /* allocations served without a device call */
-    uint64_t device_calls;        /* map/unmap/malloc/free/reserve calls */
-    uint64_t device_allocs;       /* maps (VMM) or mallocs (segment) */
-    uint64_t device_frees;        /* unmaps or frees */
-    uint64_t oom_retries;         /* out-of-memory ladder steps taken */
-    uint64_t ooms;                /* allocations that failed for lack of memory */
-    uint64_t synchronizations;    /* host waits on device work */
-    uint64_t events_recorded;
-    uint64_t cross_stream_waits;  /* stream-wait-event instead of a host wait */
-    uint64_t hazards;             /* hazards the device's checker reported */
-    uint64_t device_errors;       /* device calls that failed */
-    uint64_t reclaim_calls;       /* reclaim callbacks invoked */
-    uint64_t streams;             /* streams the pool has seen */
-    uint64_t free_ranges;         /* free ranges inside reserved memory */
-    uint64_t largest_free_bytes;  /* largest of them */
-    double fragmentation;         /* 1 - largest free / total free (0 if none) */
+#define TP_POOL_STAT_FIELD_BYTES_(name, kind, description) tp_stat name;
+#define TP_POOL_STAT_FIELD_COUNT_(name, kind, description) uint64_t name;
+    TP_POOL_STAT_BYTES_LIST(TP_POOL_STAT_FIELD_BYTES_)
+    TP_POOL_STAT_COUNT_LIST(TP_POOL_STAT_FIELD_COUNT_)
+#undef TP_POOL_STAT_FIELD_BYTES_
+#undef TP_POOL_STAT_FIELD_COUNT_
+    double fragmentation; /* 1 - largest free / total free (0 if none) */
 } tp_pool_stats;
 
 /* Full statistics; walks the pool's metadata for the free-range figures. */
@@ -365,7 +378,7 @@ TP_API tp_status tp_pool_get_stats(tp_pool *pool, tp_pool_stats *out_stats);
 TP_API tp_status tp_pool_reset_peaks(tp_pool *pool);
 /* Writes the stats as one JSON object into buf (always NUL-terminated when
  * capacity > 0); *out_length (optional) gets the full length. Returns
- * TP_ERR_INVALID_ARGUMENT if it did not fit. */
+ * TP_ERR_BUFFER_TOO_SMALL if it did not fit. */
 TP_API tp_status tp_pool_stats_json(tp_pool *pool, char *buf, size_t capacity, size_t *out_length);
 
 typedef struct tp_oom_report {
@@ -383,12 +396,12 @@ typedef struct tp_oom_report {
     char message[320];            /* one readable line with all of the above */
 } tp_oom_report;
 
-/* The report of the most recent failed allocation (TP_ERR_INVALID_ARGUMENT
- * if there was none). */
+/* The report of the most recent failed allocation (TP_ERR_NOT_FOUND if
+ * there was none). */
 TP_API tp_status tp_pool_last_oom_report(tp_pool *pool, tp_oom_report *out_report);
 
-/* Validates every invariant of the pool and its range allocator. On failure
- * returns TP_ERR_INVALID_ARGUMENT and describes the first violation in msg. */
+/* Validates every invariant of the pool and its layers. On failure returns
+ * TP_ERR_CORRUPT and describes the first violation in msg. */
 TP_API tp_status tp_pool_check(tp_pool *pool, char *msg, size_t msg_capacity);
 
 /* ------------------------------------------------------------ graph cache */

@@ -15,6 +15,7 @@
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <stdio.h>
 
 #define TP_KiB (1024ull)
 #define TP_MiB (1024ull * 1024ull)
@@ -30,6 +31,14 @@ static inline uint64_t tp_align_down(uint64_t value, uint64_t alignment) {
     return value & ~(alignment - 1);
 }
 static inline bool tp_is_pow2(uint64_t value) { return value && !(value & (value - 1)); }
+
+/* The one way an invariant checker reports: writes the first violation
+ * into msg (when there is room) and returns false from the checker. */
+#define TPI_FAIL(msg, msg_capacity, ...)                                        \
+    do {                                                                        \
+        if ((msg) && (msg_capacity)) snprintf((msg), (msg_capacity), __VA_ARGS__); \
+        return false;                                                           \
+    } while (0)
 
 /* ------------------------------------------------------------ host memory */
 

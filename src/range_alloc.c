@@ -1,5 +1,6 @@
 /*
- * range_alloc.c -- two-level segregated fit (TLSF) over offsets.
+ * range_alloc.c -- two-level segregated fit (TLSF) over offsets; see
+ * range_alloc.h for what it is and what it leaves to its owner.
  *
  * Algorithm: sizes are counted in alignment units. Bin (fl, sl) holds free
  * ranges whose unit count has its highest bit at fl + 3 and the next four
@@ -10,74 +11,68 @@
  * (its ranges may or may not fit; a few are tried), then the first
  * non-empty bin whose lower bound is at least the request (all fit).
  * Blocks are cut from the start of a free range; a release merges the range
- * with free neighbours of its region.
+ * with free neighbours of its region, combining their owner words through
+ * the owner's merge hook.
  *
- * Invariants (tp_ra_check): a free node is in exactly the bin of its size and
+ * Invariants (tpi_ra_check): a free node is in exactly the bin of its size and
  * that bin's bitmap bits are set iff its list is non-empty; neighbours link
  * both ways and touch (prev.offset + prev.size == offset); no two free
- * neighbours exist (they are always merged); sizes and offsets are multiples
- * of the alignment; free_bytes/free_count/used_count match the nodes.
+ * neighbours exist (they are always merged); neighbours share their
+ * region; sizes and offsets are multiples of the alignment;
+ * free_bytes/free_count/used_count match the nodes.
  */
 #include "range_alloc.h"
 
 #include <stdio.h>
 #include <string.h>
 
-#define RA_EXACT_BIN_TRIES 4
+#define TPI_RA_EXACT_BIN_TRIES 4
 
 static inline uint32_t msb64(uint64_t v) { return 63u - (uint32_t)__builtin_clzll(v); }
 
-static inline uint32_t bin_of_units(uint64_t units) { return tp_ra_bin_of_units(units); }
+static inline uint32_t bin_of_units(uint64_t units) { return tpi_ra_bin_of_units(units); }
 
 /* Smallest bin all of whose ranges hold at least units. */
 static inline uint32_t bin_ceil_units(uint64_t units) {
-    if (units < RA_SL_COUNT) return (uint32_t)units;
+    if (units < TPI_RA_SL_COUNT) return (uint32_t)units;
     uint32_t msb = msb64(units);
-    uint64_t step = 1ull << (msb - RA_SL_BITS);
-    if (units > UINT64_MAX - step) return RA_BIN_COUNT;
+    uint64_t step = 1ull << (msb - TPI_RA_SL_BITS);
+    if (units > UINT64_MAX - step) return TPI_RA_BIN_COUNT;
     return bin_of_units(units + step - 1);
 }
 
-uint64_t tp_ra_bin_lower_bound(const tp_ra *ra, uint32_t bin) {
-    uint32_t fl = bin / RA_SL_COUNT, sl = bin % RA_SL_COUNT;
-    uint64_t units = fl == 0 ? sl : ((uint64_t)(RA_SL_COUNT + sl) << (fl - 1));
+uint64_t tpi_ra_bin_lower_bound(const tpi_ra *ra, uint32_t bin) {
+    uint32_t fl = bin / TPI_RA_SL_COUNT, sl = bin % TPI_RA_SL_COUNT;
+    uint64_t units = fl == 0 ? sl : ((uint64_t)(TPI_RA_SL_COUNT + sl) << (fl - 1));
     return units << ra->shift;
 }
 
-tp_tag tp_ra_merge_tags(tp_tag a, tp_tag b, uint64_t multi_epoch) {
-    if (a.slot == RA_TAG_CLEAN) return b;
-    if (b.slot == RA_TAG_CLEAN) return a;
-    if (a.slot == b.slot) return (tp_tag){a.slot, TP_MAX(a.epoch, b.epoch)};
-    uint64_t epoch = multi_epoch;
-    if (a.slot == RA_TAG_MULTI) epoch = TP_MAX(epoch, a.epoch);
-    if (b.slot == RA_TAG_MULTI) epoch = TP_MAX(epoch, b.epoch);
-    return (tp_tag){RA_TAG_MULTI, epoch};
-}
-
-tp_status tp_ra_init(tp_ra *ra, const tp_host *host, uint64_t alignment) {
-    if (!tp_is_pow2(alignment)) return TP_ERR_INVALID_ARGUMENT;
+tp_status tpi_ra_init(tpi_ra *ra, const tp_host *host, uint64_t alignment, tpi_ra_merge_fn merge, void *merge_ctx) {
+    if (!tp_is_pow2(alignment) || !merge) return TP_ERR_INVALID_ARGUMENT;
     memset(ra, 0, sizeof *ra);
     ra->host = host;
+    ra->merge = merge;
+    ra->merge_ctx = merge_ctx;
     ra->shift = msb64(alignment);
-    ra->unused_head = RA_NONE;
-    for (uint32_t i = 0; i < RA_BIN_COUNT; i++) ra->heads[i] = RA_NONE;
+    ra->unused_head = TPI_RA_NONE;
+    for (uint32_t i = 0; i < TPI_RA_BIN_COUNT; i++) ra->heads[i] = TPI_RA_NONE;
     return TP_OK;
 }
 
-void tp_ra_destroy(tp_ra *ra) {
+void tpi_ra_destroy(tpi_ra *ra) {
     tp_host_free(ra->host, ra->nodes, ra->node_capacity * sizeof *ra->nodes);
     ra->nodes = NULL;
     ra->node_capacity = 0;
 }
 
-static uint32_t node_new(tp_ra *ra) {
-    if (ra->unused_head == RA_NONE) {
+static uint32_t node_new(tpi_ra *ra) {
+    if (ra->unused_head == TPI_RA_NONE) {
         size_t old = ra->node_capacity;
-        if (old >= RA_NONE - 1) return RA_NONE;
+        if (old >= TPI_RA_NONE - 1) return TPI_RA_NONE;
         if (!tp_host_grow(ra->host, (void **)&ra->nodes, sizeof *ra->nodes, &ra->node_capacity, old + 1))
-            return RA_NONE;
+            return TPI_RA_NONE;
         for (size_t i = ra->node_capacity; i-- > old;) {
-            ra->nodes[i].state = RA_NODE_UNUSED;
+            ra->nodes[i].state = TPI_RA_NODE_UNUSED;
             ra->nodes[i].list_next = ra->unused_head;
             ra->unused_head = (uint32_t)i;
         }
@@ -85,128 +80,150 @@ static uint32_t node_new(tp_ra *ra) {
     uint32_t id = ra->unused_head;
     ra->unused_head = ra->nodes[id].list_next;
     memset(&ra->nodes[id], 0, sizeof ra->nodes[id]);
-    ra->nodes[id].addr_prev = ra->nodes[id].addr_next = RA_NONE;
-    ra->nodes[id].list_prev = ra->nodes[id].list_next = RA_NONE;
+    ra->nodes[id].addr_prev = ra->nodes[id].addr_next = TPI_RA_NONE;
+    ra->nodes[id].list_prev = ra->nodes[id].list_next = TPI_RA_NONE;
     return id;
 }
 
-static void node_recycle(tp_ra *ra, uint32_t id) {
-    ra->nodes[id].state = RA_NODE_UNUSED;
+static void node_recycle(tpi_ra *ra, uint32_t id) {
+    ra->nodes[id].state = TPI_RA_NODE_UNUSED;
     ra->nodes[id].list_next = ra->unused_head;
     ra->unused_head = id;
 }
 
-static void bin_insert(tp_ra *ra, uint32_t id) {
-    tp_ra_node *n = &ra->nodes[id];
+static void bin_insert(tpi_ra *ra, uint32_t id) {
+    tpi_ra_node *n = &ra->nodes[id];
     uint32_t bin = bin_of_units(n->size >> ra->shift);
     n->bin = (uint16_t)bin;
-    n->list_prev = RA_NONE;
+    n->list_prev = TPI_RA_NONE;
     n->list_next = ra->heads[bin];
-    if (n->list_next != RA_NONE) ra->nodes[n->list_next].list_prev = id;
+    if (n->list_next != TPI_RA_NONE) ra->nodes[n->list_next].list_prev = id;
     ra->heads[bin] = id;
-    ra->fl_bitmap |= 1ull << (bin / RA_SL_COUNT);
-    ra->sl_bitmap[bin / RA_SL_COUNT] |= (uint16_t)(1u << (bin % RA_SL_COUNT));
+    ra->fl_bitmap |= 1ull << (bin / TPI_RA_SL_COUNT);
+    ra->sl_bitmap[bin / TPI_RA_SL_COUNT] |= (uint16_t)(1u << (bin % TPI_RA_SL_COUNT));
 }
 
-static void bin_remove(tp_ra *ra, uint32_t id) {
-    tp_ra_node *n = &ra->nodes[id];
+static void bin_remove(tpi_ra *ra, uint32_t id) {
+    tpi_ra_node *n = &ra->nodes[id];
     uint32_t bin = n->bin;
-    if (n->list_prev != RA_NONE)
+    if (n->list_prev != TPI_RA_NONE)
         ra->nodes[n->list_prev].list_next = n->list_next;
     else
         ra->heads[bin] = n->list_next;
-    if (n->list_next != RA_NONE) ra->nodes[n->list_next].list_prev = n->list_prev;
-    if (ra->heads[bin] == RA_NONE) {
-        uint32_t fl = bin / RA_SL_COUNT;
-        ra->sl_bitmap[fl] &= (uint16_t)~(1u << (bin % RA_SL_COUNT));
+    if (n->list_next != TPI_RA_NONE) ra->nodes[n->list_next].list_prev = n->list_prev;
+    if (ra->heads[bin] == TPI_RA_NONE) {
+        uint32_t fl = bin / TPI_RA_SL_COUNT;
+        ra->sl_bitmap[fl] &= (uint16_t)~(1u << (bin % TPI_RA_SL_COUNT));
         if (!ra->sl_bitmap[fl]) ra->fl_bitmap &= ~(1ull << fl);
     }
-    n->list_prev = n->list_next = RA_NONE;
+    n->list_prev = n->list_next = TPI_RA_NONE;
 }
 
-uint32_t tp_ra_add_region(tp_ra *ra, uint64_t offset, uint64_t size, uint32_t unit, tp_tag tag) {
+bool tpi_ra_reserve_nodes(tpi_ra *ra, uint32_t count) {
+    uint32_t spare = 0;
+    for (uint32_t id = ra->unused_head; id != TPI_RA_NONE && spare < count; id = ra->nodes[id].list_next) spare++;
+    if (spare >= count) return true;
+    size_t old = ra->node_capacity;
+    if (old + (count - spare) >= TPI_RA_NONE - 1) return false;
+    if (!tp_host_grow(ra->host, (void **)&ra->nodes, sizeof *ra->nodes, &ra->node_capacity, old + (count - spare)))
+        return false;
+    for (size_t i = ra->node_capacity; i-- > old;) {
+        ra->nodes[i].state = TPI_RA_NODE_UNUSED;
+        ra->nodes[i].list_next = ra->unused_head;
+        ra->unused_head = (uint32_t)i;
+    }
+    return true;
+}
+
+uint32_t tpi_ra_add_region(tpi_ra *ra, uint64_t offset, uint64_t size, uint32_t region, uint64_t owner) {
     uint32_t id = node_new(ra);
-    if (id == RA_NONE) return RA_NONE;
-    tp_ra_node *n = &ra->nodes[id];
+    if (id == TPI_RA_NONE) return TPI_RA_NONE;
+    tpi_ra_node *n = &ra->nodes[id];
     n->offset = offset;
     n->size = size;
-    n->state = RA_NODE_FREE;
-    n->unit = unit;
-    n->tag = tag;
+    n->state = TPI_RA_NODE_FREE;
+    n->region = region;
+    n->owner = owner;
     bin_insert(ra, id);
     ra->free_bytes += size;
     ra->free_count++;
     return id;
 }
 
-void tp_ra_remove_region(tp_ra *ra, uint32_t id) {
-    tp_ra_node *n = &ra->nodes[id];
+void tpi_ra_remove_region(tpi_ra *ra, uint32_t id) {
+    tpi_ra_node *n = &ra->nodes[id];
     bin_remove(ra, id);
     ra->free_bytes -= n->size;
     ra->free_count--;
     node_recycle(ra, id);
 }
 
-uint32_t tp_ra_find(tp_ra *ra, uint64_t size, tp_ra_accept_fn accept, void *ctx, unsigned max_visits,
-                    uint32_t *out_rejected) {
+void tpi_ra_search_begin(const tpi_ra *ra, uint64_t size, tpi_ra_search *search) {
     uint64_t units = size >> ra->shift;
-    uint32_t rejected = RA_NONE;
-    unsigned visits = 0;
-    uint32_t floor_bin = bin_of_units(units);
-    uint32_t ceil_bin = bin_ceil_units(units);
-    uint32_t resume = RA_NONE; /* where the floor bin's walk stopped */
-    unsigned tries = 0;
-    uint32_t id = floor_bin < RA_BIN_COUNT ? ra->heads[floor_bin] : RA_NONE;
-    for (; id != RA_NONE && tries < RA_EXACT_BIN_TRIES && visits < max_visits; id = ra->nodes[id].list_next) {
-        tries++;
-        if (ra->nodes[id].size < size) continue;
-        visits++;
-        if (!accept || accept(ctx, ra, id)) return id;
-        if (rejected == RA_NONE) rejected = id;
-    }
-    resume = id;
-    for (uint32_t bin = tp_ra_next_nonempty_bin(ra, ceil_bin); bin != RA_NONE && visits < max_visits;
-         bin = tp_ra_next_nonempty_bin(ra, bin + 1)) {
-        /* In the floor bin only the ranges the first loop did not try. */
-        for (id = bin == floor_bin ? resume : ra->heads[bin]; id != RA_NONE && visits < max_visits;
-             id = ra->nodes[id].list_next) {
-            if (ra->nodes[id].size < size) continue;
-            visits++;
-            if (!accept || accept(ctx, ra, id)) return id;
-            if (rejected == RA_NONE) rejected = id;
+    search->size = size;
+    search->floor_bin = bin_of_units(units);
+    search->bin = bin_ceil_units(units); /* where the second pass starts */
+    search->next = search->floor_bin < TPI_RA_BIN_COUNT ? ra->heads[search->floor_bin] : TPI_RA_NONE;
+    search->resume = TPI_RA_NONE;
+    search->tries = 0;
+    search->second_pass = false;
+}
+
+uint32_t tpi_ra_search_next(const tpi_ra *ra, tpi_ra_search *s) {
+    if (!s->second_pass) {
+        /* The request's own bin: its first few ranges, which may not fit. */
+        while (s->next != TPI_RA_NONE && s->tries < TPI_RA_EXACT_BIN_TRIES) {
+            uint32_t id = s->next;
+            s->next = ra->nodes[id].list_next;
+            s->tries++;
+            if (ra->nodes[id].size >= s->size) return id;
         }
+        s->resume = s->next;
+        s->second_pass = true;
+        s->bin = tpi_ra_next_nonempty_bin(ra, s->bin);
+        if (s->bin != TPI_RA_NONE) s->next = s->bin == s->floor_bin ? s->resume : ra->heads[s->bin];
     }
-    if (out_rejected) *out_rejected = rejected;
-    return RA_NONE;
+    /* Bins whose ranges all fit, smallest first (in the floor bin only the
+     * ranges the first pass did not try). */
+    while (s->bin != TPI_RA_NONE) {
+        while (s->next != TPI_RA_NONE) {
+            uint32_t id = s->next;
+            s->next = ra->nodes[id].list_next;
+            if (ra->nodes[id].size >= s->size) return id;
+        }
+        s->bin = tpi_ra_next_nonempty_bin(ra, s->bin + 1);
+        if (s->bin != TPI_RA_NONE) s->next = s->bin == s->floor_bin ? s->resume : ra->heads[s->bin];
+    }
+    return TPI_RA_NONE;
 }
 
 /* Cuts free node id at size: id keeps [offset, +size), a new free node gets
  * the rest. The caller has removed id from its bin. */
-static uint32_t split_off_tail(tp_ra *ra, uint32_t id, uint64_t size) {
+static uint32_t split_off_tail(tpi_ra *ra, uint32_t id, uint64_t size) {
     uint32_t rest = node_new(ra);
-    if (rest == RA_NONE) return RA_NONE;
-    tp_ra_node *n = &ra->nodes[id];
-    tp_ra_node *r = &ra->nodes[rest];
+    if (rest == TPI_RA_NONE) return TPI_RA_NONE;
+    tpi_ra_node *n = &ra->nodes[id];
+    tpi_ra_node *r = &ra->nodes[rest];
     r->offset = n->offset + size;
     r->size = n->size - size;
-    r->state = RA_NODE_FREE;
-    r->tag = n->tag;
-    r->unit = n->unit;
+    r->state = TPI_RA_NODE_FREE;
+    r->owner = n->owner;
+    r->region = n->region;
     r->addr_prev = id;
     r->addr_next = n->addr_next;
-    if (n->addr_next != RA_NONE) ra->nodes[n->addr_next].addr_prev = rest;
+    if (n->addr_next != TPI_RA_NONE) ra->nodes[n->addr_next].addr_prev = rest;
     n->addr_next = rest;
     n->size = size;
     bin_insert(ra, rest);
     return rest;
 }
 
-uint32_t tp_ra_take(tp_ra *ra, uint32_t id, uint64_t size) {
+uint32_t tpi_ra_take(tpi_ra *ra, uint32_t id, uint64_t size) {
     if (ra->nodes[id].size > size) {
         /* Make sure the remainder's node exists before changing anything. */
-        if (ra->unused_head == RA_NONE) {
+        if (ra->unused_head == TPI_RA_NONE) {
             uint32_t probe = node_new(ra);
-            if (probe == RA_NONE) return RA_NONE;
+            if (probe == TPI_RA_NONE) return TPI_RA_NONE;
             node_recycle(ra, probe);
         }
         bin_remove(ra, id);
@@ -215,20 +232,18 @@ uint32_t tp_ra_take(tp_ra *ra, uint32_t id, uint64_t size) {
     } else {
         bin_remove(ra, id);
     }
-    tp_ra_node *n = &ra->nodes[id];
-    n->state = RA_NODE_USED;
-    n->pins = 0;
-    n->flags = 0;
+    tpi_ra_node *n = &ra->nodes[id];
+    n->state = TPI_RA_NODE_USED;
     ra->free_bytes -= size;
     ra->free_count--;
     ra->used_count++;
     return id;
 }
 
-uint32_t tp_ra_split_free(tp_ra *ra, uint32_t id, uint64_t size) {
-    if (ra->unused_head == RA_NONE) {
+uint32_t tpi_ra_split_free(tpi_ra *ra, uint32_t id, uint64_t size) {
+    if (ra->unused_head == TPI_RA_NONE) {
         uint32_t probe = node_new(ra);
-        if (probe == RA_NONE) return RA_NONE;
+        if (probe == TPI_RA_NONE) return TPI_RA_NONE;
         node_recycle(ra, probe);
     }
     bin_remove(ra, id);
@@ -238,34 +253,33 @@ uint32_t tp_ra_split_free(tp_ra *ra, uint32_t id, uint64_t size) {
     return rest;
 }
 
-uint32_t tp_ra_release(tp_ra *ra, uint32_t id, tp_tag tag) {
-    tp_ra_node *n = &ra->nodes[id];
-    n->state = RA_NODE_FREE;
-    n->tag = tag;
+uint32_t tpi_ra_release(tpi_ra *ra, uint32_t id) {
+    tpi_ra_node *n = &ra->nodes[id];
+    n->state = TPI_RA_NODE_FREE;
     ra->free_bytes += n->size;
     ra->free_count++;
     ra->used_count--;
     uint32_t prev = n->addr_prev;
-    if (prev != RA_NONE && ra->nodes[prev].state == RA_NODE_FREE) {
-        tp_ra_node *p = &ra->nodes[prev];
+    if (prev != TPI_RA_NONE && ra->nodes[prev].state == TPI_RA_NODE_FREE) {
+        tpi_ra_node *p = &ra->nodes[prev];
         bin_remove(ra, prev);
         p->size += n->size;
         p->addr_next = n->addr_next;
-        if (n->addr_next != RA_NONE) ra->nodes[n->addr_next].addr_prev = prev;
-        p->tag = tp_ra_merge_tags(p->tag, n->tag, ra->multi_epoch);
+        if (n->addr_next != TPI_RA_NONE) ra->nodes[n->addr_next].addr_prev = prev;
+        p->owner = ra->merge(ra->merge_ctx, p->owner, n->owner);
         node_recycle(ra, id);
         ra->free_count--;
         id = prev;
         n = p;
     }
     uint32_t next = n->addr_next;
-    if (next != RA_NONE && ra->nodes[next].state == RA_NODE_FREE) {
-        tp_ra_node *x = &ra->nodes[next];
+    if (next != TPI_RA_NONE && ra->nodes[next].state == TPI_RA_NODE_FREE) {
+        tpi_ra_node *x = &ra->nodes[next];
         bin_remove(ra, next);
         n->size += x->size;
         n->addr_next = x->addr_next;
-        if (x->addr_next != RA_NONE) ra->nodes[x->addr_next].addr_prev = id;
-        n->tag = tp_ra_merge_tags(n->tag, x->tag, ra->multi_epoch);
+        if (x->addr_next != TPI_RA_NONE) ra->nodes[x->addr_next].addr_prev = id;
+        n->owner = ra->merge(ra->merge_ctx, n->owner, x->owner);
         node_recycle(ra, next);
         ra->free_count--;
     }
@@ -273,22 +287,22 @@ uint32_t tp_ra_release(tp_ra *ra, uint32_t id, tp_tag tag) {
     return id;
 }
 
-uint64_t tp_ra_largest_free(tp_ra *ra) {
+uint64_t tpi_ra_largest_free(const tpi_ra *ra) {
     if (!ra->fl_bitmap) return 0;
     uint32_t fl = msb64(ra->fl_bitmap);
     uint32_t sl = 31u - (uint32_t)__builtin_clz((uint32_t)ra->sl_bitmap[fl]);
     uint64_t largest = 0;
-    for (uint32_t id = ra->heads[fl * RA_SL_COUNT + sl]; id != RA_NONE; id = ra->nodes[id].list_next)
+    for (uint32_t id = ra->heads[fl * TPI_RA_SL_COUNT + sl]; id != TPI_RA_NONE; id = ra->nodes[id].list_next)
         largest = TP_MAX(largest, ra->nodes[id].size);
     return largest;
 }
 
-uint32_t tp_ra_node_containing(tp_ra *ra, uint64_t offset) {
+uint32_t tpi_ra_node_containing(const tpi_ra *ra, uint64_t offset) {
     for (size_t i = 0; i < ra->node_capacity; i++) {
-        const tp_ra_node *n = &ra->nodes[i];
-        if (n->state != RA_NODE_UNUSED && offset >= n->offset && offset - n->offset < n->size) return (uint32_t)i;
+        const tpi_ra_node *n = &ra->nodes[i];
+        if (n->state != TPI_RA_NODE_UNUSED && offset >= n->offset && offset - n->offset < n->size) return (uint32_t)i;
     }
-    return RA_NONE;
+    return TPI_RA_NONE;
 }
 
 #define RA_FAIL(...)                                   \
@@ -297,28 +311,28 @@ uint32_t tp_ra_node_containing(tp_ra *ra, uint64_t offset) {
         return false;                                  \
     } while (0)
 
-bool tp_ra_check(tp_ra *ra, char *msg, size_t msg_capacity) {
+bool tpi_ra_check(const tpi_ra *ra, char *msg, size_t msg_capacity) {
     uint64_t free_bytes = 0, free_count = 0, used_count = 0;
     uint64_t align_mask = (1ull << ra->shift) - 1;
     for (size_t i = 0; i < ra->node_capacity; i++) {
-        const tp_ra_node *n = &ra->nodes[i];
-        if (n->state == RA_NODE_UNUSED) continue;
-        if (n->state != RA_NODE_FREE && n->state != RA_NODE_USED) RA_FAIL("node %zu: bad state %u", i, n->state);
+        const tpi_ra_node *n = &ra->nodes[i];
+        if (n->state == TPI_RA_NODE_UNUSED) continue;
+        if (n->state != TPI_RA_NODE_FREE && n->state != TPI_RA_NODE_USED) RA_FAIL("node %zu: bad state %u", i, n->state);
         if (n->size == 0 || (n->size & align_mask) || (n->offset & align_mask))
             RA_FAIL("node %zu: size %llu / offset 0x%llx not aligned", i, (unsigned long long)n->size,
                     (unsigned long long)n->offset);
-        if (n->addr_prev != RA_NONE) {
-            const tp_ra_node *p = &ra->nodes[n->addr_prev];
-            if (p->state == RA_NODE_UNUSED || p->addr_next != i) RA_FAIL("node %zu: prev link broken", i);
+        if (n->addr_prev != TPI_RA_NONE) {
+            const tpi_ra_node *p = &ra->nodes[n->addr_prev];
+            if (p->state == TPI_RA_NODE_UNUSED || p->addr_next != i) RA_FAIL("node %zu: prev link broken", i);
             if (p->offset + p->size != n->offset) RA_FAIL("node %zu: gap or overlap with prev", i);
-            if (p->unit != n->unit) RA_FAIL("node %zu: prev in another unit", i);
-            if (p->state == RA_NODE_FREE && n->state == RA_NODE_FREE) RA_FAIL("node %zu: two free neighbours", i);
+            if (p->region != n->region) RA_FAIL("node %zu: prev in another region", i);
+            if (p->state == TPI_RA_NODE_FREE && n->state == TPI_RA_NODE_FREE) RA_FAIL("node %zu: two free neighbours", i);
         }
-        if (n->addr_next != RA_NONE) {
-            const tp_ra_node *x = &ra->nodes[n->addr_next];
-            if (x->state == RA_NODE_UNUSED || x->addr_prev != i) RA_FAIL("node %zu: next link broken", i);
+        if (n->addr_next != TPI_RA_NONE) {
+            const tpi_ra_node *x = &ra->nodes[n->addr_next];
+            if (x->state == TPI_RA_NODE_UNUSED || x->addr_prev != i) RA_FAIL("node %zu: next link broken", i);
         }
-        if (n->state == RA_NODE_FREE) {
+        if (n->state == TPI_RA_NODE_FREE) {
             free_bytes += n->size;
             free_count++;
             if (n->bin != bin_of_units(n->size >> ra->shift)) RA_FAIL("node %zu: in the wrong bin", i);
@@ -330,16 +344,16 @@ bool tp_ra_check(tp_ra *ra, char *msg, size_t msg_capacity) {
                                               (unsigned long long)free_bytes);
     if (free_count != ra->free_count || used_count != ra->used_count) RA_FAIL("node counts disagree");
     uint64_t listed = 0;
-    for (uint32_t bin = 0; bin < RA_BIN_COUNT; bin++) {
-        uint32_t fl = bin / RA_SL_COUNT, sl = bin % RA_SL_COUNT;
+    for (uint32_t bin = 0; bin < TPI_RA_BIN_COUNT; bin++) {
+        uint32_t fl = bin / TPI_RA_SL_COUNT, sl = bin % TPI_RA_SL_COUNT;
         bool sl_bit = (ra->sl_bitmap[fl] >> sl) & 1u;
         bool fl_bit = (ra->fl_bitmap >> fl) & 1u;
-        if (sl_bit != (ra->heads[bin] != RA_NONE)) RA_FAIL("bin %u: bitmap disagrees with list", bin);
+        if (sl_bit != (ra->heads[bin] != TPI_RA_NONE)) RA_FAIL("bin %u: bitmap disagrees with list", bin);
         if (ra->sl_bitmap[fl] && !fl_bit) RA_FAIL("first level %u: bitmap bit missing", fl);
-        uint32_t prev = RA_NONE;
-        for (uint32_t id = ra->heads[bin]; id != RA_NONE; id = ra->nodes[id].list_next) {
-            const tp_ra_node *n = &ra->nodes[id];
-            if (n->state != RA_NODE_FREE || n->bin != bin) RA_FAIL("bin %u: holds node %u wrongly", bin, id);
+        uint32_t prev = TPI_RA_NONE;
+        for (uint32_t id = ra->heads[bin]; id != TPI_RA_NONE; id = ra->nodes[id].list_next) {
+            const tpi_ra_node *n = &ra->nodes[id];
+            if (n->state != TPI_RA_NODE_FREE || n->bin != bin) RA_FAIL("bin %u: holds node %u wrongly", bin, id);
             if (n->list_prev != prev) RA_FAIL("bin %u: back link broken at %u", bin, id);
             prev = id;
             if (++listed > free_count) RA_FAIL("bin %u: list cycle", bin);
@@ -347,7 +361,7 @@ bool tp_ra_check(tp_ra *ra, char *msg, size_t msg_capacity) {
     }
     if (listed != free_count) RA_FAIL("%llu free nodes, %llu in bins", (unsigned long long)free_count,
                                       (unsigned long long)listed);
-    for (uint32_t fl = 0; fl < RA_FL_COUNT; fl++)
+    for (uint32_t fl = 0; fl < TPI_RA_FL_COUNT; fl++)
         if (((ra->fl_bitmap >> fl) & 1u) && !ra->sl_bitmap[fl]) RA_FAIL("first level %u: stray bit", fl);
     return true;
 }

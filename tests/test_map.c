@@ -97,9 +97,24 @@ static void test_map_survives_host_out_of_memory(void) {
     tpi_map_destroy(&m);
 }
 
+static void test_map_spreads_keys_aligned_to_large_powers_of_two(void) {
+    /* 1 GiB-aligned keys: a hash that kept low bits would pile them up. */
+    tpi_map m;
+    tpi_map_init(&m, NULL);
+    for (uint64_t k = 1; k <= 4096; k++) CHECK(tpi_map_put(&m, k << 30, k));
+    size_t longest = 0, run = 0;
+    for (size_t i = 0; i < m.capacity; i++) {
+        run = m.entries[i].key == TPI_MAP_EMPTY ? 0 : run + 1;
+        if (run > longest) longest = run;
+    }
+    CHECK_MSG(longest < 64, "a probe run of %zu slots", longest);
+    tpi_map_destroy(&m);
+}
+
 int main(void) {
     test_map_matches_a_reference_model();
     test_map_shrinks_when_emptied();
     test_map_survives_host_out_of_memory();
+    test_map_spreads_keys_aligned_to_large_powers_of_two();
     return check_report("test_map");
 }

@@ -101,7 +101,7 @@ static void test_json(tp_pool_kind kind) {
     CHECK(strstr(buf, "\"fragmentation\":") != NULL);
     char tiny[16];
     size_t needed = 0;
-    CHECK_STATUS(tp_pool_stats_json(f.pool, tiny, sizeof tiny, &needed), TP_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(tp_pool_stats_json(f.pool, tiny, sizeof tiny, &needed), TP_ERR_BUFFER_TOO_SMALL);
     CHECK(needed == len && strlen(tiny) == sizeof tiny - 1);
     CHECK_OK(tp_pool_free(f.pool, a, TP_STREAM_DEFAULT));
     fixture_close(&f);
@@ -418,7 +418,7 @@ static void test_reclaim_callback(tp_pool_kind kind) {
     CHECK_OK(tp_pool_get_stats(f.pool, &s));
     CHECK(s.reclaim_calls == 1 && s.oom_retries >= 1);
     CHECK_OK(tp_pool_remove_reclaim_callback(f.pool, reclaim_free_pinned, &pinned_block));
-    CHECK_STATUS(tp_pool_remove_reclaim_callback(f.pool, reclaim_free_pinned, &pinned_block), TP_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(tp_pool_remove_reclaim_callback(f.pool, reclaim_free_pinned, &pinned_block), TP_ERR_NOT_FOUND);
     CHECK_OK(tp_pool_free(f.pool, p, TP_STREAM_DEFAULT));
     fixture_close(&f);
 }

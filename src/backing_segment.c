@@ -1,0 +1,267 @@
+/*
+ * backing_segment.c -- the segment backing, for devices without VMM: plain
+ * device allocations (segments) split and coalesced inside, whole idle
+ * segments given back.
+ *
+ * Algorithm: every segment is a region of the shared range allocator, so a
+ * request takes the best-fitting free range of any segment. A miss mallocs a
+ * new segment: requests up to 1 MiB get a small segment (2 MiB), up to
+ * 10 MiB a medium one (20 MiB), larger ones a segment of their own rounded
+ * up a geometric ladder (2 MiB steps, then +growth_step_percent each), so a
+ * request that grows a little every step -- the flash-attention temporaries
+ * of failure mode 1 (docs/failure-modes.md) -- needs a new segment only O(log n) times,
+ * and each new segment retires the idle ones it replaces (the release
+ * before growth). An idle segment more than four times a request's size is
+ * woken up for it only while the segment is warm (it held a block of at
+ * least a quarter of its size within idle_release_ns): a working set that
+ * rotates through sizes keeps reusing it, while a one-off huge temporary
+ * goes cold and ages out instead of being pinned forever by small blocks.
+ *
+ * Idle segments go back through units.c.
+ *
+ * Invariants (segment_check, with tpi_units_check): a unit's live count
+ * equals the used nodes in its segment (its region in the range
+ * allocator); an idle segment is one free node spanning it; reserved bytes
+ * equal the segments' bytes.
+ */
+#include "pool_core.h"
+
+#define SMALL_REQUEST_MAX (1 * TP_MiB)
+#define MEDIUM_REQUEST_MAX (10 * TP_MiB)
+#define LADDER_BASE (2 * TP_MiB)
+#define SEGMENT_FIND_CANDIDATES 16
+
+static const tpi_backing_ops segment_ops;
+
+/* Smallest ladder size holding bytes: 2 MiB steps while a step of
+ * growth_step_percent is smaller than 2 MiB, then geometric. Saturates at
+ * the largest aligned size rather than wrapping. */
+static uint64_t ladder_size(const tpi_core *core, uint64_t bytes) {
+    const uint64_t top = UINT64_MAX - (UINT64_MAX % LADDER_BASE) - LADDER_BASE;
+    uint64_t size = LADDER_BASE;
+    while (size < bytes) {
+        uint64_t step = tp_align_up(TP_MAX(size / 100 * core->config.growth_step_percent, LADDER_BASE), LADDER_BASE);
+        if (size > top - step) return bytes;
+        size += step;
+    }
+    return size;
+}
+
+static uint64_t segment_bytes_for(const tpi_core *core, uint64_t size) {
+    const tp_pool_config *config = &core->config;
+    if (size <= SMALL_REQUEST_MAX && size <= config->small_segment_bytes) return config->small_segment_bytes;
+    if (size <= MEDIUM_REQUEST_MAX && size <= config->medium_segment_bytes) return config->medium_segment_bytes;
+    uint64_t ladder = ladder_size(core, size);
+    return ladder > UINT64_MAX - config->alignment_bytes ? size : tp_align_up(ladder, config->alignment_bytes);
+}
+
+/* Free space in a busy segment is always fair game; an idle segment when it
+ * is not much larger than the request, or still warm. */
+static bool segment_wakes(tpi_core *core, uint32_t id, uint64_t wake_limit_bytes, uint64_t *now_ns) {
+    const tpi_unit *unit = &core->units.units[tpi_ra_node_at(&core->ra, id)->region];
+    if (unit->state != TPI_UNIT_IDLE || unit->bytes <= wake_limit_bytes) return true;
+    if (!*now_ns) *now_ns = tpi_units_now(&core->units) + 1;
+    return *now_ns - 1 - unit->last_big_use_ns < core->config.idle_release_ns;
+}
+
+/* Good fit among free ranges the stream may use (same stream, completed,
+ * or -- failing all else -- made safe by a stream wait) in segments it may
+ * wake. Returns the node or TPI_RA_NONE. */
+static uint32_t find_usable(tpi_core *core, uint64_t size, uint32_t slot, uint64_t wake_limit_bytes) {
+    tpi_ra_search search;
+    tpi_ra_search_begin(&core->ra, size, &search);
+    uint32_t wait_candidate = TPI_RA_NONE;
+    uint64_t now_ns = 0;
+    for (unsigned seen = 0; seen < SEGMENT_FIND_CANDIDATES; seen++) {
+        uint32_t id = tpi_ra_search_next(&core->ra, &search);
+        if (id == TPI_RA_NONE) break;
+        tpi_ra_node *n = tpi_ra_node_at(&core->ra, id);
+        uint32_t owner_slot = tpi_tag_slot(n->owner);
+        if (n->owner != TPI_TAG_CLEAN && owner_slot != slot) {
+            if (!tpi_order_tag_complete(&core->order, n->owner)) {
+                if (wait_candidate == TPI_RA_NONE && owner_slot != TPI_SLOT_MULTI) wait_candidate = id;
+                continue;
+            }
+            n->owner = TPI_TAG_CLEAN;
+        }
+        if (segment_wakes(core, id, wake_limit_bytes, &now_ns)) return id;
+    }
+    if (wait_candidate == TPI_RA_NONE) return TPI_RA_NONE;
+    /* Only ranges another stream may still use: order this stream after
+     * that stream's event instead of waiting on the host. */
+    if (tpi_order_after(&core->order, slot, tpi_ra_node_at(&core->ra, wait_candidate)->owner) != TP_OK)
+        return TPI_RA_NONE;
+    return wait_candidate;
+}
+
+/* A new segment of segment_bytes (or just the request, if the rounded size
+ * does not fit) as a free region; its node goes to *out_node. */
+static tp_status grow(tpi_core *core, uint64_t size, uint64_t segment_bytes, uint32_t *out_node, uint64_t *out_need) {
+    const tp_pool_config *config = &core->config;
+    tpi_units_release_before_growth(&core->units, segment_bytes);
+    uint64_t reserved = core->stats.pub.reserved_bytes.current;
+    uint64_t exact = tp_align_up(size, config->alignment_bytes);
+    if (segment_bytes > config->limit_bytes - TP_MIN(reserved, config->limit_bytes)) {
+        /* A smaller segment that just holds the request may still fit. */
+        segment_bytes = exact;
+        if (reserved > config->limit_bytes || segment_bytes > config->limit_bytes - reserved) {
+            *out_need = reserved + segment_bytes - config->limit_bytes;
+            return TP_ERR_OUT_OF_MEMORY;
+        }
+    }
+    uint32_t u = tpi_units_new(&core->units);
+    if (u == TPI_UNIT_NONE) return TP_ERR_HOST_OUT_OF_MEMORY;
+    uint64_t base = 0;
+    tp_status st = core->ops->mem_alloc(core->device, segment_bytes, &base);
+    tpi_stats_device_call(&core->stats, st, TPI_DEVICE_CALL_ALLOC);
+    if (st == TP_ERR_OUT_OF_MEMORY && segment_bytes > exact) {
+        /* The device may still hold the request without the rounding. */
+        segment_bytes = exact;
+        st = core->ops->mem_alloc(core->device, segment_bytes, &base);
+        tpi_stats_device_call(&core->stats, st, TPI_DEVICE_CALL_ALLOC);
+    }
+    if (st != TP_OK) {
+        tpi_units_recycle(&core->units, u);
+        *out_need = segment_bytes;
+        return st;
+    }
+    uint32_t id = tpi_ra_add_region(&core->ra, base, segment_bytes, u, TPI_TAG_CLEAN);
+    if (id == TPI_RA_NONE) {
+        st = core->ops->mem_free(core->device, base, segment_bytes);
+        tpi_stats_device_call(&core->stats, st, TPI_DEVICE_CALL_FREE);
+        tpi_units_recycle(&core->units, u);
+        return TP_ERR_HOST_OUT_OF_MEMORY;
+    }
+    tpi_unit *unit = &core->units.units[u];
+    unit->base = base;
+    unit->bytes = segment_bytes;
+    unit->live = 0;
+    unit->tag = TPI_TAG_CLEAN;
+    tpi_stats_reserved_changed(&core->stats, (int64_t)segment_bytes);
+    *out_node = id;
+    return TP_OK;
+}
+
+static tp_status segment_try_alloc(tpi_backing *b, uint64_t size, uint32_t slot, bool may_grow, uint32_t *out_node,
+                                   uint64_t *out_need) {
+    tpi_core *core = b->core;
+    uint64_t segment_bytes = segment_bytes_for(core, size);
+    uint32_t id = find_usable(core, size, slot, TP_MAX(4 * size, segment_bytes));
+    if (id == TPI_RA_NONE) {
+        if (!may_grow) return TP_NOT_READY;
+        tp_status st = grow(core, size, segment_bytes, &id, out_need);
+        if (st != TP_OK) return st;
+    }
+    tpi_units *units = &core->units;
+    uint32_t u = tpi_ra_node_at(&core->ra, id)->region;
+    if (tpi_ra_take(&core->ra, id, size) == TPI_RA_NONE) {
+        if (units->units[u].live == 0 && units->units[u].state == TPI_UNIT_BUSY) { /* a fresh segment: keep it, idle */
+            units->units[u].idle_node = id;
+            tpi_units_became_idle(units, u, 0);
+        }
+        return TP_ERR_HOST_OUT_OF_MEMORY;
+    }
+    if (units->units[u].live++ == 0 && units->units[u].state == TPI_UNIT_IDLE) tpi_units_became_busy(units, u);
+    if (size * 4 >= units->units[u].bytes) units->units[u].last_big_use_ns = tpi_units_now(units);
+    *out_node = id;
+    return TP_OK;
+}
+
+static void segment_release_block(tpi_backing *b, uint32_t node, uint64_t idle_since_ns) {
+    tpi_core *core = b->core;
+    tpi_tag tag = tpi_ra_node_at(&core->ra, node)->owner;
+    uint32_t free_node = tpi_ra_release(&core->ra, node);
+    uint32_t u = tpi_ra_node_at(&core->ra, free_node)->region;
+    tpi_unit *unit = &core->units.units[u];
+    unit->tag = tpi_order_merge(&core->order, unit->tag, tag);
+    if (--unit->live == 0) {
+        unit->idle_node = free_node;
+        tpi_units_became_idle(&core->units, u, idle_since_ns);
+    }
+}
+
+static void segment_free_figures(tpi_backing *b, uint64_t *out_free, uint64_t *out_largest, uint64_t *out_ranges) {
+    tpi_ra *ra = &b->core->ra;
+    *out_free = ra->free_bytes;
+    *out_largest = tpi_ra_largest_free(ra);
+    *out_ranges = ra->free_count;
+}
+
+/* covered[] and used[] have one zeroed entry per unit. */
+static bool segments_agree(tpi_core *core, uint64_t *covered, uint64_t *used, char *msg, size_t capacity) {
+    const tpi_units *units = &core->units;
+    for (size_t i = 0; i < core->ra.node_capacity; i++) {
+        const tpi_ra_node *n = &core->ra.nodes[i];
+        if (n->state == TPI_RA_NODE_UNUSED) continue;
+        const tpi_unit *unit = n->region < units->capacity ? &units->units[n->region] : NULL;
+        if (!unit || unit->state == TPI_UNIT_UNUSED || n->offset < unit->base ||
+            n->offset + n->size > unit->base + unit->bytes)
+            TPI_FAIL(msg, capacity, "node %zu lies outside its segment", i);
+        covered[n->region] += n->size;
+        used[n->region] += n->state == TPI_RA_NODE_USED;
+    }
+    for (uint32_t u = 0; u < units->capacity; u++) {
+        const tpi_unit *unit = &units->units[u];
+        if (unit->state == TPI_UNIT_UNUSED) continue;
+        if (covered[u] != unit->bytes || used[u] != unit->live || (unit->state == TPI_UNIT_IDLE) != (used[u] == 0))
+            TPI_FAIL(msg, capacity, "segment %u: covered %llu of %llu bytes, %llu used nodes, live %llu", u,
+                     (unsigned long long)covered[u], (unsigned long long)unit->bytes, (unsigned long long)used[u],
+                     (unsigned long long)unit->live);
+        if (unit->state == TPI_UNIT_IDLE) {
+            const tpi_ra_node *n = tpi_ra_node_at(&core->ra, unit->idle_node);
+            if (n->state != TPI_RA_NODE_FREE || n->offset != unit->base || n->size != unit->bytes)
+                TPI_FAIL(msg, capacity, "idle segment %u: its free node does not span it", u);
+        }
+    }
+    return true;
+}
+
+static bool segment_check(tpi_backing *b, char *msg, size_t capacity) {
+    tpi_core *core = b->core;
+    size_t entries = core->units.capacity ? core->units.capacity : 1;
+    uint64_t *covered = tp_host_calloc(core->host, entries, sizeof *covered);
+    uint64_t *used = tp_host_calloc(core->host, entries, sizeof *used);
+    bool ok = !covered || !used || segments_agree(core, covered, used, msg, capacity);
+    tp_host_free(core->host, covered, entries * sizeof *covered);
+    tp_host_free(core->host, used, entries * sizeof *used);
+    return ok;
+}
+
+static void segment_destroy(tpi_backing *b) {
+    tpi_core *core = b->core;
+    for (size_t u = 0; u < core->units.capacity; u++) {
+        tpi_unit *unit = &core->units.units[u];
+        if (unit->state == TPI_UNIT_UNUSED) continue;
+        tp_status st = core->ops->mem_free(core->device, unit->base, unit->bytes);
+        tpi_stats_device_call(&core->stats, st, TPI_DEVICE_CALL_FREE);
+        if (st != TP_OK)
+            tp_logf(&core->device->logger, TP_LOG_ERROR, "segment pool destroy: free of %llu bytes failed: %s",
+                    (unsigned long long)unit->bytes, tp_status_name(st));
+        tpi_stats_reserved_changed(&core->stats, -(int64_t)unit->bytes);
+    }
+    tp_host_free(core->host, b, sizeof *b);
+}
+
+tp_status tpi_segment_create(tpi_core *core, tpi_backing **out_backing) {
+    tpi_backing *b = tp_host_calloc(core->host, 1, sizeof *b);
+    if (!b) return TP_ERR_HOST_OUT_OF_MEMORY;
+    *b = (tpi_backing){&segment_ops, core};
+    tpi_units_config uc = {TPI_UNITS_SEGMENTS, core->config.release_threshold_bytes, core->config.idle_release_ns,
+                           0, 0, 0};
+    tp_status st = tpi_units_init(&core->units, &uc, core->device, &core->ra, &core->order, &core->stats);
+    if (st != TP_OK) {
+        tp_host_free(core->host, b, sizeof *b);
+        return st;
+    }
+    *out_backing = b;
+    return TP_OK;
+}
+
+static const tpi_backing_ops segment_ops = {
+    .name = "segment",
+    .try_alloc = segment_try_alloc,
+    .release_block = segment_release_block,
+    .destroy = segment_destroy,
+    .check = segment_check,
+    .free_figures = segment_free_figures,
+};

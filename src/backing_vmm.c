@@ -1,0 +1,440 @@
+/*
+ * backing_vmm.c -- the VMM backing: one address reservation made at creation,
+ * physical pages mapped on demand and unmapped when idle.
+ *
+ * Algorithm: the range allocator manages the whole reservation, so any free
+ * order works and a block may span any number of pages. Every page is a
+ * unit of its own (units[p] for page p): it counts the live blocks touching
+ * it, and with none it is idle and may be unmapped alone once the work that
+ * last used it has completed. A block goes to the first window, in good-fit
+ * order, whose pages are mapped and usable on the stream (place_window);
+ * the pages it touches that are not mapped are then mapped in runs, one
+ * device call per run (the driver backs each page with its own physical
+ * allocation, so pages unmap independently). Growth maps a look-ahead after
+ * the block (lookahead_pages) so growing requests cost O(log n) calls, and
+ * first unmaps idle pages when the pool would pass its soft or hard cap
+ * (cap_with_headroom).
+ * Idle pages go back through units.c, which takes idle, completed
+ * neighbours of the same age along into one unmap call.
+ *
+ * Invariants (vmm_check, with tpi_units_check): units[p].live equals the
+ * number of used nodes overlapping page p; a page is UNUSED iff unmapped,
+ * IDLE iff mapped with no live block, else BUSY; the mapped pages are the
+ * units counted and reserved bytes are theirs; no page at or above
+ * page_high is mapped.
+ */
+#include "pool_core.h"
+
+#include <string.h>
+
+typedef struct vmm_backing {
+    tpi_backing base;
+    uint64_t va_bytes;       /* the reservation */
+    uint32_t growth_streak;  /* growths with no free in between */
+    uint64_t frees_at_growth; /* stats.frees at the latest growth */
+} vmm_backing;
+
+static const tpi_backing_ops vmm_ops;
+
+static void ref_pages(tpi_units *units, uint64_t offset, uint64_t size) {
+    for (uint64_t p = tpi_page_of(units, offset), last = tpi_page_of(units, offset + size - 1); p <= last; p++) {
+        tpi_unit *unit = &units->units[p];
+        if (unit->live++ == 0 && unit->state == TPI_UNIT_IDLE) tpi_units_became_busy(units, (uint32_t)p);
+    }
+}
+
+static void unref_pages(tpi_core *core, uint64_t offset, uint64_t size, tpi_tag tag, uint64_t idle_since_ns) {
+    tpi_units *units = &core->units;
+    for (uint64_t p = tpi_page_of(units, offset), last = tpi_page_of(units, offset + size - 1); p <= last; p++) {
+        tpi_unit *unit = &units->units[p];
+        if (unit->state != TPI_UNIT_UNUSED) unit->tag = tpi_order_merge(&core->order, unit->tag, tag);
+        if (--unit->live == 0 && unit->state == TPI_UNIT_BUSY) tpi_units_became_idle(units, (uint32_t)p, idle_since_ns);
+    }
+}
+
+static void vmm_release_block(tpi_backing *b, uint32_t node, uint64_t idle_since_ns) {
+    tpi_core *core = b->core;
+    tpi_ra_node *n = tpi_ra_node_at(&core->ra, node);
+    uint64_t offset = n->offset, size = n->size;
+    tpi_tag tag = n->owner;
+    tpi_ra_release(&core->ra, node);
+    unref_pages(core, offset, size, tag, idle_since_ns);
+}
+
+/* Maps pages [first, last] in one call. */
+static tp_status map_run(tpi_core *core, uint64_t first, uint64_t last) {
+    tpi_units *units = &core->units;
+    uint64_t bytes = (last - first + 1) << units->page_shift;
+    tp_status st = core->ops->map(core->device, tpi_page_address(units, first), bytes);
+    tpi_stats_device_call(&core->stats, st, TPI_DEVICE_CALL_ALLOC);
+    if (st == TP_OK) tpi_units_pages_mapped(units, first, last);
+    return st;
+}
+
+/* Growth policy. The pool may hold up to a soft cap: the highest allocated
+ * bytes it has seen plus 1/SOFT_HEADROOM_DIV of that (and always what the
+ * current request needs). Below the cap it keeps idle pages cached and maps
+ * a look-ahead when it grows; past the cap it first unmaps idle pages whose
+ * work has completed and that have been idle for VMM_CAP_RELEASE_MIN_IDLE_NS
+ * (fresher ones are the working set of the step in progress: unmapping them
+ * only to map them again is churn). Past the hard cap (1/HARD_HEADROOM_DIV)
+ * fresh idle pages go too: a workload whose blocks move through the address
+ * space every step (two streams, KV blocks reallocated larger every token:
+ * the image-requests scenario) would otherwise keep mapping new pages,
+ * 1.37x its peak live instead of 1.07x. So the cache is generous while the
+ * pool runs below its high-water mark and tight when it reaches a new one. */
+#define SOFT_HEADROOM_DIV 128
+#define HARD_HEADROOM_DIV 16
+#define VMM_CAP_RELEASE_MIN_IDLE_NS 100000000ull
+
+static uint64_t high_water(const tpi_core *core) {
+    return TP_MAX(core->stats.pub.allocated_bytes.peak, core->stats.high_water_allocated);
+}
+
+/* max(high water + high water / div + 2 pages, what the pool needs now) */
+static uint64_t cap_with_headroom(const tpi_core *core, uint64_t div, uint64_t missing_bytes) {
+    uint64_t high = high_water(core);
+    uint64_t floor = core->stats.pub.reserved_bytes.current - core->units.idle_bytes + missing_bytes;
+    return TP_MAX(high + high / div + 2 * core->units.page_bytes, floor);
+}
+
+/* Look-ahead: while the pool only grows (a streak of growths with no free
+ * in between, like weights being loaded) it doubles with each growth, up to
+ * 1/8 of what the pool holds. Otherwise it is 1/16 of the transient part of
+ * the high-water mark: the peak allocated bytes minus the lowest allocated
+ * bytes seen since the previous growth. A workload whose temporaries grow
+ * step by step (failure mode 1 in docs/failure-modes.md) thus grows
+ * geometrically, in O(log n) calls, while a model whose weights dominate
+ * (decode with a growing KV cache) maps little ahead beyond its long-lived
+ * memory. */
+static uint64_t lookahead_pages(const vmm_backing *vmm) {
+    const tpi_core *core = vmm->base.core;
+    uint64_t page_bytes = core->units.page_bytes;
+    uint64_t reserved = core->stats.pub.reserved_bytes.current;
+    uint64_t target = 2 * page_bytes;
+    if (vmm->growth_streak > 1) {
+        uint32_t doublings = TP_MIN(vmm->growth_streak - 1, 20u);
+        target = TP_MAX(target, TP_MIN(page_bytes << doublings, reserved / 8));
+    } else {
+        uint64_t high = high_water(core);
+        uint64_t low = TP_MIN(core->stats.allocated_low_water, high);
+        target = TP_MAX(target, (high - low) / 16);
+    }
+    return TP_MIN(target, core->config.max_map_bytes) >> core->units.page_shift;
+}
+
+/* Maps the pages block id touches that are not mapped, plus a look-ahead of
+ * free unmapped pages after it. */
+static tp_status map_block(vmm_backing *vmm, uint32_t id, uint64_t *out_need) {
+    tpi_core *core = vmm->base.core;
+    tpi_units *units = &core->units;
+    tpi_ra_node *n = tpi_ra_node_at(&core->ra, id);
+    uint64_t first = tpi_page_of(units, n->offset), last = tpi_page_of(units, n->offset + n->size - 1);
+    uint64_t missing_pages = 0;
+    for (uint64_t p = first; p <= last; p++) missing_pages += !tpi_page_mapped(units, p);
+    if (!missing_pages) return TP_OK;
+    uint64_t missing = missing_pages << units->page_shift;
+
+    if (core->stats.pub.frees != vmm->frees_at_growth) {
+        vmm->growth_streak = 0; /* a free since the previous growth */
+        vmm->frees_at_growth = core->stats.pub.frees;
+    }
+    vmm->growth_streak++;
+    uint64_t cap = cap_with_headroom(core, SOFT_HEADROOM_DIV, missing);
+    /* Look-ahead: unmapped pages wholly inside the free range after the block. */
+    uint64_t extra = 0, want = lookahead_pages(vmm);
+    core->stats.allocated_low_water = core->stats.pub.allocated_bytes.current;
+    if (want && n->addr_next != TPI_RA_NONE && tpi_ra_node_at(&core->ra, n->addr_next)->state == TPI_RA_NODE_FREE) {
+        const tpi_ra_node *rest = tpi_ra_node_at(&core->ra, n->addr_next);
+        uint64_t end_page = tpi_page_of(units, rest->offset + rest->size); /* first page not wholly free */
+        for (uint64_t p = last + 1; p < end_page && extra < want && !tpi_page_mapped(units, p); p++) extra++;
+    }
+    uint64_t reserved = core->stats.pub.reserved_bytes.current;
+    if (reserved + missing > cap)
+        tpi_units_release_idle_down_to(units, cap > missing ? cap - missing : 0, VMM_CAP_RELEASE_MIN_IDLE_NS);
+    uint64_t hard = cap_with_headroom(core, HARD_HEADROOM_DIV, missing);
+    if (core->stats.pub.reserved_bytes.current + missing > hard)
+        tpi_units_release_idle_down_to(units, hard > missing ? hard - missing : 0, 0);
+    reserved = core->stats.pub.reserved_bytes.current;
+    uint64_t limit = core->config.limit_bytes;
+    if (missing > limit || reserved > limit - missing) {
+        *out_need = missing > limit ? missing : reserved + missing - limit;
+        return TP_ERR_OUT_OF_MEMORY;
+    }
+    extra = TP_MIN(extra, (limit - reserved - missing) >> units->page_shift);
+    uint64_t end = last + extra;
+    uint64_t max_run = TP_MAX(core->config.max_map_bytes >> units->page_shift, 1);
+    for (uint64_t p = first; p <= end;) {
+        if (tpi_page_mapped(units, p)) {
+            p++;
+            continue;
+        }
+        uint64_t run_end = p;
+        while (run_end < end && !tpi_page_mapped(units, run_end + 1) && run_end + 1 - p < max_run) run_end++;
+        tp_status st = map_run(core, p, run_end);
+        if (st != TP_OK && p <= last && run_end > last) {
+            run_end = last; /* try again without the look-ahead */
+            st = map_run(core, p, run_end);
+        }
+        if (st != TP_OK) {
+            if (p > last) return TP_OK; /* only the look-ahead failed */
+            uint64_t still = 0;
+            for (uint64_t q = p; q <= last; q++) still += !tpi_page_mapped(units, q);
+            *out_need = still << units->page_shift;
+            return st;
+        }
+        p = run_end + 1;
+    }
+    return TP_OK;
+}
+
+/* Placement. For the VMM pool the question "may this stream use this
+ * memory?" is asked of physical pages, not of free ranges: a free range
+ * may run on into address space that is not even mapped, and a stream tag
+ * on the range would make all of it look busy. Each mapped page carries the
+ * merged tag of every free inside it (unref_pages); unmapped pages carry
+ * none (a page is only unmapped once its work has completed).
+ *
+ * Among free ranges in good-fit order, the first whose pages are all
+ * usable and mapped wins; failing that, the usable one needing the fewest
+ * new pages; failing that, one whose only obstacle is work of one other
+ * stream, after making this stream wait for it. */
+typedef struct placement {
+    uint64_t size;
+    uint32_t slot;
+    uint32_t best;
+    uint64_t best_offset, best_missing;
+    uint32_t wait;     /* candidate blocked by one other stream only */
+    uint64_t wait_offset;
+    tpi_tag wait_tag;
+} placement;
+
+/* Looks for a window of pl->size bytes in free range id whose pages the
+ * stream may use; a blocked page pushes the window past it. True with
+ * *out_offset when the window's pages are all mapped; otherwise notes the
+ * range as pl->best or pl->wait when it is the best of its kind so far. */
+static bool place_window(tpi_core *core, placement *pl, uint32_t id, uint64_t *out_offset) {
+    tpi_units *units = &core->units;
+    const tpi_ra_node *n = tpi_ra_node_at(&core->ra, id);
+    uint64_t end = n->offset + n->size;
+    uint64_t at = n->offset, missing = 0;
+    tpi_tag blocker = TPI_TAG_CLEAN;
+    uint64_t blocked_at = n->offset;
+    for (uint64_t p = tpi_page_of(units, at); at + pl->size <= end && p <= tpi_page_of(units, at + pl->size - 1); p++) {
+        tpi_unit *unit = &units->units[p];
+        if (unit->state == TPI_UNIT_UNUSED) {
+            missing++;
+        } else if (!tpi_order_tag_usable(&core->order, &unit->tag, pl->slot)) {
+            if (blocker == TPI_TAG_CLEAN) blocked_at = at;
+            blocker = tpi_order_merge(&core->order, blocker, unit->tag);
+            at = tpi_page_address(units, p + 1);
+            missing = 0;
+        }
+    }
+    if (at + pl->size > end) {
+        /* No free window: one other stream's pending work is the only
+         * obstacle if its tag names a single stream. */
+        if (pl->wait == TPI_RA_NONE && blocker != TPI_TAG_CLEAN && tpi_tag_slot(blocker) != TPI_SLOT_MULTI &&
+            blocked_at + pl->size <= end) {
+            pl->wait = id;
+            pl->wait_offset = blocked_at;
+            pl->wait_tag = blocker;
+        }
+        return false;
+    }
+    if (missing == 0) {
+        *out_offset = at;
+        return true;
+    }
+    if (missing < pl->best_missing) {
+        pl->best = id;
+        pl->best_offset = at;
+        pl->best_missing = missing;
+    }
+    return false;
+}
+
+#define VMM_PLACE_CANDIDATES 16
+
+static tp_status vmm_try_alloc(tpi_backing *b, uint64_t size, uint32_t slot, bool may_grow, uint32_t *out_node,
+                               uint64_t *out_need) {
+    vmm_backing *vmm = (vmm_backing *)b;
+    tpi_core *core = b->core;
+    placement pl = {size, slot, TPI_RA_NONE, 0, UINT64_MAX, TPI_RA_NONE, 0, TPI_TAG_CLEAN};
+    tpi_ra_search search;
+    tpi_ra_search_begin(&core->ra, size, &search);
+    uint32_t id = TPI_RA_NONE;
+    uint64_t offset = 0;
+    for (unsigned seen = 0; seen < VMM_PLACE_CANDIDATES; seen++) {
+        uint32_t candidate = tpi_ra_search_next(&core->ra, &search);
+        if (candidate == TPI_RA_NONE) break;
+        if (place_window(core, &pl, candidate, &offset)) {
+            id = candidate;
+            break;
+        }
+    }
+    bool needs_pages = id == TPI_RA_NONE; /* an accepted range has every page mapped */
+    if (needs_pages && !may_grow) return TP_NOT_READY;
+    if (id == TPI_RA_NONE && pl.best != TPI_RA_NONE) {
+        id = pl.best;
+        offset = pl.best_offset;
+    }
+    if (id == TPI_RA_NONE && pl.wait != TPI_RA_NONE && tpi_order_after(&core->order, slot, pl.wait_tag) == TP_OK) {
+        id = pl.wait;
+        offset = pl.wait_offset;
+    }
+    if (id == TPI_RA_NONE) {
+        *out_need = size;
+        return TP_ERR_OUT_OF_MEMORY; /* address space exhausted, or all of it still in use by other streams */
+    }
+    /* A split and a take: make sure neither can fail half way. */
+    if (!tpi_ra_reserve_nodes(&core->ra, 2)) return TP_ERR_HOST_OUT_OF_MEMORY;
+    if (offset != tpi_ra_node_at(&core->ra, id)->offset)
+        id = tpi_ra_split_free(&core->ra, id, offset - tpi_ra_node_at(&core->ra, id)->offset);
+    tpi_tag saved = tpi_ra_node_at(&core->ra, id)->owner;
+    tpi_ra_take(&core->ra, id, size);
+    tpi_ra_node *n = tpi_ra_node_at(&core->ra, id);
+    ref_pages(&core->units, n->offset, n->size);
+    tp_status st = needs_pages ? map_block(vmm, id, out_need) : TP_OK;
+    if (st != TP_OK) {
+        n->owner = saved;
+        vmm_release_block(b, id, 0);
+        return st;
+    }
+    *out_node = id;
+    return TP_OK;
+}
+
+static void vmm_free_figures(tpi_backing *b, uint64_t *out_free, uint64_t *out_largest, uint64_t *out_ranges) {
+    tpi_core *core = b->core;
+    const tpi_units *units = &core->units;
+    uint64_t free_bytes = 0, largest = 0, ranges = 0;
+    for (size_t i = 0; i < core->ra.node_capacity; i++) {
+        const tpi_ra_node *n = &core->ra.nodes[i];
+        if (n->state != TPI_RA_NODE_FREE) continue;
+        uint64_t end = n->offset + n->size, first = tpi_page_of(units, n->offset);
+        uint64_t last = TP_MIN(tpi_page_of(units, end - 1), units->page_high ? units->page_high - 1 : 0);
+        uint64_t run = 0;
+        for (uint64_t p = first; p <= last && p < units->page_high; p++) {
+            if (!tpi_page_mapped(units, p)) {
+                if (run) ranges++;
+                run = 0;
+                continue;
+            }
+            uint64_t start = tpi_page_address(units, p);
+            uint64_t lo = TP_MAX(start, n->offset), hi = TP_MIN(start + units->page_bytes, end);
+            run += hi - lo;
+            free_bytes += hi - lo;
+            largest = TP_MAX(largest, run);
+        }
+        if (run) ranges++;
+    }
+    *out_free = free_bytes;
+    *out_largest = largest;
+    *out_ranges = ranges;
+}
+
+/* Page states and live counts against the blocks; expected[] has one
+ * zeroed entry per page. */
+static bool pages_agree(tpi_core *core, const vmm_backing *vmm, uint64_t *expected, char *msg, size_t capacity) {
+    const tpi_units *units = &core->units;
+    for (size_t i = 0; i < core->ra.node_capacity; i++) {
+        const tpi_ra_node *n = &core->ra.nodes[i];
+        if (n->state != TPI_RA_NODE_USED) continue;
+        if (n->offset < units->va_base || n->offset + n->size > units->va_base + vmm->va_bytes)
+            TPI_FAIL(msg, capacity, "block 0x%llx outside the reservation", (unsigned long long)n->offset);
+        for (uint64_t p = tpi_page_of(units, n->offset), last = tpi_page_of(units, n->offset + n->size - 1); p <= last; p++) {
+            expected[p]++;
+            if (!tpi_page_mapped(units, p))
+                TPI_FAIL(msg, capacity, "live block 0x%llx touches unmapped page %llu", (unsigned long long)n->offset,
+                         (unsigned long long)p);
+        }
+    }
+    for (uint64_t p = 0; p < units->capacity; p++) {
+        const tpi_unit *unit = &units->units[p];
+        if (expected[p] != unit->live)
+            TPI_FAIL(msg, capacity, "page %llu: live %llu, blocks %llu", (unsigned long long)p,
+                     (unsigned long long)unit->live, (unsigned long long)expected[p]);
+        if (unit->state == TPI_UNIT_UNUSED) continue;
+        if (unit->base != tpi_page_address(units, p) || unit->bytes != units->page_bytes)
+            TPI_FAIL(msg, capacity, "page %llu: wrong address or size", (unsigned long long)p);
+        if ((unit->state == TPI_UNIT_IDLE) != (unit->live == 0))
+            TPI_FAIL(msg, capacity, "page %llu: idle state wrong", (unsigned long long)p);
+    }
+    return true;
+}
+
+static bool vmm_check(tpi_backing *b, char *msg, size_t capacity) {
+    tpi_core *core = b->core;
+    uint64_t pages = core->units.capacity;
+    uint64_t *expected = tp_host_calloc(core->host, pages, sizeof *expected);
+    if (!expected) return true; /* cannot check without memory; not a violation */
+    bool ok = pages_agree(core, (const vmm_backing *)b, expected, msg, capacity);
+    tp_host_free(core->host, expected, pages * sizeof *expected);
+    return ok;
+}
+
+static void vmm_destroy(tpi_backing *b) {
+    vmm_backing *vmm = (vmm_backing *)b;
+    tpi_core *core = b->core;
+    tpi_units *units = &core->units;
+    /* Unmap every run of mapped pages. */
+    for (uint64_t p = 0; p < units->page_high;) {
+        if (!tpi_page_mapped(units, p)) {
+            p++;
+            continue;
+        }
+        uint64_t end = p;
+        while (end + 1 < units->page_high && tpi_page_mapped(units, end + 1)) end++;
+        uint64_t bytes = (end - p + 1) << units->page_shift;
+        tp_status st = core->ops->unmap(core->device, tpi_page_address(units, p), bytes);
+        tpi_stats_device_call(&core->stats, st, TPI_DEVICE_CALL_FREE);
+        if (st != TP_OK)
+            tp_logf(&core->device->logger, TP_LOG_ERROR, "VMM pool destroy: unmap of %llu bytes failed: %s",
+                    (unsigned long long)bytes, tp_status_name(st));
+        tpi_stats_reserved_changed(&core->stats, -(int64_t)bytes);
+        p = end + 1;
+    }
+    tp_status st = core->ops->va_release(core->device, units->va_base, vmm->va_bytes);
+    tpi_stats_device_call(&core->stats, st, TPI_DEVICE_CALL_OTHER);
+    tp_host_free(core->host, vmm, sizeof *vmm);
+}
+
+tp_status tpi_vmm_create(tpi_core *core, tpi_backing **out_backing) {
+    const tp_pool_config *config = &core->config;
+    vmm_backing *vmm = tp_host_calloc(core->host, 1, sizeof *vmm);
+    if (!vmm) return TP_ERR_HOST_OUT_OF_MEMORY;
+    vmm->base = (tpi_backing){&vmm_ops, core};
+    vmm->va_bytes = config->va_reserve_bytes;
+    tpi_units_config uc = {TPI_UNITS_PAGES, config->release_threshold_bytes, config->idle_release_ns,
+                           config->max_map_bytes, config->page_bytes, vmm->va_bytes / config->page_bytes};
+    tp_status st = tpi_units_init(&core->units, &uc, core->device, &core->ra, &core->order, &core->stats);
+    if (st != TP_OK) goto fail;
+    st = core->ops->va_reserve(core->device, vmm->va_bytes, config->page_bytes, &core->units.va_base);
+    tpi_stats_device_call(&core->stats, st, TPI_DEVICE_CALL_OTHER);
+    if (st != TP_OK) {
+        tp_logf(&core->device->logger, TP_LOG_ERROR, "VMM pool: reserving %llu bytes of address space failed: %s",
+                (unsigned long long)vmm->va_bytes, tp_status_name(st));
+        goto fail;
+    }
+    if (tpi_ra_add_region(&core->ra, core->units.va_base, vmm->va_bytes, 0, TPI_TAG_CLEAN) == TPI_RA_NONE) {
+        core->ops->va_release(core->device, core->units.va_base, vmm->va_bytes);
+        st = TP_ERR_HOST_OUT_OF_MEMORY;
+        goto fail;
+    }
+    *out_backing = &vmm->base;
+    return TP_OK;
+fail:
+    tpi_units_destroy(&core->units);
+    tp_host_free(core->host, vmm, sizeof *vmm);
+    return st;
+}
+
+static const tpi_backing_ops vmm_ops = {
+    .name = "vmm",
+    .try_alloc = vmm_try_alloc,
+    .release_block = vmm_release_block,
+    .destroy = vmm_destroy,
+    .check = vmm_check,
+    .free_figures = vmm_free_figures,
+};

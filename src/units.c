@@ -1,0 +1,307 @@
+/*
+ * units.c -- the unit table, the idle LRU list and giving idle units back;
+ * see units.h.
+ *
+ * Release policy (shared by both pool kinds)
+ *   - before growing (segments): idle units go while idle + growth would
+ *     pass the release threshold; units of at least 1/8 of the growth
+ *     first, since they are what the growth replaces;
+ *   - aged: memory idle longer than idle_release_ns beyond the threshold
+ *     goes back (only cold memory counts against the threshold: between
+ *     the steps of a workload all its memory is idle for a moment, and that
+ *     working set is not a cache to trim);
+ *   - under pressure and on trim: as much as asked, oldest first, waiting
+ *     for the last use where the caller allows.
+ * A unit goes back only once the work that last used it has completed.
+ */
+#include "units.h"
+
+#include <stdio.h>
+#include <string.h>
+
+tp_status tpi_units_init(tpi_units *u, const tpi_units_config *config, tp_device *device, tpi_ra *ra,
+                         tpi_order *order, tpi_stats *stats) {
+    memset(u, 0, sizeof *u);
+    u->kind = config->kind;
+    u->device = device;
+    u->ops = device->ops;
+    u->host = &device->host;
+    u->logger = &device->logger;
+    u->ra = ra;
+    u->order = order;
+    u->stats = stats;
+    u->release_threshold_bytes = config->release_threshold_bytes;
+    u->idle_release_ns = config->idle_release_ns;
+    u->max_release_bytes = config->max_release_bytes;
+    u->unused_head = TPI_UNIT_NONE;
+    u->lru_head = u->lru_tail = TPI_UNIT_NONE;
+    if (u->kind == TPI_UNITS_PAGES) {
+        u->page_bytes = config->page_bytes;
+        u->page_shift = (uint32_t)__builtin_ctzll(config->page_bytes);
+        if (config->pages >= TPI_UNIT_NONE) return TP_ERR_INVALID_ARGUMENT;
+        /* Zeroed lazily by the host allocator: untouched pages cost nothing. */
+        u->units = tp_host_calloc(u->host, config->pages, sizeof *u->units);
+        if (!u->units) return TP_ERR_HOST_OUT_OF_MEMORY;
+        u->capacity = config->pages;
+    }
+    return TP_OK;
+}
+
+void tpi_units_destroy(tpi_units *u) {
+    tp_host_free(u->host, u->units, u->capacity * sizeof *u->units);
+    u->units = NULL;
+    u->capacity = 0;
+}
+
+/* ------------------------------------------------------------- the table */
+
+uint32_t tpi_units_new(tpi_units *u) {
+    if (u->unused_head == TPI_UNIT_NONE) {
+        size_t old = u->capacity;
+        if (!tp_host_grow(u->host, (void **)&u->units, sizeof *u->units, &u->capacity, old + 1)) return TPI_UNIT_NONE;
+        for (size_t i = u->capacity; i-- > old;) {
+            u->units[i].state = TPI_UNIT_UNUSED;
+            u->units[i].lru_next = u->unused_head;
+            u->unused_head = (uint32_t)i;
+        }
+    }
+    uint32_t id = u->unused_head;
+    u->unused_head = u->units[id].lru_next;
+    memset(&u->units[id], 0, sizeof u->units[id]);
+    u->units[id].lru_prev = u->units[id].lru_next = TPI_UNIT_NONE;
+    u->units[id].idle_node = TPI_RA_NONE;
+    u->units[id].state = TPI_UNIT_BUSY;
+    u->count++;
+    return id;
+}
+
+void tpi_units_recycle(tpi_units *u, uint32_t id) {
+    u->units[id].state = TPI_UNIT_UNUSED;
+    u->units[id].lru_next = u->unused_head;
+    u->unused_head = id;
+    u->count--;
+}
+
+/* --------------------------------------------------------- the idle list */
+
+static void lru_unlink(tpi_units *u, uint32_t id) {
+    tpi_unit *unit = &u->units[id];
+    if (unit->lru_prev != TPI_UNIT_NONE)
+        u->units[unit->lru_prev].lru_next = unit->lru_next;
+    else
+        u->lru_head = unit->lru_next;
+    if (unit->lru_next != TPI_UNIT_NONE)
+        u->units[unit->lru_next].lru_prev = unit->lru_prev;
+    else
+        u->lru_tail = unit->lru_prev;
+    unit->lru_prev = unit->lru_next = TPI_UNIT_NONE;
+    u->idle_bytes -= unit->bytes;
+}
+
+static void lru_append(tpi_units *u, uint32_t id, uint64_t now_ns) {
+    tpi_unit *unit = &u->units[id];
+    unit->idle_since_ns = now_ns;
+    unit->lru_prev = u->lru_tail;
+    unit->lru_next = TPI_UNIT_NONE;
+    if (u->lru_tail != TPI_UNIT_NONE)
+        u->units[u->lru_tail].lru_next = id;
+    else
+        u->lru_head = id;
+    u->lru_tail = id;
+    u->idle_bytes += unit->bytes;
+}
+
+void tpi_units_became_idle(tpi_units *u, uint32_t id, uint64_t since_ns) {
+    u->units[id].state = TPI_UNIT_IDLE;
+    if (!since_ns)
+        since_ns = tpi_units_now(u);
+    else if (u->lru_tail != TPI_UNIT_NONE && u->units[u->lru_tail].idle_since_ns > since_ns)
+        since_ns = u->units[u->lru_tail].idle_since_ns; /* keep the list in idle order */
+    lru_append(u, id, since_ns);
+}
+
+void tpi_units_became_busy(tpi_units *u, uint32_t id) {
+    lru_unlink(u, id);
+    u->units[id].state = TPI_UNIT_BUSY;
+}
+
+void tpi_units_pages_mapped(tpi_units *u, uint64_t first, uint64_t last) {
+    for (uint64_t p = first; p <= last; p++) {
+        tpi_unit *unit = &u->units[p];
+        unit->base = tpi_page_address(u, p);
+        unit->bytes = u->page_bytes;
+        unit->tag = TPI_TAG_CLEAN;
+        unit->lru_prev = unit->lru_next = TPI_UNIT_NONE;
+        u->count++;
+        if (unit->live)
+            unit->state = TPI_UNIT_BUSY;
+        else
+            tpi_units_became_idle(u, (uint32_t)p, 0);
+    }
+    if (last + 1 > u->page_high) u->page_high = last + 1;
+    tpi_stats_reserved_changed(u->stats, (int64_t)((last - first + 1) << u->page_shift));
+}
+
+/* --------------------------------------------------------------- release */
+
+/* May page p join an unmap run: idle, idle long enough, work complete? */
+static bool page_joins_release(tpi_units *u, uint64_t p, uint64_t idle_before_ns) {
+    tpi_unit *unit = &u->units[p];
+    return unit->state == TPI_UNIT_IDLE && unit->idle_since_ns <= idle_before_ns &&
+           tpi_order_tag_complete(u->order, unit->tag);
+}
+
+/* Unmaps page id (already off the idle list) with its idle, completed
+ * neighbours idle since idle_before_ns at the latest, in one call of at
+ * most max_bytes. */
+static tp_status release_pages(tpi_units *u, uint32_t id, uint64_t idle_before_ns, uint64_t max_bytes) {
+    uint64_t max_run = TP_MAX(TP_MIN(u->max_release_bytes, max_bytes) >> u->page_shift, 1);
+    uint64_t first = id, last = id;
+    while (last - first + 1 < max_run && first > 0 && page_joins_release(u, first - 1, idle_before_ns))
+        lru_unlink(u, (uint32_t)--first);
+    while (last - first + 1 < max_run && last + 1 < u->page_high && page_joins_release(u, last + 1, idle_before_ns))
+        lru_unlink(u, (uint32_t)++last);
+    uint64_t bytes = (last - first + 1) << u->page_shift;
+    tp_status st = u->ops->unmap(u->device, tpi_page_address(u, first), bytes);
+    tpi_stats_device_call(u->stats, st, TPI_DEVICE_CALL_FREE);
+    if (st != TP_OK) {
+        /* Keep them all; id goes back to the idle list in the caller. */
+        uint64_t now = tpi_units_now(u);
+        for (uint64_t p = first; p <= last; p++)
+            if (p != id) lru_append(u, (uint32_t)p, now);
+        return st;
+    }
+    for (uint64_t p = first; p <= last; p++) {
+        u->units[p].state = TPI_UNIT_UNUSED;
+        u->units[p].tag = TPI_TAG_CLEAN;
+        u->count--;
+    }
+    tpi_stats_reserved_changed(u->stats, -(int64_t)bytes);
+    return TP_OK;
+}
+
+/* Frees segment id (already off the idle list) and removes its region. */
+static tp_status release_segment(tpi_units *u, uint32_t id) {
+    tpi_unit *unit = &u->units[id];
+    tp_status st = u->ops->mem_free(u->device, unit->base, unit->bytes);
+    tpi_stats_device_call(u->stats, st, TPI_DEVICE_CALL_FREE);
+    if (st != TP_OK) return st;
+    tpi_ra_remove_region(u->ra, unit->idle_node);
+    tpi_stats_reserved_changed(u->stats, -(int64_t)unit->bytes);
+    tpi_units_recycle(u, id);
+    return TP_OK;
+}
+
+/* Gives one idle unit back if its last use has completed (waiting for it
+ * when blocking); page neighbours idle since idle_before_ns may go along,
+ * up to max_bytes in all. */
+static tp_status release_unit(tpi_units *u, uint32_t id, bool blocking, uint64_t idle_before_ns, uint64_t max_bytes) {
+    tpi_unit *unit = &u->units[id];
+    if (!tpi_order_tag_complete(u->order, unit->tag)) {
+        if (!blocking) return TP_NOT_READY;
+        tp_status st = tpi_order_tag_wait(u->order, unit->tag);
+        if (st != TP_OK) return st;
+    }
+    unit->tag = TPI_TAG_CLEAN;
+    uint64_t bytes = unit->bytes;
+    lru_unlink(u, id);
+    tp_status st = u->kind == TPI_UNITS_PAGES ? release_pages(u, id, idle_before_ns, max_bytes) : release_segment(u, id);
+    if (st != TP_OK) {
+        tp_logf(u->logger, TP_LOG_WARN, "pool: giving %llu bytes back to the device failed: %s",
+                (unsigned long long)bytes, tp_status_name(st));
+        lru_append(u, id, tpi_units_now(u)); /* keep it; try again later */
+    }
+    return st;
+}
+
+uint64_t tpi_units_release_idle(tpi_units *u, uint64_t want_bytes, bool blocking, uint64_t min_idle_ns,
+                                uint64_t keep_bytes) {
+    uint64_t released = 0;
+    uint64_t now = min_idle_ns ? tpi_units_now(u) : 0;
+    size_t budget = u->count;
+    for (uint32_t id = u->lru_head; id != TPI_UNIT_NONE && budget-- > 0;) {
+        if (released >= want_bytes || u->idle_bytes <= keep_bytes) break;
+        uint32_t next = u->units[id].lru_next;
+        if (min_idle_ns && now - u->units[id].idle_since_ns < min_idle_ns) break;
+        uint64_t reserved = u->stats->pub.reserved_bytes.current;
+        uint64_t excess = u->idle_bytes - keep_bytes;
+        release_unit(u, id, blocking, min_idle_ns ? now - min_idle_ns : UINT64_MAX,
+                     TP_MIN(want_bytes - released, excess));
+        released += reserved - u->stats->pub.reserved_bytes.current;
+        /* Neighbouring pages may have gone along, next among them. */
+        if (next != TPI_UNIT_NONE && u->units[next].state != TPI_UNIT_IDLE) next = u->lru_head;
+        id = next;
+    }
+    return released;
+}
+
+void tpi_units_release_idle_down_to(tpi_units *u, uint64_t target_reserved_bytes, uint64_t min_idle_ns) {
+    uint64_t reserved = u->stats->pub.reserved_bytes.current;
+    if (reserved > target_reserved_bytes)
+        tpi_units_release_idle(u, reserved - target_reserved_bytes, false, min_idle_ns, 0);
+}
+
+void tpi_units_release_before_growth(tpi_units *u, uint64_t grow_bytes) {
+    uint64_t threshold = u->release_threshold_bytes;
+    if (threshold == TP_BYTES_UNLIMITED || u->idle_bytes + grow_bytes <= threshold) return;
+    uint64_t keep = threshold > grow_bytes ? threshold - grow_bytes : 0;
+    /* Units of at least 1/8 of the growth first: they are what the growth
+     * replaces, and each call returns a lot. Small ones (the small-block
+     * segments a workload reuses every step) go only if that was not
+     * enough. Completed ones only, oldest first within each pass. */
+    uint64_t min_bytes = grow_bytes / 8;
+    size_t budget = u->count;
+    for (uint32_t id = u->lru_head; id != TPI_UNIT_NONE && budget-- > 0 && u->idle_bytes > keep;) {
+        uint32_t next = u->units[id].lru_next;
+        if (u->units[id].bytes >= min_bytes) release_unit(u, id, false, UINT64_MAX, u->idle_bytes - keep);
+        if (next != TPI_UNIT_NONE && u->units[next].state != TPI_UNIT_IDLE) next = u->lru_head;
+        id = next;
+    }
+    tpi_units_release_idle(u, UINT64_MAX, false, 0, keep);
+}
+
+void tpi_units_release_aged(tpi_units *u, bool force) {
+    uint64_t delay = u->idle_release_ns;
+    uint64_t threshold = u->release_threshold_bytes;
+    if (delay == TP_NS_NEVER || u->idle_bytes <= threshold) return;
+    uint64_t now = tpi_units_now(u);
+    if (!force && now < u->next_aged_check_ns) return;
+    uint64_t cold = 0;
+    for (uint32_t id = u->lru_head; id != TPI_UNIT_NONE && now - u->units[id].idle_since_ns >= delay;
+         id = u->units[id].lru_next)
+        cold += u->units[id].bytes;
+    if (cold > threshold) tpi_units_release_idle(u, cold - threshold, false, delay, 0);
+    uint32_t head = u->lru_head;
+    if (head != TPI_UNIT_NONE && now - u->units[head].idle_since_ns < delay)
+        u->next_aged_check_ns = u->units[head].idle_since_ns + delay;
+    else
+        u->next_aged_check_ns = now + TP_MAX(delay / 16, 1);
+}
+
+/* ----------------------------------------------------------------- check */
+
+bool tpi_units_check(const tpi_units *u, char *msg, size_t msg_capacity) {
+    uint64_t idle = 0, reserved = 0, listed = 0, in_use = 0;
+    for (size_t i = 0; i < u->capacity; i++) {
+        const tpi_unit *unit = &u->units[i];
+        if (unit->state == TPI_UNIT_UNUSED) continue;
+        in_use++;
+        reserved += unit->bytes;
+        if (unit->state == TPI_UNIT_IDLE) idle += unit->bytes;
+        if (u->kind == TPI_UNITS_PAGES && i >= u->page_high)
+            TPI_FAIL(msg, msg_capacity, "page %zu mapped above the high-water mark", i);
+    }
+    for (uint32_t id = u->lru_head, prev = TPI_UNIT_NONE; id != TPI_UNIT_NONE; prev = id, id = u->units[id].lru_next) {
+        if (u->units[id].state != TPI_UNIT_IDLE) TPI_FAIL(msg, msg_capacity, "unit %u in the idle list is not idle", id);
+        if (u->units[id].lru_prev != prev) TPI_FAIL(msg, msg_capacity, "idle list back link broken at %u", id);
+        if (prev != TPI_UNIT_NONE && u->units[prev].idle_since_ns > u->units[id].idle_since_ns)
+            TPI_FAIL(msg, msg_capacity, "idle list out of age order at %u", id);
+        listed += u->units[id].bytes;
+        if (listed > reserved) TPI_FAIL(msg, msg_capacity, "idle list longer than the units");
+    }
+    if (idle != u->idle_bytes || listed != idle) TPI_FAIL(msg, msg_capacity, "idle bytes disagree");
+    if (in_use != u->count) TPI_FAIL(msg, msg_capacity, "%llu units in use, count %zu", (unsigned long long)in_use, u->count);
+    if (reserved != u->stats->pub.reserved_bytes.current)
+        TPI_FAIL(msg, msg_capacity, "reserved bytes disagree with units");
+    return true;
+}

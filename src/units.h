@@ -1,0 +1,128 @@
+/*
+ * units.h -- the pieces of device memory a pool can give back on their
+ * own, which of them are idle, and giving them back. Below it: stream order
+ * (is the last use of a unit complete?), the range allocator and the device
+ * table. Above it: the two backings, the front cache, the ladder and the
+ * pool.
+ *
+ * A unit is a physical page of the VMM reservation (unit index = page
+ * index; a release unmaps a run of idle neighbouring pages in one call) or
+ * a segment (one device allocation, a region of the range allocator; a
+ * release frees it and removes its region). A unit with no live block is
+ * idle; idle units sit in an LRU list, oldest first, and are what release
+ * gives back -- only once the work that last used them has completed.
+ *
+ * Invariants (tpi_units_check): idle units are exactly the LRU list, in
+ * order of idle_since_ns, and their bytes sum to idle_bytes; reserved bytes
+ * (stats) equal the bytes of the units in use or idle; pages: a page is
+ * UNUSED iff unmapped and none at or above page_high is mapped.
+ *
+ * Not thread-safe: the pool's lock is held around every call.
+ */
+#ifndef TIDEPOOL_UNITS_H
+#define TIDEPOOL_UNITS_H
+
+#include "range_alloc.h"
+#include "stream_order.h"
+
+#define TPI_UNIT_NONE UINT32_MAX
+
+enum { TPI_UNIT_UNUSED = 0, TPI_UNIT_BUSY = 1, TPI_UNIT_IDLE = 2 };
+
+typedef enum tpi_units_kind { TPI_UNITS_PAGES = 1, TPI_UNITS_SEGMENTS = 2 } tpi_units_kind;
+
+typedef struct tpi_unit {
+    uint64_t base;
+    uint64_t bytes;
+    uint64_t live;            /* pages: live blocks touching it; segments: used nodes */
+    tpi_tag tag;              /* merged tags of every free inside the unit */
+    uint64_t idle_since_ns;
+    uint64_t last_big_use_ns; /* segments: last hand-out of >= 1/4 of it */
+    uint32_t lru_prev, lru_next;
+    uint32_t idle_node;       /* segments: the free node spanning it while idle */
+    uint8_t state;
+} tpi_unit;
+
+typedef struct tpi_units {
+    tpi_units_kind kind;
+    tp_device *device;
+    const tp_device_ops *ops;
+    const tp_host *host;
+    const tp_logger *logger;
+    tpi_ra *ra;
+    tpi_order *order;
+    tpi_stats *stats;
+    uint64_t release_threshold_bytes;
+    uint64_t idle_release_ns;
+    uint64_t max_release_bytes; /* pages: most bytes one unmap covers */
+    tpi_unit *units;
+    size_t count;    /* units in use or idle */
+    size_t capacity;
+    uint32_t unused_head; /* segments: recycled entries */
+    uint32_t lru_head, lru_tail;
+    uint64_t idle_bytes;
+    uint64_t next_aged_check_ns;
+    /* pages */
+    uint64_t va_base;
+    uint64_t page_bytes;
+    uint32_t page_shift;
+    uint64_t page_high; /* pages at or above this were never mapped */
+} tpi_units;
+
+typedef struct tpi_units_config {
+    tpi_units_kind kind;
+    uint64_t release_threshold_bytes;
+    uint64_t idle_release_ns;
+    uint64_t max_release_bytes;
+    uint64_t page_bytes; /* pages */
+    uint64_t pages;      /* pages: entries made at init */
+} tpi_units_config;
+
+tp_status tpi_units_init(tpi_units *units, const tpi_units_config *config, tp_device *device, tpi_ra *ra,
+                         tpi_order *order, tpi_stats *stats);
+void tpi_units_destroy(tpi_units *units);
+
+static inline uint64_t tpi_units_now(const tpi_units *units) { return units->ops->now_ns(units->device); }
+
+/* Pages: index and address arithmetic (va_base is set by the owner once
+ * the reservation exists). */
+static inline uint64_t tpi_page_of(const tpi_units *units, uint64_t address) {
+    return (address - units->va_base) >> units->page_shift;
+}
+static inline uint64_t tpi_page_address(const tpi_units *units, uint64_t page) {
+    return units->va_base + (page << units->page_shift);
+}
+static inline bool tpi_page_mapped(const tpi_units *units, uint64_t page) {
+    return units->units[page].state != TPI_UNIT_UNUSED;
+}
+
+/* Segments: a new entry (BUSY, zeroed) or TPI_UNIT_NONE; recycle gives it
+ * back. */
+uint32_t tpi_units_new(tpi_units *units);
+void tpi_units_recycle(tpi_units *units, uint32_t unit);
+/* Pages: page [first, last] was just mapped (accounting, idle state). */
+void tpi_units_pages_mapped(tpi_units *units, uint64_t first, uint64_t last);
+
+/* A unit whose last block went away, idle since since_ns (0: now; kept in
+ * order with the list), or one that holds a block again. */
+void tpi_units_became_idle(tpi_units *units, uint32_t unit, uint64_t since_ns);
+void tpi_units_became_busy(tpi_units *units, uint32_t unit);
+
+/* Releases idle units, oldest first, until want_bytes are released or idle
+ * bytes are down to keep_bytes; blocking waits for their last use.
+ * min_idle_ns > 0 skips units idle for less. Returns the bytes released. */
+uint64_t tpi_units_release_idle(tpi_units *units, uint64_t want_bytes, bool blocking, uint64_t min_idle_ns,
+                                uint64_t keep_bytes);
+/* Non-blocking: completed idle units idle at least min_idle_ns go, oldest
+ * first, until reserved bytes are at most target. */
+void tpi_units_release_idle_down_to(tpi_units *units, uint64_t target_reserved_bytes, uint64_t min_idle_ns);
+/* Before growing by grow_bytes: completed idle units go, the large ones
+ * first, while idle + grow_bytes exceeds the release threshold. */
+void tpi_units_release_before_growth(tpi_units *units, uint64_t grow_bytes);
+/* Cold memory (idle longer than idle_release_ns) beyond the release
+ * threshold goes back, oldest first; rate-limited unless forced. */
+void tpi_units_release_aged(tpi_units *units, bool force);
+
+bool tpi_units_check(const tpi_units *units, char *msg, size_t msg_capacity);
+
+#endif /* TIDEPOOL_UNITS_H */
