@@ -358,31 +358,31 @@ typedef struct ctx_scope {
 static tp_status ctx_enter(cuda_device *cu, ctx_scope *scope) {
     scope->saved = NULL;
     scope->switched = false;
-    CUresult r = cu->api.CtxGetCurrent(&scope->saved);
-    if (r != CUDA_SUCCESS) return cu_check(cu, r, "cuCtxGetCurrent");
-    if (scope->saved == cu->ctx) return TP_OK;
-    r = cu->api.CtxSetCurrent(cu->ctx);
-    if (r != CUDA_SUCCESS) return cu_check(cu, r, "cuCtxSetCurrent");
-    scope->switched = true;
-    return TP_OK;
+    tp_status st = cu_check(cu, cu->api.CtxGetCurrent(&scope->saved), "cuCtxGetCurrent");
+    if (st != TP_OK || scope->saved == cu->ctx) return st;
+    st = cu_check(cu, cu->api.CtxSetCurrent(cu->ctx), "cuCtxSetCurrent");
+    scope->switched = st == TP_OK;
+    return st;
 }
 
 /* Gives the thread back the context it had before ctx_enter. */
 static void ctx_exit(cuda_device *cu, const ctx_scope *scope) {
-    if (!scope->switched) return;
-    CUresult r = cu->api.CtxSetCurrent(scope->saved);
-    if (r != CUDA_SUCCESS) cu_check(cu, r, "cuCtxSetCurrent (restoring the caller's context)");
+    if (scope->switched)
+        cu_check(cu, cu->api.CtxSetCurrent(scope->saved), "cuCtxSetCurrent (restoring the caller's context)");
 }
 
-/* Runs one driver call with the context current; the status of the call. */
-#define CU_CALL(cu, call_name, expr)                           \
-    do {                                                       \
-        ctx_scope scope_;                                      \
-        tp_status enter_st_ = ctx_enter((cu), &scope_);        \
-        if (enter_st_ != TP_OK) return enter_st_;              \
-        CUresult result_ = (expr);                             \
-        ctx_exit((cu), &scope_);                               \
-        return cu_check((cu), result_, call_name);             \
+/* Runs one driver call with the context current: ctx_enter, expr, ctx_exit,
+ * then cu_check of expr's result under call_name. st gets the status (that
+ * of ctx_enter when it failed: expr is not evaluated then). */
+#define CU_DO(cu, call_name, expr, st)                    \
+    do {                                                  \
+        ctx_scope scope_;                                 \
+        (st) = ctx_enter((cu), &scope_);                  \
+        if ((st) == TP_OK) {                              \
+            CUresult result_ = (expr);                    \
+            ctx_exit((cu), &scope_);                      \
+            (st) = cu_check((cu), result_, (call_name));  \
+        }                                                 \
     } while (0)
 
 /* ------------------------------------------------------------ page table */
@@ -479,12 +479,8 @@ static cu_reservation *reservation_of(cuda_device *cu, uint64_t va, uint64_t byt
 static tp_status cuda_mem_info(tp_device *device, uint64_t *out_free, uint64_t *out_total) {
     cuda_device *cu = cu_of(device);
     size_t free_bytes = 0, total_bytes = 0;
-    ctx_scope scope;
-    tp_status st = ctx_enter(cu, &scope);
-    if (st != TP_OK) return st;
-    CUresult r = cu->api.MemGetInfo(&free_bytes, &total_bytes);
-    ctx_exit(cu, &scope);
-    st = cu_check(cu, r, "cuMemGetInfo_v2");
+    tp_status st;
+    CU_DO(cu, "cuMemGetInfo_v2", cu->api.MemGetInfo(&free_bytes, &total_bytes), st);
     if (st == TP_OK) {
         *out_free = free_bytes;
         *out_total = total_bytes;
@@ -496,14 +492,9 @@ static tp_status cuda_mem_alloc(tp_device *device, uint64_t bytes, uint64_t *out
     cuda_device *cu = cu_of(device);
     if (bytes == 0 || bytes > SIZE_MAX) return TP_ERR_INVALID_ARGUMENT;
     CUdeviceptr ptr = 0;
+    tp_status st;
     pthread_rwlock_rdlock(&cu->measure_lock);
-    ctx_scope scope;
-    tp_status st = ctx_enter(cu, &scope);
-    if (st == TP_OK) {
-        CUresult r = cu->api.MemAlloc(&ptr, (size_t)bytes);
-        ctx_exit(cu, &scope);
-        st = cu_check(cu, r, "cuMemAlloc_v2");
-    }
+    CU_DO(cu, "cuMemAlloc_v2", cu->api.MemAlloc(&ptr, (size_t)bytes), st);
     pthread_rwlock_unlock(&cu->measure_lock);
     if (st == TP_OK) *out_address = ptr;
     return st;
@@ -513,14 +504,9 @@ static tp_status cuda_mem_free(tp_device *device, uint64_t address, uint64_t byt
     cuda_device *cu = cu_of(device);
     (void)bytes;
     if (!address) return TP_ERR_INVALID_ARGUMENT;
+    tp_status st;
     pthread_rwlock_rdlock(&cu->measure_lock);
-    ctx_scope scope;
-    tp_status st = ctx_enter(cu, &scope);
-    if (st == TP_OK) {
-        CUresult r = cu->api.MemFree((CUdeviceptr)address);
-        ctx_exit(cu, &scope);
-        st = cu_check(cu, r, "cuMemFree_v2");
-    }
+    CU_DO(cu, "cuMemFree_v2", cu->api.MemFree((CUdeviceptr)address), st);
     pthread_rwlock_unlock(&cu->measure_lock);
     return st;
 }
@@ -528,67 +514,75 @@ static tp_status cuda_mem_free(tp_device *device, uint64_t address, uint64_t byt
 static tp_status cuda_stream_create(tp_device *device, tp_stream *out_stream) {
     cuda_device *cu = cu_of(device);
     CUstream stream = NULL;
-    ctx_scope scope;
-    tp_status st = ctx_enter(cu, &scope);
-    if (st != TP_OK) return st;
-    CUresult r = cu->api.StreamCreate(&stream, CU_STREAM_NON_BLOCKING);
-    ctx_exit(cu, &scope);
-    st = cu_check(cu, r, "cuStreamCreate");
+    tp_status st;
+    CU_DO(cu, "cuStreamCreate", cu->api.StreamCreate(&stream, CU_STREAM_NON_BLOCKING), st);
     if (st == TP_OK) *out_stream = (tp_stream)stream;
     return st;
 }
 
 static tp_status cuda_stream_destroy(tp_device *device, tp_stream stream) {
     cuda_device *cu = cu_of(device);
-    CU_CALL(cu, "cuStreamDestroy_v2", cu->api.StreamDestroy((CUstream)stream));
+    tp_status st;
+    CU_DO(cu, "cuStreamDestroy_v2", cu->api.StreamDestroy((CUstream)stream), st);
+    return st;
 }
 
 static tp_status cuda_stream_synchronize(tp_device *device, tp_stream stream) {
     cuda_device *cu = cu_of(device);
-    CU_CALL(cu, "cuStreamSynchronize", cu->api.StreamSynchronize((CUstream)stream));
+    tp_status st;
+    CU_DO(cu, "cuStreamSynchronize", cu->api.StreamSynchronize((CUstream)stream), st);
+    return st;
 }
 
 static tp_status cuda_stream_wait_event(tp_device *device, tp_stream stream, tp_event event) {
     cuda_device *cu = cu_of(device);
-    CU_CALL(cu, "cuStreamWaitEvent", cu->api.StreamWaitEvent((CUstream)stream, (CUevent)event, 0));
+    tp_status st;
+    CU_DO(cu, "cuStreamWaitEvent", cu->api.StreamWaitEvent((CUstream)stream, (CUevent)event, 0), st);
+    return st;
 }
 
 static tp_status cuda_event_create(tp_device *device, tp_event *out_event) {
     cuda_device *cu = cu_of(device);
     CUevent event = NULL;
-    ctx_scope scope;
-    tp_status st = ctx_enter(cu, &scope);
-    if (st != TP_OK) return st;
-    CUresult r = cu->api.EventCreate(&event, CU_EVENT_DISABLE_TIMING);
-    ctx_exit(cu, &scope);
-    st = cu_check(cu, r, "cuEventCreate");
+    tp_status st;
+    CU_DO(cu, "cuEventCreate", cu->api.EventCreate(&event, CU_EVENT_DISABLE_TIMING), st);
     if (st == TP_OK) *out_event = (tp_event)event;
     return st;
 }
 
 static tp_status cuda_event_destroy(tp_device *device, tp_event event) {
     cuda_device *cu = cu_of(device);
-    CU_CALL(cu, "cuEventDestroy_v2", cu->api.EventDestroy((CUevent)event));
+    tp_status st;
+    CU_DO(cu, "cuEventDestroy_v2", cu->api.EventDestroy((CUevent)event), st);
+    return st;
 }
 
 static tp_status cuda_event_record(tp_device *device, tp_event event, tp_stream stream) {
     cuda_device *cu = cu_of(device);
-    CU_CALL(cu, "cuEventRecord", cu->api.EventRecord((CUevent)event, (CUstream)stream));
+    tp_status st;
+    CU_DO(cu, "cuEventRecord", cu->api.EventRecord((CUevent)event, (CUstream)stream), st);
+    return st;
 }
 
 static tp_status cuda_event_query(tp_device *device, tp_event event) {
     cuda_device *cu = cu_of(device);
-    CU_CALL(cu, "cuEventQuery", cu->api.EventQuery((CUevent)event));
+    tp_status st;
+    CU_DO(cu, "cuEventQuery", cu->api.EventQuery((CUevent)event), st);
+    return st;
 }
 
 static tp_status cuda_event_synchronize(tp_device *device, tp_event event) {
     cuda_device *cu = cu_of(device);
-    CU_CALL(cu, "cuEventSynchronize", cu->api.EventSynchronize((CUevent)event));
+    tp_status st;
+    CU_DO(cu, "cuEventSynchronize", cu->api.EventSynchronize((CUevent)event), st);
+    return st;
 }
 
 static tp_status cuda_device_synchronize(tp_device *device) {
     cuda_device *cu = cu_of(device);
-    CU_CALL(cu, "cuCtxSynchronize", cu->api.CtxSynchronize());
+    tp_status st;
+    CU_DO(cu, "cuCtxSynchronize", cu->api.CtxSynchronize(), st);
+    return st;
 }
 
 /* The clock of idle ages (pools: 100 ms and more; graph cache: seconds).
@@ -616,8 +610,7 @@ static tp_status cuda_va_reserve(tp_device *device, uint64_t bytes, uint64_t ali
     ctx_scope scope;
     tp_status st = ctx_enter(cu, &scope);
     if (st != TP_OK) return st;
-    CUresult r = cu->api.MemAddressReserve(&va, (size_t)bytes, (size_t)align, 0, 0);
-    st = cu_check(cu, r, "cuMemAddressReserve");
+    st = cu_check(cu, cu->api.MemAddressReserve(&va, (size_t)bytes, (size_t)align, 0, 0), "cuMemAddressReserve");
     if (st == TP_OK) {
         pthread_mutex_lock(&cu->table_lock);
         if (tp_host_grow(&device->host, (void **)&cu->reservations, sizeof *cu->reservations,
@@ -833,32 +826,37 @@ static tp_status cuda_unmap(tp_device *device, uint64_t va, uint64_t bytes) {
 
 /* --------------------------------------------------------------- graphs */
 
+/* Instantiates graph between two cuMemGetInfo reads; *out_bytes gets the
+ * drop of free memory, 0 when it could not be measured. Context current,
+ * measure lock held exclusively. */
+static CUresult instantiate_measured(cuda_device *cu, CUgraph graph, CUgraphExec *out_exec, uint64_t *out_bytes) {
+    size_t free_before = 0, free_after = 0, total = 0;
+    CUresult r;
+    bool measured = cu->api.MemGetInfo(&free_before, &total) == CUDA_SUCCESS;
+    if (cu->api.GraphInstantiateWithFlags)
+        r = cu->api.GraphInstantiateWithFlags(out_exec, graph, 0);
+    else
+        r = cu->api.GraphInstantiateV2(out_exec, graph, NULL, NULL, 0);
+    measured = measured && cu->api.MemGetInfo(&free_after, &total) == CUDA_SUCCESS;
+    *out_bytes = measured && free_before > free_after ? (uint64_t)(free_before - free_after) : 0;
+    return r;
+}
+
 static tp_status cuda_graph_instantiate(tp_device *device, tp_graph graph, tp_graph_exec *out_exec,
                                         uint64_t *out_bytes) {
     cuda_device *cu = cu_of(device);
     if (!cu->graphs) return TP_ERR_UNSUPPORTED;
     if (!graph) return TP_ERR_INVALID_ARGUMENT;
     CUgraphExec exec = NULL;
-    size_t free_before = 0, free_after = 0, total = 0;
-    bool measured = false;
-    CUresult r;
+    uint64_t bytes = 0;
+    tp_status st;
     pthread_rwlock_wrlock(&cu->measure_lock);
-    ctx_scope scope;
-    tp_status st = ctx_enter(cu, &scope);
-    if (st == TP_OK) {
-        measured = cu->api.MemGetInfo(&free_before, &total) == CUDA_SUCCESS;
-        if (cu->api.GraphInstantiateWithFlags)
-            r = cu->api.GraphInstantiateWithFlags(&exec, (CUgraph)graph, 0);
-        else
-            r = cu->api.GraphInstantiateV2(&exec, (CUgraph)graph, NULL, NULL, 0);
-        measured = measured && cu->api.MemGetInfo(&free_after, &total) == CUDA_SUCCESS;
-        ctx_exit(cu, &scope);
-        st = cu_check(cu, r, cu->api.GraphInstantiateWithFlags ? "cuGraphInstantiateWithFlags" : "cuGraphInstantiate_v2");
-    }
+    CU_DO(cu, cu->api.GraphInstantiateWithFlags ? "cuGraphInstantiateWithFlags" : "cuGraphInstantiate_v2",
+          instantiate_measured(cu, (CUgraph)graph, &exec, &bytes), st);
     pthread_rwlock_unlock(&cu->measure_lock);
     if (st != TP_OK) return st;
     *out_exec = (tp_graph_exec)exec;
-    *out_bytes = measured && free_before > free_after ? (uint64_t)(free_before - free_after) : 0;
+    *out_bytes = bytes;
     return TP_OK;
 }
 
@@ -869,34 +867,38 @@ static const char *update_reason(int result) {
     return result >= 0 && (size_t)result < sizeof reasons / sizeof reasons[0] ? reasons[result] : "unknown";
 }
 
+/* cuGraphExecUpdate_v2 (cuGraphExecUpdate on older drivers). A refusal
+ * (CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE) is an answer, not a failure of the
+ * call: it reads as CUDA_SUCCESS with *refused set and the driver's
+ * CUgraphExecUpdateResult in *result. Context current. */
+static CUresult exec_update(cuda_device *cu, CUgraphExec exec, CUgraph graph, bool *refused, int *result) {
+    CUresult r;
+    if (cu->api.GraphExecUpdateV2) {
+        CUgraphExecUpdateResultInfo info;
+        memset(&info, 0, sizeof info);
+        r = cu->api.GraphExecUpdateV2(exec, graph, &info);
+        *result = info.result;
+    } else {
+        CUgraphNode error_node = NULL;
+        r = cu->api.GraphExecUpdateV1(exec, graph, &error_node, result);
+    }
+    *refused = r == CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE;
+    return *refused ? CUDA_SUCCESS : r;
+}
+
 static tp_status cuda_graph_update(tp_device *device, tp_graph_exec exec, tp_graph graph) {
     cuda_device *cu = cu_of(device);
     if (!cu->api.GraphExecUpdateV2 && !cu->api.GraphExecUpdateV1) return TP_ERR_UNSUPPORTED;
     if (!exec || !graph) return TP_ERR_INVALID_ARGUMENT;
     int result = 0;
-    CUresult r;
+    bool refused = false;
+    tp_status st;
     pthread_rwlock_rdlock(&cu->measure_lock);
-    ctx_scope scope;
-    tp_status st = ctx_enter(cu, &scope);
-    if (st == TP_OK) {
-        if (cu->api.GraphExecUpdateV2) {
-            CUgraphExecUpdateResultInfo info;
-            memset(&info, 0, sizeof info);
-            r = cu->api.GraphExecUpdateV2((CUgraphExec)exec, (CUgraph)graph, &info);
-            result = info.result;
-        } else {
-            CUgraphNode error_node = NULL;
-            r = cu->api.GraphExecUpdateV1((CUgraphExec)exec, (CUgraph)graph, &error_node, &result);
-        }
-        ctx_exit(cu, &scope);
-        if (r == CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE) {
-            tp_logf(&device->logger, result == CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED ? TP_LOG_DEBUG : TP_LOG_INFO,
-                    "cuda:%d: graph update refused (%s): a new executable is needed", cu->ordinal,
-                    update_reason(result));
-            st = TP_ERR_TOPOLOGY_MISMATCH;
-        } else {
-            st = cu_check(cu, r, "cuGraphExecUpdate");
-        }
+    CU_DO(cu, "cuGraphExecUpdate", exec_update(cu, (CUgraphExec)exec, (CUgraph)graph, &refused, &result), st);
+    if (st == TP_OK && refused) {
+        tp_logf(&device->logger, result == CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED ? TP_LOG_DEBUG : TP_LOG_INFO,
+                "cuda:%d: graph update refused (%s): a new executable is needed", cu->ordinal, update_reason(result));
+        st = TP_ERR_TOPOLOGY_MISMATCH;
     }
     pthread_rwlock_unlock(&cu->measure_lock);
     return st;
@@ -905,7 +907,9 @@ static tp_status cuda_graph_update(tp_device *device, tp_graph_exec exec, tp_gra
 static tp_status cuda_graph_launch(tp_device *device, tp_graph_exec exec, tp_stream stream) {
     cuda_device *cu = cu_of(device);
     if (!cu->graphs) return TP_ERR_UNSUPPORTED;
-    CU_CALL(cu, "cuGraphLaunch", cu->api.GraphLaunch((CUgraphExec)exec, (CUstream)stream));
+    tp_status st;
+    CU_DO(cu, "cuGraphLaunch", cu->api.GraphLaunch((CUgraphExec)exec, (CUstream)stream), st);
+    return st;
 }
 
 /* Nodes of a graph template (cuGraphGetNodes with no array); 0 if unknown. */
@@ -920,14 +924,9 @@ static uint64_t cuda_graph_node_count(tp_device *device, tp_graph graph) {
 static tp_status cuda_graph_destroy(tp_device *device, tp_graph_exec exec) {
     cuda_device *cu = cu_of(device);
     if (!cu->graphs) return TP_ERR_UNSUPPORTED;
+    tp_status st;
     pthread_rwlock_rdlock(&cu->measure_lock);
-    ctx_scope scope;
-    tp_status st = ctx_enter(cu, &scope);
-    if (st == TP_OK) {
-        CUresult r = cu->api.GraphExecDestroy((CUgraphExec)exec);
-        ctx_exit(cu, &scope);
-        st = cu_check(cu, r, "cuGraphExecDestroy");
-    }
+    CU_DO(cu, "cuGraphExecDestroy", cu->api.GraphExecDestroy((CUgraphExec)exec), st);
     pthread_rwlock_unlock(&cu->measure_lock);
     return st;
 }
@@ -1089,12 +1088,10 @@ static tp_status cuda_open(tp_device *device, cuda_device *cu, const tp_device_o
     uint64_t granularity = 0;
     if (vmm_attribute) {
         size_t g = 0;
-        ctx_scope scope;
-        if (ctx_enter(cu, &scope) == TP_OK) {
-            r = cu->api.MemGetAllocationGranularity(&g, &cu->prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
-            ctx_exit(cu, &scope);
-            if (r != CUDA_SUCCESS) cu_check(cu, r, "cuMemGetAllocationGranularity");
-        }
+        tp_status st;
+        CU_DO(cu, "cuMemGetAllocationGranularity",
+              cu->api.MemGetAllocationGranularity(&g, &cu->prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM), st);
+        (void)st; /* a failure is logged; g is judged below either way */
         if (g && tp_is_pow2(g)) {
             granularity = g;
         } else {
