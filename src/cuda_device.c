@@ -28,13 +28,12 @@
  * VMM: map(va, bytes) backs every page of the device's granularity with its
  * own physical allocation (cuMemCreate, pinned device memory), maps each
  * page (cuMemMap) and grants read/write access to the run in one
- * cuMemSetAccess. Each page's handle goes into a page table, an
- * open-addressing hash map page address -> handle (linear probing,
- * Fibonacci hash of the page number, load <= 1/2, backward-shift deletion,
- * so no tombstones; it shrinks when it is mostly empty). unmap(va, bytes)
- * takes the handles of any run of mapped pages out of the table (all of
- * them present, or nothing happens), unmaps each page (cuMemUnmap) and then
- * releases each handle (cuMemRelease). Both are all-or-nothing: a map that
+ * cuMemSetAccess. Each page's handle goes into a page table, the project's
+ * hash map (tpi_map.h) from page number (address >> page_shift, so that the
+ * key's low bits vary) to handle, in the device's host memory. unmap(va,
+ * bytes) takes the handles of any run of mapped pages out of the table (all
+ * of them present, or nothing happens), unmaps each page (cuMemUnmap) and
+ * then releases each handle (cuMemRelease). Both are all-or-nothing: a map that
  * fails part way unmaps and releases what it did; an unmap that fails part
  * way maps the pages it had unmapped back and puts their handles back.
  * Reservations (cuMemAddressReserve/Free) are tracked with a count of the
@@ -64,10 +63,10 @@
  * -> TP_ERR_DEVICE) and a log line naming the call and the driver's error
  * name (cuGetErrorName). Nothing aborts, exits or prints.
  *
- * Invariants: every key of the page table is a page-aligned address inside
+ * Invariants: every key of the page table is the number of a page inside
  * exactly one reservation, mapped to the device with read/write access and
  * backed by the handle stored with it; a reservation's mapped_pages equals
- * the table's keys inside it; the table's count equals its non-zero keys.
+ * the table's keys inside it.
  *
  * Locking: table_lock guards the page table and the reservations and is
  * never held across a slow driver call except in va_release (rare). Lock
@@ -75,6 +74,7 @@
  * at open and only read afterwards. All ops may be called from any thread.
  */
 #include "internal.h"
+#include "tpi_map.h"
 
 #include <dlfcn.h>
 #include <stddef.h>
@@ -260,16 +260,6 @@ static const cu_symbol cu_symbols[] = {
 
 /* ----------------------------------------------------------------- state */
 
-/* Page address -> physical allocation handle. keys[i] == 0: empty slot
- * (no page lives at device address 0). */
-typedef struct page_table {
-    uint64_t *keys;
-    CUmemGenericAllocationHandle *handles;
-    size_t capacity; /* a power of two, or 0 */
-    size_t count;
-    uint32_t bits;   /* log2(capacity) */
-} page_table;
-
 typedef struct cu_reservation {
     uint64_t va;
     uint64_t bytes;
@@ -292,7 +282,7 @@ typedef struct cuda_device {
 
     pthread_rwlock_t measure_lock;
     pthread_mutex_t table_lock;
-    page_table pages;
+    tpi_map pages; /* page number -> CUmemGenericAllocationHandle */
     cu_reservation *reservations;
     size_t reservation_count, reservation_capacity;
 } cuda_device;
@@ -387,80 +377,38 @@ static void ctx_exit(cuda_device *cu, const ctx_scope *scope) {
 
 /* ------------------------------------------------------------ page table */
 
-static size_t pt_slot(const page_table *pt, uint32_t page_shift, uint64_t key) {
-    uint64_t h = (key >> page_shift) * 0x9E3779B97F4A7C15ull;
-    return (size_t)(h >> (64 - pt->bits));
-}
+/* The key of page i of the run at va: its page number. Page-aligned
+ * addresses end in page_shift zero bits, which tpi_map's hash would carry
+ * into the low bits of the home slot; page numbers do not. */
+static uint64_t page_key(const cuda_device *cu, uint64_t va, size_t i) { return (va >> cu->page_shift) + i; }
 
-/* Index of key, or SIZE_MAX. */
-static size_t pt_find(const page_table *pt, uint32_t page_shift, uint64_t key) {
-    if (!pt->count) return SIZE_MAX;
-    size_t mask = pt->capacity - 1;
-    for (size_t i = pt_slot(pt, page_shift, key);; i = (i + 1) & mask) {
-        if (pt->keys[i] == key) return i;
-        if (pt->keys[i] == 0) return SIZE_MAX;
-    }
-}
-
-static void pt_put(page_table *pt, uint32_t page_shift, uint64_t key, CUmemGenericAllocationHandle handle) {
-    size_t mask = pt->capacity - 1, i = pt_slot(pt, page_shift, key);
-    while (pt->keys[i]) i = (i + 1) & mask;
-    pt->keys[i] = key;
-    pt->handles[i] = handle;
-    pt->count++;
-}
-
-/* Rehashes into capacity slots (a power of two holding count at load <= 1/2). */
-static bool pt_resize(const tp_host *host, page_table *pt, uint32_t page_shift, size_t capacity) {
-    page_table grown = {0};
-    grown.keys = tp_host_calloc(host, capacity, sizeof *grown.keys);
-    grown.handles = tp_host_alloc(host, capacity * sizeof *grown.handles);
-    if (!grown.keys || !grown.handles) {
-        tp_host_free(host, grown.keys, capacity * sizeof *grown.keys);
-        tp_host_free(host, grown.handles, capacity * sizeof *grown.handles);
-        return false;
-    }
-    grown.capacity = capacity;
-    grown.bits = (uint32_t)__builtin_ctzll(capacity);
-    for (size_t i = 0; i < pt->capacity; i++)
-        if (pt->keys[i]) pt_put(&grown, page_shift, pt->keys[i], pt->handles[i]);
-    tp_host_free(host, pt->keys, pt->capacity * sizeof *pt->keys);
-    tp_host_free(host, pt->handles, pt->capacity * sizeof *pt->handles);
-    *pt = grown;
+/* Whether none of the run's pages is in the table. Caller holds table_lock. */
+static bool pages_absent(cuda_device *cu, uint64_t va, size_t pages) {
+    for (size_t i = 0; i < pages; i++)
+        if (tpi_map_get(&cu->pages, page_key(cu, va, i), NULL)) return false;
     return true;
 }
 
-/* Makes room for extra more keys. */
-static bool pt_reserve(const tp_host *host, page_table *pt, uint32_t page_shift, size_t extra) {
-    size_t need = pt->count + extra, capacity = pt->capacity ? pt->capacity : 64;
-    if (need > SIZE_MAX / 4) return false;
-    while (need * 2 > capacity) capacity *= 2;
-    return capacity == pt->capacity || pt_resize(host, pt, page_shift, capacity);
+/* Puts the run's handles into the table: all of them, or none (false) when
+ * host memory runs out. Caller holds table_lock. */
+static bool pages_put(cuda_device *cu, uint64_t va, size_t pages, const CUmemGenericAllocationHandle *handles) {
+    if (pages > SIZE_MAX / 4 - cu->pages.count || !tpi_map_reserve(&cu->pages, cu->pages.count + pages)) return false;
+    /* The room is reserved: no put below allocates, so none fails. */
+    for (size_t i = 0; i < pages; i++) tpi_map_put(&cu->pages, page_key(cu, va, i), handles[i]);
+    return true;
 }
 
-/* Empties slot i, shifting back later entries of its probe run. */
-static void pt_remove_at(page_table *pt, uint32_t page_shift, size_t i) {
-    size_t mask = pt->capacity - 1;
-    pt->count--;
-    for (;;) {
-        pt->keys[i] = 0;
-        size_t j = i;
-        for (;;) {
-            j = (j + 1) & mask;
-            if (!pt->keys[j]) return;
-            size_t home = pt_slot(pt, page_shift, pt->keys[j]);
-            /* keys[j] may move to i if i lies on its probe path [home, j). */
-            if (((j - home) & mask) >= ((j - i) & mask)) break;
-        }
-        pt->keys[i] = pt->keys[j];
-        pt->handles[i] = pt->handles[j];
-        i = j;
+/* Takes the run's handles out of the table into handles: all of them, or
+ * none (false) when a page is missing. Caller holds table_lock. */
+static bool pages_take(cuda_device *cu, uint64_t va, size_t pages, CUmemGenericAllocationHandle *handles) {
+    for (size_t i = 0; i < pages; i++)
+        if (!tpi_map_get(&cu->pages, page_key(cu, va, i), NULL)) return false;
+    for (size_t i = 0; i < pages; i++) {
+        uint64_t handle = 0;
+        tpi_map_remove(&cu->pages, page_key(cu, va, i), &handle);
+        handles[i] = handle;
     }
-}
-
-/* Gives memory back once the table is mostly empty (best effort). */
-static void pt_maybe_shrink(const tp_host *host, page_table *pt, uint32_t page_shift) {
-    if (pt->capacity > 1024 && pt->count * 8 < pt->capacity) pt_resize(host, pt, page_shift, pt->capacity / 2);
+    return true;
 }
 
 /* ---------------------------------------------------------- reservations */
@@ -686,9 +634,7 @@ static tp_status cuda_map(tp_device *device, uint64_t va, uint64_t bytes) {
 
     /* Inside one reservation, and nothing there mapped yet. */
     pthread_mutex_lock(&cu->table_lock);
-    bool ok = reservation_of(cu, va, bytes) != NULL;
-    for (size_t i = 0; ok && i < pages; i++)
-        ok = pt_find(&cu->pages, cu->page_shift, va + (uint64_t)i * cu->page_bytes) == SIZE_MAX;
+    bool ok = reservation_of(cu, va, bytes) != NULL && pages_absent(cu, va, pages);
     pthread_mutex_unlock(&cu->table_lock);
     if (!ok) {
         tp_logf(&device->logger, TP_LOG_ERROR,
@@ -720,9 +666,7 @@ static tp_status cuda_map(tp_device *device, uint64_t va, uint64_t bytes) {
             st = cu_check(cu, cu->api.MemSetAccess((CUdeviceptr)va, (size_t)bytes, &cu->access, 1), "cuMemSetAccess");
         if (st == TP_OK) {
             pthread_mutex_lock(&cu->table_lock);
-            if (pt_reserve(&device->host, &cu->pages, cu->page_shift, pages)) {
-                for (size_t i = 0; i < pages; i++)
-                    pt_put(&cu->pages, cu->page_shift, va + (uint64_t)i * cu->page_bytes, handles[i]);
+            if (pages_put(cu, va, pages, handles)) {
                 cu_reservation *res = reservation_of(cu, va, bytes);
                 if (res) res->mapped_pages += pages;
             } else {
@@ -749,15 +693,8 @@ static tp_status cuda_unmap(tp_device *device, uint64_t va, uint64_t bytes) {
 
     /* Claim every page's handle, or none. */
     pthread_mutex_lock(&cu->table_lock);
-    bool ok = true;
-    for (size_t i = 0; ok && i < pages; i++)
-        ok = pt_find(&cu->pages, cu->page_shift, va + (uint64_t)i * cu->page_bytes) != SIZE_MAX;
+    bool ok = pages_take(cu, va, pages, handles);
     if (ok) {
-        for (size_t i = 0; i < pages; i++) {
-            size_t slot = pt_find(&cu->pages, cu->page_shift, va + (uint64_t)i * cu->page_bytes);
-            handles[i] = cu->pages.handles[slot];
-            pt_remove_at(&cu->pages, cu->page_shift, slot);
-        }
         cu_reservation *res = reservation_of(cu, va, bytes);
         if (res) res->mapped_pages -= TP_MIN(res->mapped_pages, (uint64_t)pages);
     }
@@ -805,19 +742,15 @@ static tp_status cuda_unmap(tp_device *device, uint64_t va, uint64_t bytes) {
 
     pthread_mutex_lock(&cu->table_lock);
     if (st != TP_OK) {
-        /* Put the handles back (the slots they left are still there unless
-         * another thread took them). */
-        if (pt_reserve(&device->host, &cu->pages, cu->page_shift, pages)) {
-            for (size_t i = 0; i < pages; i++)
-                pt_put(&cu->pages, cu->page_shift, va + (uint64_t)i * cu->page_bytes, handles[i]);
+        /* Put the handles back (this allocates only if taking them shrank
+         * the table, or another thread filled it since). */
+        if (pages_put(cu, va, pages, handles)) {
             cu_reservation *res = reservation_of(cu, va, bytes);
             if (res) res->mapped_pages += pages;
         } else {
             tp_logf(&device->logger, TP_LOG_ERROR, "cuda:%d: out of host memory putting back %zu page handles",
                     cu->ordinal, pages);
         }
-    } else {
-        pt_maybe_shrink(&device->host, &cu->pages, cu->page_shift);
     }
     pthread_mutex_unlock(&cu->table_lock);
     handles_put(cu, pages, handles, stack);
@@ -935,8 +868,7 @@ static tp_status cuda_graph_destroy(tp_device *device, tp_graph_exec exec) {
 
 static void cuda_free_state(tp_device *device, cuda_device *cu) {
     const tp_host *host = &device->host;
-    tp_host_free(host, cu->pages.keys, cu->pages.capacity * sizeof *cu->pages.keys);
-    tp_host_free(host, cu->pages.handles, cu->pages.capacity * sizeof *cu->pages.handles);
+    tpi_map_destroy(&cu->pages);
     tp_host_free(host, cu->reservations, cu->reservation_capacity * sizeof *cu->reservations);
     pthread_mutex_destroy(&cu->table_lock);
     pthread_rwlock_destroy(&cu->measure_lock);
@@ -952,10 +884,11 @@ static void cuda_close(tp_device *device) {
         tp_logf(&device->logger, TP_LOG_WARN, "cuda:%d: close with %zu pages still mapped in %zu reservations",
                 cu->ordinal, cu->pages.count, cu->reservation_count);
     if (current) {
-        for (size_t i = 0; i < cu->pages.capacity; i++) {
-            if (!cu->pages.keys[i]) continue;
-            cu_check(cu, cu->api.MemUnmap((CUdeviceptr)cu->pages.keys[i], (size_t)cu->page_bytes), "cuMemUnmap");
-            cu_check(cu, cu->api.MemRelease(cu->pages.handles[i]), "cuMemRelease");
+        size_t cursor = 0;
+        uint64_t page = 0, handle = 0;
+        while (tpi_map_next(&cu->pages, &cursor, &page, &handle)) {
+            cu_check(cu, cu->api.MemUnmap((CUdeviceptr)(page << cu->page_shift), (size_t)cu->page_bytes), "cuMemUnmap");
+            cu_check(cu, cu->api.MemRelease(handle), "cuMemRelease");
         }
         for (size_t i = 0; i < cu->reservation_count; i++)
             cu_check(cu, cu->api.MemAddressFree((CUdeviceptr)cu->reservations[i].va, (size_t)cu->reservations[i].bytes),
@@ -1132,6 +1065,7 @@ tp_status tp_cuda_device_create(tp_device *device, const tp_device_options *opti
     if (!cu) return TP_ERR_HOST_OUT_OF_MEMORY;
     cu->device = device;
     cu->ordinal = options->ordinal;
+    tpi_map_init(&cu->pages, &device->host.allocator);
     pthread_rwlockattr_t attr;
     pthread_rwlockattr_init(&attr);
 #ifdef __GLIBC__
