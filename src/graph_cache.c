@@ -954,7 +954,7 @@ tp_status tp_graph_cache_detach_pool(tp_graph_cache *cache, tp_pool *pool) {
     if (!cache || !pool) return TP_ERR_INVALID_ARGUMENT;
     pthread_mutex_lock(&cache->lock);
     size_t i;
-    tp_status st = TP_ERR_INVALID_ARGUMENT;
+    tp_status st = TP_ERR_NOT_FOUND;
     if (pool_attached(cache, pool, &i)) {
         st = tp_pool_remove_reclaim_callback(pool, gc_reclaim, cache);
         cache->pools[i] = cache->pools[--cache->pool_count];
@@ -987,7 +987,7 @@ tp_status tp_graph_cache_launch(tp_graph_cache *cache, uint64_t key, tp_stream s
     if (!e) {
         tp_logf(&dev->logger, TP_LOG_DEBUG, "graph cache: launch of key 0x%llx, which has no executable",
                 (unsigned long long)key);
-        st = TP_ERR_INVALID_ARGUMENT;
+        st = TP_ERR_NOT_FOUND;
         goto out;
     }
     if (!e->event && (st = ops->event_create(dev, &e->event)) != TP_OK) {
@@ -1039,7 +1039,7 @@ tp_status tp_graph_cache_evict(tp_graph_cache *cache, uint64_t key) {
     size_t n = find_variants(cache, key, vars);
     for (size_t i = 0; i < n; i++) evict(cache, vars[i], REASON_EXPLICIT, false, NULL);
     pthread_mutex_unlock(&cache->lock);
-    return n ? TP_OK : TP_ERR_INVALID_ARGUMENT;
+    return n ? TP_OK : TP_ERR_NOT_FOUND;
 }
 
 tp_status tp_graph_cache_tick(tp_graph_cache *cache) {
@@ -1077,16 +1077,16 @@ tp_status tp_graph_cache_stats_json(tp_graph_cache *cache, char *buf, size_t cap
 #undef U
     if (n < 0) return TP_ERR_INVALID_ARGUMENT;
     if (out_length) *out_length = (size_t)n;
-    return (size_t)n < capacity ? TP_OK : TP_ERR_INVALID_ARGUMENT;
+    return (size_t)n < capacity ? TP_OK : TP_ERR_BUFFER_TOO_SMALL;
 }
 
 /* ------------------------------------------------------------------- check */
 
-/* A violation: TP_ERR_INVALID_ARGUMENT, described in msg. */
+/* A violation: TP_ERR_CORRUPT, described in msg. */
 #define GC_FAIL(...)                                                   \
     do {                                                               \
         if (msg && msg_capacity) snprintf(msg, msg_capacity, __VA_ARGS__); \
-        st = TP_ERR_INVALID_ARGUMENT;                                  \
+        st = TP_ERR_CORRUPT;                                           \
         goto out;                                                      \
     } while (0)
 
