@@ -28,13 +28,12 @@
  * VMM: map(va, bytes) backs every page of the device's granularity with its
  * own physical allocation (cuMemCreate, pinned device memory), maps each
  * page (cuMemMap) and grants read/write access to the run in one
- * cuMemSetAccess. Each page's handle goes into a page table, an
- * open-addressing hash map page address -> handle (linear probing,
- * Fibonacci hash of the page number, load <= 1/2, backward-shift deletion,
- * so no tombstones; it shrinks when it is mostly empty). unmap(va, bytes)
- * takes the handles of any run of mapped pages out of the table (all of
- * them present, or nothing happens), unmaps each page (cuMemUnmap) and then
- * releases each handle (cuMemRelease). Both are all-or-nothing: a map that
+ * cuMemSetAccess. Each page's handle goes into a page table, the project's
+ * hash map (tpi_map.h) from page number (address >> page_shift, so that the
+ * key's low bits vary) to handle, in the device's host memory. unmap(va,
+ * bytes) takes the handles of any run of mapped pages out of the table (all
+ * of them present, or nothing happens), unmaps each page (cuMemUnmap) and
+ * then releases each handle (cuMemRelease). Both are all-or-nothing: a map that
  * fails part way unmaps and releases what it did; an unmap that fails part
  * way maps the pages it had unmapped back and puts their handles back.
  * Reservations (cuMemAddressReserve/Free) are tracked with a count of the
@@ -64,10 +63,10 @@
  * -> TP_ERR_DEVICE) and a log line naming the call and the driver's error
  * name (cuGetErrorName). Nothing aborts, exits or prints.
  *
- * Invariants: every key of the page table is a page-aligned address inside
+ * Invariants: every key of the page table is the number of a page inside
  * exactly one reservation, mapped to the device with read/write access and
  * backed by the handle stored with it; a reservation's mapped_pages equals
- * the table's keys inside it; the table's count equals its non-zero keys.
+ * the table's keys inside it.
  *
  * Locking: table_lock guards the page table and the reservations and is
  * never held across a slow driver call except in va_release (rare). Lock
@@ -75,6 +74,7 @@
  * at open and only read afterwards. All ops may be called from any thread.
  */
 #include "internal.h"
+#include "tpi_map.h"
 
 #include <dlfcn.h>
 #include <stddef.h>
@@ -260,16 +260,6 @@ static const cu_symbol cu_symbols[] = {
 
 /* ----------------------------------------------------------------- state */
 
-/* Page address -> physical allocation handle. keys[i] == 0: empty slot
- * (no page lives at device address 0). */
-typedef struct page_table {
-    uint64_t *keys;
-    CUmemGenericAllocationHandle *handles;
-    size_t capacity; /* a power of two, or 0 */
-    size_t count;
-    uint32_t bits;   /* log2(capacity) */
-} page_table;
-
 typedef struct cu_reservation {
     uint64_t va;
     uint64_t bytes;
@@ -292,7 +282,7 @@ typedef struct cuda_device {
 
     pthread_rwlock_t measure_lock;
     pthread_mutex_t table_lock;
-    page_table pages;
+    tpi_map pages; /* page number -> CUmemGenericAllocationHandle */
     cu_reservation *reservations;
     size_t reservation_count, reservation_capacity;
 } cuda_device;
@@ -358,109 +348,67 @@ typedef struct ctx_scope {
 static tp_status ctx_enter(cuda_device *cu, ctx_scope *scope) {
     scope->saved = NULL;
     scope->switched = false;
-    CUresult r = cu->api.CtxGetCurrent(&scope->saved);
-    if (r != CUDA_SUCCESS) return cu_check(cu, r, "cuCtxGetCurrent");
-    if (scope->saved == cu->ctx) return TP_OK;
-    r = cu->api.CtxSetCurrent(cu->ctx);
-    if (r != CUDA_SUCCESS) return cu_check(cu, r, "cuCtxSetCurrent");
-    scope->switched = true;
-    return TP_OK;
+    tp_status st = cu_check(cu, cu->api.CtxGetCurrent(&scope->saved), "cuCtxGetCurrent");
+    if (st != TP_OK || scope->saved == cu->ctx) return st;
+    st = cu_check(cu, cu->api.CtxSetCurrent(cu->ctx), "cuCtxSetCurrent");
+    scope->switched = st == TP_OK;
+    return st;
 }
 
 /* Gives the thread back the context it had before ctx_enter. */
 static void ctx_exit(cuda_device *cu, const ctx_scope *scope) {
-    if (!scope->switched) return;
-    CUresult r = cu->api.CtxSetCurrent(scope->saved);
-    if (r != CUDA_SUCCESS) cu_check(cu, r, "cuCtxSetCurrent (restoring the caller's context)");
+    if (scope->switched)
+        cu_check(cu, cu->api.CtxSetCurrent(scope->saved), "cuCtxSetCurrent (restoring the caller's context)");
 }
 
-/* Runs one driver call with the context current; the status of the call. */
-#define CU_CALL(cu, call_name, expr)                           \
-    do {                                                       \
-        ctx_scope scope_;                                      \
-        tp_status enter_st_ = ctx_enter((cu), &scope_);        \
-        if (enter_st_ != TP_OK) return enter_st_;              \
-        CUresult result_ = (expr);                             \
-        ctx_exit((cu), &scope_);                               \
-        return cu_check((cu), result_, call_name);             \
+/* Runs one driver call with the context current: ctx_enter, expr, ctx_exit,
+ * then cu_check of expr's result under call_name. st gets the status (that
+ * of ctx_enter when it failed: expr is not evaluated then). */
+#define CU_DO(cu, call_name, expr, st)                    \
+    do {                                                  \
+        ctx_scope scope_;                                 \
+        (st) = ctx_enter((cu), &scope_);                  \
+        if ((st) == TP_OK) {                              \
+            CUresult result_ = (expr);                    \
+            ctx_exit((cu), &scope_);                      \
+            (st) = cu_check((cu), result_, (call_name));  \
+        }                                                 \
     } while (0)
 
 /* ------------------------------------------------------------ page table */
 
-static size_t pt_slot(const page_table *pt, uint32_t page_shift, uint64_t key) {
-    uint64_t h = (key >> page_shift) * 0x9E3779B97F4A7C15ull;
-    return (size_t)(h >> (64 - pt->bits));
-}
+/* The key of page i of the run at va: its page number. Page-aligned
+ * addresses end in page_shift zero bits, which tpi_map's hash would carry
+ * into the low bits of the home slot; page numbers do not. */
+static uint64_t page_key(const cuda_device *cu, uint64_t va, size_t i) { return (va >> cu->page_shift) + i; }
 
-/* Index of key, or SIZE_MAX. */
-static size_t pt_find(const page_table *pt, uint32_t page_shift, uint64_t key) {
-    if (!pt->count) return SIZE_MAX;
-    size_t mask = pt->capacity - 1;
-    for (size_t i = pt_slot(pt, page_shift, key);; i = (i + 1) & mask) {
-        if (pt->keys[i] == key) return i;
-        if (pt->keys[i] == 0) return SIZE_MAX;
-    }
-}
-
-static void pt_put(page_table *pt, uint32_t page_shift, uint64_t key, CUmemGenericAllocationHandle handle) {
-    size_t mask = pt->capacity - 1, i = pt_slot(pt, page_shift, key);
-    while (pt->keys[i]) i = (i + 1) & mask;
-    pt->keys[i] = key;
-    pt->handles[i] = handle;
-    pt->count++;
-}
-
-/* Rehashes into capacity slots (a power of two holding count at load <= 1/2). */
-static bool pt_resize(const tp_host *host, page_table *pt, uint32_t page_shift, size_t capacity) {
-    page_table grown = {0};
-    grown.keys = tp_host_calloc(host, capacity, sizeof *grown.keys);
-    grown.handles = tp_host_alloc(host, capacity * sizeof *grown.handles);
-    if (!grown.keys || !grown.handles) {
-        tp_host_free(host, grown.keys, capacity * sizeof *grown.keys);
-        tp_host_free(host, grown.handles, capacity * sizeof *grown.handles);
-        return false;
-    }
-    grown.capacity = capacity;
-    grown.bits = (uint32_t)__builtin_ctzll(capacity);
-    for (size_t i = 0; i < pt->capacity; i++)
-        if (pt->keys[i]) pt_put(&grown, page_shift, pt->keys[i], pt->handles[i]);
-    tp_host_free(host, pt->keys, pt->capacity * sizeof *pt->keys);
-    tp_host_free(host, pt->handles, pt->capacity * sizeof *pt->handles);
-    *pt = grown;
+/* Whether none of the run's pages is in the table. Caller holds table_lock. */
+static bool pages_absent(cuda_device *cu, uint64_t va, size_t pages) {
+    for (size_t i = 0; i < pages; i++)
+        if (tpi_map_get(&cu->pages, page_key(cu, va, i), NULL)) return false;
     return true;
 }
 
-/* Makes room for extra more keys. */
-static bool pt_reserve(const tp_host *host, page_table *pt, uint32_t page_shift, size_t extra) {
-    size_t need = pt->count + extra, capacity = pt->capacity ? pt->capacity : 64;
-    if (need > SIZE_MAX / 4) return false;
-    while (need * 2 > capacity) capacity *= 2;
-    return capacity == pt->capacity || pt_resize(host, pt, page_shift, capacity);
+/* Puts the run's handles into the table: all of them, or none (false) when
+ * host memory runs out. Caller holds table_lock. */
+static bool pages_put(cuda_device *cu, uint64_t va, size_t pages, const CUmemGenericAllocationHandle *handles) {
+    if (pages > SIZE_MAX / 4 - cu->pages.count || !tpi_map_reserve(&cu->pages, cu->pages.count + pages)) return false;
+    /* The room is reserved: no put below allocates, so none fails. */
+    for (size_t i = 0; i < pages; i++) tpi_map_put(&cu->pages, page_key(cu, va, i), handles[i]);
+    return true;
 }
 
-/* Empties slot i, shifting back later entries of its probe run. */
-static void pt_remove_at(page_table *pt, uint32_t page_shift, size_t i) {
-    size_t mask = pt->capacity - 1;
-    pt->count--;
-    for (;;) {
-        pt->keys[i] = 0;
-        size_t j = i;
-        for (;;) {
-            j = (j + 1) & mask;
-            if (!pt->keys[j]) return;
-            size_t home = pt_slot(pt, page_shift, pt->keys[j]);
-            /* keys[j] may move to i if i lies on its probe path [home, j). */
-            if (((j - home) & mask) >= ((j - i) & mask)) break;
-        }
-        pt->keys[i] = pt->keys[j];
-        pt->handles[i] = pt->handles[j];
-        i = j;
+/* Takes the run's handles out of the table into handles: all of them, or
+ * none (false) when a page is missing. Caller holds table_lock. */
+static bool pages_take(cuda_device *cu, uint64_t va, size_t pages, CUmemGenericAllocationHandle *handles) {
+    for (size_t i = 0; i < pages; i++)
+        if (!tpi_map_get(&cu->pages, page_key(cu, va, i), NULL)) return false;
+    for (size_t i = 0; i < pages; i++) {
+        uint64_t handle = 0;
+        tpi_map_remove(&cu->pages, page_key(cu, va, i), &handle);
+        handles[i] = handle;
     }
-}
-
-/* Gives memory back once the table is mostly empty (best effort). */
-static void pt_maybe_shrink(const tp_host *host, page_table *pt, uint32_t page_shift) {
-    if (pt->capacity > 1024 && pt->count * 8 < pt->capacity) pt_resize(host, pt, page_shift, pt->capacity / 2);
+    return true;
 }
 
 /* ---------------------------------------------------------- reservations */
@@ -479,12 +427,8 @@ static cu_reservation *reservation_of(cuda_device *cu, uint64_t va, uint64_t byt
 static tp_status cuda_mem_info(tp_device *device, uint64_t *out_free, uint64_t *out_total) {
     cuda_device *cu = cu_of(device);
     size_t free_bytes = 0, total_bytes = 0;
-    ctx_scope scope;
-    tp_status st = ctx_enter(cu, &scope);
-    if (st != TP_OK) return st;
-    CUresult r = cu->api.MemGetInfo(&free_bytes, &total_bytes);
-    ctx_exit(cu, &scope);
-    st = cu_check(cu, r, "cuMemGetInfo_v2");
+    tp_status st;
+    CU_DO(cu, "cuMemGetInfo_v2", cu->api.MemGetInfo(&free_bytes, &total_bytes), st);
     if (st == TP_OK) {
         *out_free = free_bytes;
         *out_total = total_bytes;
@@ -496,14 +440,9 @@ static tp_status cuda_mem_alloc(tp_device *device, uint64_t bytes, uint64_t *out
     cuda_device *cu = cu_of(device);
     if (bytes == 0 || bytes > SIZE_MAX) return TP_ERR_INVALID_ARGUMENT;
     CUdeviceptr ptr = 0;
+    tp_status st;
     pthread_rwlock_rdlock(&cu->measure_lock);
-    ctx_scope scope;
-    tp_status st = ctx_enter(cu, &scope);
-    if (st == TP_OK) {
-        CUresult r = cu->api.MemAlloc(&ptr, (size_t)bytes);
-        ctx_exit(cu, &scope);
-        st = cu_check(cu, r, "cuMemAlloc_v2");
-    }
+    CU_DO(cu, "cuMemAlloc_v2", cu->api.MemAlloc(&ptr, (size_t)bytes), st);
     pthread_rwlock_unlock(&cu->measure_lock);
     if (st == TP_OK) *out_address = ptr;
     return st;
@@ -513,14 +452,9 @@ static tp_status cuda_mem_free(tp_device *device, uint64_t address, uint64_t byt
     cuda_device *cu = cu_of(device);
     (void)bytes;
     if (!address) return TP_ERR_INVALID_ARGUMENT;
+    tp_status st;
     pthread_rwlock_rdlock(&cu->measure_lock);
-    ctx_scope scope;
-    tp_status st = ctx_enter(cu, &scope);
-    if (st == TP_OK) {
-        CUresult r = cu->api.MemFree((CUdeviceptr)address);
-        ctx_exit(cu, &scope);
-        st = cu_check(cu, r, "cuMemFree_v2");
-    }
+    CU_DO(cu, "cuMemFree_v2", cu->api.MemFree((CUdeviceptr)address), st);
     pthread_rwlock_unlock(&cu->measure_lock);
     return st;
 }
@@ -528,67 +462,75 @@ static tp_status cuda_mem_free(tp_device *device, uint64_t address, uint64_t byt
 static tp_status cuda_stream_create(tp_device *device, tp_stream *out_stream) {
     cuda_device *cu = cu_of(device);
     CUstream stream = NULL;
-    ctx_scope scope;
-    tp_status st = ctx_enter(cu, &scope);
-    if (st != TP_OK) return st;
-    CUresult r = cu->api.StreamCreate(&stream, CU_STREAM_NON_BLOCKING);
-    ctx_exit(cu, &scope);
-    st = cu_check(cu, r, "cuStreamCreate");
+    tp_status st;
+    CU_DO(cu, "cuStreamCreate", cu->api.StreamCreate(&stream, CU_STREAM_NON_BLOCKING), st);
     if (st == TP_OK) *out_stream = (tp_stream)stream;
     return st;
 }
 
 static tp_status cuda_stream_destroy(tp_device *device, tp_stream stream) {
     cuda_device *cu = cu_of(device);
-    CU_CALL(cu, "cuStreamDestroy_v2", cu->api.StreamDestroy((CUstream)stream));
+    tp_status st;
+    CU_DO(cu, "cuStreamDestroy_v2", cu->api.StreamDestroy((CUstream)stream), st);
+    return st;
 }
 
 static tp_status cuda_stream_synchronize(tp_device *device, tp_stream stream) {
     cuda_device *cu = cu_of(device);
-    CU_CALL(cu, "cuStreamSynchronize", cu->api.StreamSynchronize((CUstream)stream));
+    tp_status st;
+    CU_DO(cu, "cuStreamSynchronize", cu->api.StreamSynchronize((CUstream)stream), st);
+    return st;
 }
 
 static tp_status cuda_stream_wait_event(tp_device *device, tp_stream stream, tp_event event) {
     cuda_device *cu = cu_of(device);
-    CU_CALL(cu, "cuStreamWaitEvent", cu->api.StreamWaitEvent((CUstream)stream, (CUevent)event, 0));
+    tp_status st;
+    CU_DO(cu, "cuStreamWaitEvent", cu->api.StreamWaitEvent((CUstream)stream, (CUevent)event, 0), st);
+    return st;
 }
 
 static tp_status cuda_event_create(tp_device *device, tp_event *out_event) {
     cuda_device *cu = cu_of(device);
     CUevent event = NULL;
-    ctx_scope scope;
-    tp_status st = ctx_enter(cu, &scope);
-    if (st != TP_OK) return st;
-    CUresult r = cu->api.EventCreate(&event, CU_EVENT_DISABLE_TIMING);
-    ctx_exit(cu, &scope);
-    st = cu_check(cu, r, "cuEventCreate");
+    tp_status st;
+    CU_DO(cu, "cuEventCreate", cu->api.EventCreate(&event, CU_EVENT_DISABLE_TIMING), st);
     if (st == TP_OK) *out_event = (tp_event)event;
     return st;
 }
 
 static tp_status cuda_event_destroy(tp_device *device, tp_event event) {
     cuda_device *cu = cu_of(device);
-    CU_CALL(cu, "cuEventDestroy_v2", cu->api.EventDestroy((CUevent)event));
+    tp_status st;
+    CU_DO(cu, "cuEventDestroy_v2", cu->api.EventDestroy((CUevent)event), st);
+    return st;
 }
 
 static tp_status cuda_event_record(tp_device *device, tp_event event, tp_stream stream) {
     cuda_device *cu = cu_of(device);
-    CU_CALL(cu, "cuEventRecord", cu->api.EventRecord((CUevent)event, (CUstream)stream));
+    tp_status st;
+    CU_DO(cu, "cuEventRecord", cu->api.EventRecord((CUevent)event, (CUstream)stream), st);
+    return st;
 }
 
 static tp_status cuda_event_query(tp_device *device, tp_event event) {
     cuda_device *cu = cu_of(device);
-    CU_CALL(cu, "cuEventQuery", cu->api.EventQuery((CUevent)event));
+    tp_status st;
+    CU_DO(cu, "cuEventQuery", cu->api.EventQuery((CUevent)event), st);
+    return st;
 }
 
 static tp_status cuda_event_synchronize(tp_device *device, tp_event event) {
     cuda_device *cu = cu_of(device);
-    CU_CALL(cu, "cuEventSynchronize", cu->api.EventSynchronize((CUevent)event));
+    tp_status st;
+    CU_DO(cu, "cuEventSynchronize", cu->api.EventSynchronize((CUevent)event), st);
+    return st;
 }
 
 static tp_status cuda_device_synchronize(tp_device *device) {
     cuda_device *cu = cu_of(device);
-    CU_CALL(cu, "cuCtxSynchronize", cu->api.CtxSynchronize());
+    tp_status st;
+    CU_DO(cu, "cuCtxSynchronize", cu->api.CtxSynchronize(), st);
+    return st;
 }
 
 /* The clock of idle ages (pools: 100 ms and more; graph cache: seconds).
@@ -616,8 +558,7 @@ static tp_status cuda_va_reserve(tp_device *device, uint64_t bytes, uint64_t ali
     ctx_scope scope;
     tp_status st = ctx_enter(cu, &scope);
     if (st != TP_OK) return st;
-    CUresult r = cu->api.MemAddressReserve(&va, (size_t)bytes, (size_t)align, 0, 0);
-    st = cu_check(cu, r, "cuMemAddressReserve");
+    st = cu_check(cu, cu->api.MemAddressReserve(&va, (size_t)bytes, (size_t)align, 0, 0), "cuMemAddressReserve");
     if (st == TP_OK) {
         pthread_mutex_lock(&cu->table_lock);
         if (tp_host_grow(&device->host, (void **)&cu->reservations, sizeof *cu->reservations,
@@ -693,9 +634,7 @@ static tp_status cuda_map(tp_device *device, uint64_t va, uint64_t bytes) {
 
     /* Inside one reservation, and nothing there mapped yet. */
     pthread_mutex_lock(&cu->table_lock);
-    bool ok = reservation_of(cu, va, bytes) != NULL;
-    for (size_t i = 0; ok && i < pages; i++)
-        ok = pt_find(&cu->pages, cu->page_shift, va + (uint64_t)i * cu->page_bytes) == SIZE_MAX;
+    bool ok = reservation_of(cu, va, bytes) != NULL && pages_absent(cu, va, pages);
     pthread_mutex_unlock(&cu->table_lock);
     if (!ok) {
         tp_logf(&device->logger, TP_LOG_ERROR,
@@ -727,9 +666,7 @@ static tp_status cuda_map(tp_device *device, uint64_t va, uint64_t bytes) {
             st = cu_check(cu, cu->api.MemSetAccess((CUdeviceptr)va, (size_t)bytes, &cu->access, 1), "cuMemSetAccess");
         if (st == TP_OK) {
             pthread_mutex_lock(&cu->table_lock);
-            if (pt_reserve(&device->host, &cu->pages, cu->page_shift, pages)) {
-                for (size_t i = 0; i < pages; i++)
-                    pt_put(&cu->pages, cu->page_shift, va + (uint64_t)i * cu->page_bytes, handles[i]);
+            if (pages_put(cu, va, pages, handles)) {
                 cu_reservation *res = reservation_of(cu, va, bytes);
                 if (res) res->mapped_pages += pages;
             } else {
@@ -756,15 +693,8 @@ static tp_status cuda_unmap(tp_device *device, uint64_t va, uint64_t bytes) {
 
     /* Claim every page's handle, or none. */
     pthread_mutex_lock(&cu->table_lock);
-    bool ok = true;
-    for (size_t i = 0; ok && i < pages; i++)
-        ok = pt_find(&cu->pages, cu->page_shift, va + (uint64_t)i * cu->page_bytes) != SIZE_MAX;
+    bool ok = pages_take(cu, va, pages, handles);
     if (ok) {
-        for (size_t i = 0; i < pages; i++) {
-            size_t slot = pt_find(&cu->pages, cu->page_shift, va + (uint64_t)i * cu->page_bytes);
-            handles[i] = cu->pages.handles[slot];
-            pt_remove_at(&cu->pages, cu->page_shift, slot);
-        }
         cu_reservation *res = reservation_of(cu, va, bytes);
         if (res) res->mapped_pages -= TP_MIN(res->mapped_pages, (uint64_t)pages);
     }
@@ -812,19 +742,15 @@ static tp_status cuda_unmap(tp_device *device, uint64_t va, uint64_t bytes) {
 
     pthread_mutex_lock(&cu->table_lock);
     if (st != TP_OK) {
-        /* Put the handles back (the slots they left are still there unless
-         * another thread took them). */
-        if (pt_reserve(&device->host, &cu->pages, cu->page_shift, pages)) {
-            for (size_t i = 0; i < pages; i++)
-                pt_put(&cu->pages, cu->page_shift, va + (uint64_t)i * cu->page_bytes, handles[i]);
+        /* Put the handles back (this allocates only if taking them shrank
+         * the table, or another thread filled it since). */
+        if (pages_put(cu, va, pages, handles)) {
             cu_reservation *res = reservation_of(cu, va, bytes);
             if (res) res->mapped_pages += pages;
         } else {
             tp_logf(&device->logger, TP_LOG_ERROR, "cuda:%d: out of host memory putting back %zu page handles",
                     cu->ordinal, pages);
         }
-    } else {
-        pt_maybe_shrink(&device->host, &cu->pages, cu->page_shift);
     }
     pthread_mutex_unlock(&cu->table_lock);
     handles_put(cu, pages, handles, stack);
@@ -833,32 +759,37 @@ static tp_status cuda_unmap(tp_device *device, uint64_t va, uint64_t bytes) {
 
 /* --------------------------------------------------------------- graphs */
 
+/* Instantiates graph between two cuMemGetInfo reads; *out_bytes gets the
+ * drop of free memory, 0 when it could not be measured. Context current,
+ * measure lock held exclusively. */
+static CUresult instantiate_measured(cuda_device *cu, CUgraph graph, CUgraphExec *out_exec, uint64_t *out_bytes) {
+    size_t free_before = 0, free_after = 0, total = 0;
+    CUresult r;
+    bool measured = cu->api.MemGetInfo(&free_before, &total) == CUDA_SUCCESS;
+    if (cu->api.GraphInstantiateWithFlags)
+        r = cu->api.GraphInstantiateWithFlags(out_exec, graph, 0);
+    else
+        r = cu->api.GraphInstantiateV2(out_exec, graph, NULL, NULL, 0);
+    measured = measured && cu->api.MemGetInfo(&free_after, &total) == CUDA_SUCCESS;
+    *out_bytes = measured && free_before > free_after ? (uint64_t)(free_before - free_after) : 0;
+    return r;
+}
+
 static tp_status cuda_graph_instantiate(tp_device *device, tp_graph graph, tp_graph_exec *out_exec,
                                         uint64_t *out_bytes) {
     cuda_device *cu = cu_of(device);
     if (!cu->graphs) return TP_ERR_UNSUPPORTED;
     if (!graph) return TP_ERR_INVALID_ARGUMENT;
     CUgraphExec exec = NULL;
-    size_t free_before = 0, free_after = 0, total = 0;
-    bool measured = false;
-    CUresult r;
+    uint64_t bytes = 0;
+    tp_status st;
     pthread_rwlock_wrlock(&cu->measure_lock);
-    ctx_scope scope;
-    tp_status st = ctx_enter(cu, &scope);
-    if (st == TP_OK) {
-        measured = cu->api.MemGetInfo(&free_before, &total) == CUDA_SUCCESS;
-        if (cu->api.GraphInstantiateWithFlags)
-            r = cu->api.GraphInstantiateWithFlags(&exec, (CUgraph)graph, 0);
-        else
-            r = cu->api.GraphInstantiateV2(&exec, (CUgraph)graph, NULL, NULL, 0);
-        measured = measured && cu->api.MemGetInfo(&free_after, &total) == CUDA_SUCCESS;
-        ctx_exit(cu, &scope);
-        st = cu_check(cu, r, cu->api.GraphInstantiateWithFlags ? "cuGraphInstantiateWithFlags" : "cuGraphInstantiate_v2");
-    }
+    CU_DO(cu, cu->api.GraphInstantiateWithFlags ? "cuGraphInstantiateWithFlags" : "cuGraphInstantiate_v2",
+          instantiate_measured(cu, (CUgraph)graph, &exec, &bytes), st);
     pthread_rwlock_unlock(&cu->measure_lock);
     if (st != TP_OK) return st;
     *out_exec = (tp_graph_exec)exec;
-    *out_bytes = measured && free_before > free_after ? (uint64_t)(free_before - free_after) : 0;
+    *out_bytes = bytes;
     return TP_OK;
 }
 
@@ -869,34 +800,38 @@ static const char *update_reason(int result) {
     return result >= 0 && (size_t)result < sizeof reasons / sizeof reasons[0] ? reasons[result] : "unknown";
 }
 
+/* cuGraphExecUpdate_v2 (cuGraphExecUpdate on older drivers). A refusal
+ * (CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE) is an answer, not a failure of the
+ * call: it reads as CUDA_SUCCESS with *refused set and the driver's
+ * CUgraphExecUpdateResult in *result. Context current. */
+static CUresult exec_update(cuda_device *cu, CUgraphExec exec, CUgraph graph, bool *refused, int *result) {
+    CUresult r;
+    if (cu->api.GraphExecUpdateV2) {
+        CUgraphExecUpdateResultInfo info;
+        memset(&info, 0, sizeof info);
+        r = cu->api.GraphExecUpdateV2(exec, graph, &info);
+        *result = info.result;
+    } else {
+        CUgraphNode error_node = NULL;
+        r = cu->api.GraphExecUpdateV1(exec, graph, &error_node, result);
+    }
+    *refused = r == CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE;
+    return *refused ? CUDA_SUCCESS : r;
+}
+
 static tp_status cuda_graph_update(tp_device *device, tp_graph_exec exec, tp_graph graph) {
     cuda_device *cu = cu_of(device);
     if (!cu->api.GraphExecUpdateV2 && !cu->api.GraphExecUpdateV1) return TP_ERR_UNSUPPORTED;
     if (!exec || !graph) return TP_ERR_INVALID_ARGUMENT;
     int result = 0;
-    CUresult r;
+    bool refused = false;
+    tp_status st;
     pthread_rwlock_rdlock(&cu->measure_lock);
-    ctx_scope scope;
-    tp_status st = ctx_enter(cu, &scope);
-    if (st == TP_OK) {
-        if (cu->api.GraphExecUpdateV2) {
-            CUgraphExecUpdateResultInfo info;
-            memset(&info, 0, sizeof info);
-            r = cu->api.GraphExecUpdateV2((CUgraphExec)exec, (CUgraph)graph, &info);
-            result = info.result;
-        } else {
-            CUgraphNode error_node = NULL;
-            r = cu->api.GraphExecUpdateV1((CUgraphExec)exec, (CUgraph)graph, &error_node, &result);
-        }
-        ctx_exit(cu, &scope);
-        if (r == CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE) {
-            tp_logf(&device->logger, result == CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED ? TP_LOG_DEBUG : TP_LOG_INFO,
-                    "cuda:%d: graph update refused (%s): a new executable is needed", cu->ordinal,
-                    update_reason(result));
-            st = TP_ERR_TOPOLOGY_MISMATCH;
-        } else {
-            st = cu_check(cu, r, "cuGraphExecUpdate");
-        }
+    CU_DO(cu, "cuGraphExecUpdate", exec_update(cu, (CUgraphExec)exec, (CUgraph)graph, &refused, &result), st);
+    if (st == TP_OK && refused) {
+        tp_logf(&device->logger, result == CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED ? TP_LOG_DEBUG : TP_LOG_INFO,
+                "cuda:%d: graph update refused (%s): a new executable is needed", cu->ordinal, update_reason(result));
+        st = TP_ERR_TOPOLOGY_MISMATCH;
     }
     pthread_rwlock_unlock(&cu->measure_lock);
     return st;
@@ -905,7 +840,9 @@ static tp_status cuda_graph_update(tp_device *device, tp_graph_exec exec, tp_gra
 static tp_status cuda_graph_launch(tp_device *device, tp_graph_exec exec, tp_stream stream) {
     cuda_device *cu = cu_of(device);
     if (!cu->graphs) return TP_ERR_UNSUPPORTED;
-    CU_CALL(cu, "cuGraphLaunch", cu->api.GraphLaunch((CUgraphExec)exec, (CUstream)stream));
+    tp_status st;
+    CU_DO(cu, "cuGraphLaunch", cu->api.GraphLaunch((CUgraphExec)exec, (CUstream)stream), st);
+    return st;
 }
 
 /* Nodes of a graph template (cuGraphGetNodes with no array); 0 if unknown. */
@@ -920,14 +857,9 @@ static uint64_t cuda_graph_node_count(tp_device *device, tp_graph graph) {
 static tp_status cuda_graph_destroy(tp_device *device, tp_graph_exec exec) {
     cuda_device *cu = cu_of(device);
     if (!cu->graphs) return TP_ERR_UNSUPPORTED;
+    tp_status st;
     pthread_rwlock_rdlock(&cu->measure_lock);
-    ctx_scope scope;
-    tp_status st = ctx_enter(cu, &scope);
-    if (st == TP_OK) {
-        CUresult r = cu->api.GraphExecDestroy((CUgraphExec)exec);
-        ctx_exit(cu, &scope);
-        st = cu_check(cu, r, "cuGraphExecDestroy");
-    }
+    CU_DO(cu, "cuGraphExecDestroy", cu->api.GraphExecDestroy((CUgraphExec)exec), st);
     pthread_rwlock_unlock(&cu->measure_lock);
     return st;
 }
@@ -936,8 +868,7 @@ static tp_status cuda_graph_destroy(tp_device *device, tp_graph_exec exec) {
 
 static void cuda_free_state(tp_device *device, cuda_device *cu) {
     const tp_host *host = &device->host;
-    tp_host_free(host, cu->pages.keys, cu->pages.capacity * sizeof *cu->pages.keys);
-    tp_host_free(host, cu->pages.handles, cu->pages.capacity * sizeof *cu->pages.handles);
+    tpi_map_destroy(&cu->pages);
     tp_host_free(host, cu->reservations, cu->reservation_capacity * sizeof *cu->reservations);
     pthread_mutex_destroy(&cu->table_lock);
     pthread_rwlock_destroy(&cu->measure_lock);
@@ -953,10 +884,11 @@ static void cuda_close(tp_device *device) {
         tp_logf(&device->logger, TP_LOG_WARN, "cuda:%d: close with %zu pages still mapped in %zu reservations",
                 cu->ordinal, cu->pages.count, cu->reservation_count);
     if (current) {
-        for (size_t i = 0; i < cu->pages.capacity; i++) {
-            if (!cu->pages.keys[i]) continue;
-            cu_check(cu, cu->api.MemUnmap((CUdeviceptr)cu->pages.keys[i], (size_t)cu->page_bytes), "cuMemUnmap");
-            cu_check(cu, cu->api.MemRelease(cu->pages.handles[i]), "cuMemRelease");
+        size_t cursor = 0;
+        uint64_t page = 0, handle = 0;
+        while (tpi_map_next(&cu->pages, &cursor, &page, &handle)) {
+            cu_check(cu, cu->api.MemUnmap((CUdeviceptr)(page << cu->page_shift), (size_t)cu->page_bytes), "cuMemUnmap");
+            cu_check(cu, cu->api.MemRelease(handle), "cuMemRelease");
         }
         for (size_t i = 0; i < cu->reservation_count; i++)
             cu_check(cu, cu->api.MemAddressFree((CUdeviceptr)cu->reservations[i].va, (size_t)cu->reservations[i].bytes),
@@ -1089,12 +1021,10 @@ static tp_status cuda_open(tp_device *device, cuda_device *cu, const tp_device_o
     uint64_t granularity = 0;
     if (vmm_attribute) {
         size_t g = 0;
-        ctx_scope scope;
-        if (ctx_enter(cu, &scope) == TP_OK) {
-            r = cu->api.MemGetAllocationGranularity(&g, &cu->prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
-            ctx_exit(cu, &scope);
-            if (r != CUDA_SUCCESS) cu_check(cu, r, "cuMemGetAllocationGranularity");
-        }
+        tp_status st;
+        CU_DO(cu, "cuMemGetAllocationGranularity",
+              cu->api.MemGetAllocationGranularity(&g, &cu->prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM), st);
+        (void)st; /* a failure is logged; g is judged below either way */
         if (g && tp_is_pow2(g)) {
             granularity = g;
         } else {
@@ -1135,6 +1065,7 @@ tp_status tp_cuda_device_create(tp_device *device, const tp_device_options *opti
     if (!cu) return TP_ERR_HOST_OUT_OF_MEMORY;
     cu->device = device;
     cu->ordinal = options->ordinal;
+    tpi_map_init(&cu->pages, &device->host.allocator);
     pthread_rwlockattr_t attr;
     pthread_rwlockattr_init(&attr);
 #ifdef __GLIBC__

@@ -10,7 +10,9 @@
  *   different topologies ("variants"): a key alternating between two
  *   topologies (failure mode 10) then costs two instantiations in total
  *   instead of one per alternation. The key's current variant, the one
- *   tp_graph_cache_launch runs, is the one prepared last.
+ *   tp_graph_cache_launch runs, is the one prepared last. The key index, the
+ *   project's hash map (tpi_map.h), maps a key to its newest variant; the
+ *   key's older variants follow through vnext.
  *
  * prepare(key, graph, pins)
  *   1. The key's variants are tried with the device's in-place update,
@@ -97,7 +99,8 @@
  *   keys pinning them must be evicted and their launches completed first).
  *
  * Invariants (tp_graph_cache_check): every executable is in exactly one
- * segment list and once in the hash table; list counts, byte sums and the
+ * segment list and once in the variant chain its key leads to in the key
+ * index, which holds nothing else; list counts, byte sums and the
  * pinned-range count match the statistics; execs <= max_execs and
  * exec_bytes <= max_bytes between calls; protected holds at most its share;
  * a key has at most GC_MAX_VARIANTS executables; every retired record holds
@@ -114,6 +117,7 @@
  * are not counted as evictions.
  */
 #include "internal.h"
+#include "tpi_map.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -133,10 +137,6 @@ typedef struct gc_cost {
 #define GC_DEFAULT_PROTECTED 80u
 #define GC_DEFAULT_TICK_NS 1000000000ull
 #define GC_DEFAULT_NODE_BYTES (10 * TP_KiB)
-
-/* Validates the cache's invariants (for tests); declared here because the
- * public header is fixed -- it would sit beside tp_pool_check. Returns
- * TP_ERR_INVALID_ARGUMENT and describes the first violation in msg. */
 
 enum { SEG_PROBATION = 0, SEG_PROTECTED = 1 };
 
@@ -163,7 +163,7 @@ typedef struct gc_exec {
     uint64_t last_use_ns;
     uint64_t prepared_seq; /* the key's current variant has the highest */
     struct gc_exec *prev, *next; /* segment list; prev is toward the head */
-    struct gc_exec *hnext;
+    struct gc_exec *vnext;       /* the key's next older variant */
     uint8_t segment;
     bool launched_since_prepare;
     bool event_recorded;     /* event covers the last launch, maybe pending */
@@ -191,8 +191,7 @@ struct tp_graph_cache {
     uint32_t protected_cap;
     pthread_mutex_t lock;
 
-    gc_exec **buckets;
-    size_t bucket_count; /* power of two */
+    tpi_map index; /* key -> its newest variant (gc_exec *) */
     gc_list seg[2];
     uint64_t exec_bytes;
     uint64_t seq;
@@ -216,12 +215,6 @@ struct tp_graph_cache {
 };
 
 /* ----------------------------------------------------------------- helpers */
-
-static uint64_t mix64(uint64_t z) {
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
 
 static uint64_t now_ns(tp_graph_cache *cache) { return cache->ops->now_ns(cache->device); }
 
@@ -290,67 +283,62 @@ static tp_status pins_acquire(tp_graph_cache *cache, const tp_graph_pins *in, gc
     return TP_OK;
 }
 
-/* ------------------------------------------------------------ hash table */
+/* ------------------------------------------------------------- key index */
 
-static size_t bucket_of(const tp_graph_cache *cache, uint64_t key) {
-    return (size_t)(mix64(key) & (cache->bucket_count - 1));
+static gc_exec *exec_of(uint64_t value) { return (gc_exec *)(uintptr_t)value; }
+
+/* The key's newest variant (the others follow through vnext), or NULL. */
+static gc_exec *variants_of(tp_graph_cache *cache, uint64_t key) {
+    uint64_t value = 0;
+    return tpi_map_get(&cache->index, key, &value) ? exec_of(value) : NULL;
 }
 
-/* Grows the table when it is fuller than one entry per bucket. Failure is
- * harmless (chains get longer). */
-static void hash_reserve(tp_graph_cache *cache, size_t need) {
-    if (need <= cache->bucket_count) return;
-    size_t count = cache->bucket_count;
-    while (count < need) {
-        if (count > SIZE_MAX / 4 / sizeof(gc_exec *)) return;
-        count *= 2;
-    }
-    gc_exec **grown = tp_host_calloc(cache->host, count, sizeof *grown);
-    if (!grown) return;
-    size_t old_count = cache->bucket_count;
-    gc_exec **old = cache->buckets;
-    cache->buckets = grown;
-    cache->bucket_count = count;
-    for (size_t b = 0; b < old_count; b++) {
-        for (gc_exec *e = old[b]; e;) {
-            gc_exec *next = e->hnext;
-            size_t nb = bucket_of(cache, e->key);
-            e->hnext = grown[nb];
-            grown[nb] = e;
-            e = next;
-        }
-    }
-    tp_host_free(cache->host, old, old_count * sizeof *old);
+/* Makes room for one more key, so that the next index_insert does not
+ * allocate (removals in between keep the room). False when host memory
+ * runs out. */
+static bool index_reserve(tp_graph_cache *cache) {
+    return tpi_map_reserve(&cache->index, cache->index.count + 1);
 }
 
-static void hash_insert(tp_graph_cache *cache, gc_exec *e) {
-    size_t b = bucket_of(cache, e->key);
-    e->hnext = cache->buckets[b];
-    cache->buckets[b] = e;
+/* Makes e its key's newest variant. Room reserved with index_reserve. */
+static void index_insert(tp_graph_cache *cache, gc_exec *e) {
+    uint64_t *newest = tpi_map_find(&cache->index, e->key);
+    e->vnext = newest ? exec_of(*newest) : NULL;
+    if (newest)
+        *newest = (uint64_t)(uintptr_t)e;
+    else
+        tpi_map_put(&cache->index, e->key, (uint64_t)(uintptr_t)e);
 }
 
-static void hash_remove(tp_graph_cache *cache, gc_exec *e) {
-    for (gc_exec **link = &cache->buckets[bucket_of(cache, e->key)]; *link; link = &(*link)->hnext) {
-        if (*link == e) {
-            *link = e->hnext;
-            e->hnext = NULL;
-            return;
-        }
+/* Takes e out of its key's variants; the key leaves the index with its
+ * last variant. */
+static void index_remove(tp_graph_cache *cache, gc_exec *e) {
+    uint64_t *newest = tpi_map_find(&cache->index, e->key);
+    if (!newest) return;
+    if (exec_of(*newest) == e) {
+        if (e->vnext)
+            *newest = (uint64_t)(uintptr_t)e->vnext;
+        else
+            tpi_map_remove(&cache->index, e->key, NULL);
+    } else {
+        gc_exec *p = exec_of(*newest);
+        while (p && p->vnext != e) p = p->vnext;
+        if (p) p->vnext = e->vnext;
     }
+    e->vnext = NULL;
 }
 
 /* The key's variants, in no particular order. */
 static size_t find_variants(tp_graph_cache *cache, uint64_t key, gc_exec **out) {
     size_t n = 0;
-    for (gc_exec *e = cache->buckets[bucket_of(cache, key)]; e; e = e->hnext)
-        if (e->key == key && n < GC_MAX_VARIANTS) out[n++] = e;
+    for (gc_exec *e = variants_of(cache, key); e && n < GC_MAX_VARIANTS; e = e->vnext) out[n++] = e;
     return n;
 }
 
 static gc_exec *current_variant(tp_graph_cache *cache, uint64_t key) {
     gc_exec *best = NULL;
-    for (gc_exec *e = cache->buckets[bucket_of(cache, key)]; e; e = e->hnext)
-        if (e->key == key && (!best || e->prepared_seq > best->prepared_seq)) best = e;
+    for (gc_exec *e = variants_of(cache, key); e; e = e->vnext)
+        if (!best || e->prepared_seq > best->prepared_seq) best = e;
     return best;
 }
 
@@ -488,7 +476,7 @@ static void count_eviction(tp_graph_cache *cache, gc_reason reason) {
  * pool `in_pool` (NULL: none counted). */
 static uint64_t evict(tp_graph_cache *cache, gc_exec *e, gc_reason reason, bool wait, tp_pool *in_pool) {
     list_unlink(&cache->seg[e->segment], e);
-    hash_remove(cache, e);
+    index_remove(cache, e);
     cache->exec_bytes -= e->bytes;
     cache->stats.execs--;
     count_eviction(cache, reason);
@@ -631,11 +619,11 @@ static tp_status instantiate_new(tp_graph_cache *cache, uint64_t key, tp_graph g
                                  gc_pins *newpins, uint64_t estimate, uint64_t now) {
     const tp_logger *log = &cache->device->logger;
     gc_exec *e = tp_host_calloc(cache->host, 1, sizeof *e);
-    if (!e) {
+    if (!e || !index_reserve(cache)) {
+        tp_host_free(cache->host, e, sizeof *e);
         if (newpins) pins_release(cache, newpins);
         return TP_ERR_HOST_OUT_OF_MEMORY;
     }
-    hash_reserve(cache, (size_t)cache->stats.execs + 1);
     make_room(cache, 1, estimate, NULL);
 
     tp_graph_exec exec = NULL;
@@ -683,7 +671,7 @@ static tp_status instantiate_new(tp_graph_cache *cache, uint64_t key, tp_graph g
         e->pins = *newpins;
         *newpins = (gc_pins){0};
     }
-    hash_insert(cache, e);
+    index_insert(cache, e);
     list_push_head(&cache->seg[SEG_PROBATION], e);
     cache->stats.execs++;
     cache->exec_bytes += bytes;
@@ -883,9 +871,7 @@ tp_status tp_graph_cache_create(tp_device *device, const tp_graph_cache_config *
     cache->next_idle_check_ns = UINT64_MAX;
     cache->stats.max_bytes = c.max_bytes;
     cache->stats.max_execs = c.max_execs;
-    cache->bucket_count = 64;
-    cache->buckets = tp_host_calloc(cache->host, cache->bucket_count, sizeof *cache->buckets);
-    if (!cache->buckets) goto fail_alloc;
+    tpi_map_init(&cache->index, &cache->host->allocator);
     if (pthread_mutex_init(&cache->lock, NULL) != 0) goto fail_alloc;
     pthread_condattr_t attr;
     bool cond_ok = pthread_condattr_init(&attr) == 0;
@@ -911,7 +897,6 @@ tp_status tp_graph_cache_create(tp_device *device, const tp_graph_cache_config *
     *out_cache = cache;
     return TP_OK;
 fail_alloc:
-    tp_host_free(&device->host, cache->buckets, cache->bucket_count * sizeof *cache->buckets);
     tp_host_free(&device->host, cache, sizeof *cache);
     return TP_ERR_HOST_OUT_OF_MEMORY;
 }
@@ -944,7 +929,7 @@ tp_status tp_graph_cache_destroy(tp_graph_cache *cache) {
     const tp_host *host = cache->host;
     tp_host_free(host, cache->retired, cache->retired_capacity * sizeof *cache->retired);
     tp_host_free(host, cache->pools, cache->pool_capacity * sizeof *cache->pools);
-    tp_host_free(host, cache->buckets, cache->bucket_count * sizeof *cache->buckets);
+    tpi_map_destroy(&cache->index);
     tp_host_free(host, cache, sizeof *cache);
     atomic_fetch_sub(&device->users, 1);
     return TP_OK;
@@ -969,7 +954,7 @@ tp_status tp_graph_cache_detach_pool(tp_graph_cache *cache, tp_pool *pool) {
     if (!cache || !pool) return TP_ERR_INVALID_ARGUMENT;
     pthread_mutex_lock(&cache->lock);
     size_t i;
-    tp_status st = TP_ERR_INVALID_ARGUMENT;
+    tp_status st = TP_ERR_NOT_FOUND;
     if (pool_attached(cache, pool, &i)) {
         st = tp_pool_remove_reclaim_callback(pool, gc_reclaim, cache);
         cache->pools[i] = cache->pools[--cache->pool_count];
@@ -1002,7 +987,7 @@ tp_status tp_graph_cache_launch(tp_graph_cache *cache, uint64_t key, tp_stream s
     if (!e) {
         tp_logf(&dev->logger, TP_LOG_DEBUG, "graph cache: launch of key 0x%llx, which has no executable",
                 (unsigned long long)key);
-        st = TP_ERR_INVALID_ARGUMENT;
+        st = TP_ERR_NOT_FOUND;
         goto out;
     }
     if (!e->event && (st = ops->event_create(dev, &e->event)) != TP_OK) {
@@ -1054,7 +1039,7 @@ tp_status tp_graph_cache_evict(tp_graph_cache *cache, uint64_t key) {
     size_t n = find_variants(cache, key, vars);
     for (size_t i = 0; i < n; i++) evict(cache, vars[i], REASON_EXPLICIT, false, NULL);
     pthread_mutex_unlock(&cache->lock);
-    return n ? TP_OK : TP_ERR_INVALID_ARGUMENT;
+    return n ? TP_OK : TP_ERR_NOT_FOUND;
 }
 
 tp_status tp_graph_cache_tick(tp_graph_cache *cache) {
@@ -1092,15 +1077,16 @@ tp_status tp_graph_cache_stats_json(tp_graph_cache *cache, char *buf, size_t cap
 #undef U
     if (n < 0) return TP_ERR_INVALID_ARGUMENT;
     if (out_length) *out_length = (size_t)n;
-    return (size_t)n < capacity ? TP_OK : TP_ERR_INVALID_ARGUMENT;
+    return (size_t)n < capacity ? TP_OK : TP_ERR_BUFFER_TOO_SMALL;
 }
 
 /* ------------------------------------------------------------------- check */
 
+/* A violation: TP_ERR_CORRUPT, described in msg. */
 #define GC_FAIL(...)                                                   \
     do {                                                               \
         if (msg && msg_capacity) snprintf(msg, msg_capacity, __VA_ARGS__); \
-        st = TP_ERR_INVALID_ARGUMENT;                                  \
+        st = TP_ERR_CORRUPT;                                           \
         goto out;                                                      \
     } while (0)
 
@@ -1109,7 +1095,7 @@ tp_status tp_graph_cache_check(tp_graph_cache *cache, char *msg, size_t msg_capa
     if (msg && msg_capacity) msg[0] = '\0';
     tp_status st = TP_OK;
     pthread_mutex_lock(&cache->lock);
-    uint64_t execs = 0, bytes = 0, pinned = 0, hashed = 0;
+    uint64_t execs = 0, bytes = 0, pinned = 0, indexed = 0;
     for (int s = SEG_PROBATION; s <= SEG_PROTECTED; s++) {
         const gc_list *l = &cache->seg[s];
         uint32_t count = 0;
@@ -1124,16 +1110,17 @@ tp_status tp_graph_cache_check(tp_graph_cache *cache, char *msg, size_t msg_capa
                 GC_FAIL("key 0x%llx: pins without ranges or pool", (unsigned long long)e->key);
             bool found = false;
             unsigned variants = 0;
-            for (const gc_exec *h = cache->buckets[bucket_of(cache, e->key)]; h; h = h->hnext) {
+            for (const gc_exec *h = variants_of(cache, e->key); h; h = h->vnext) {
+                if (++variants > GC_MAX_VARIANTS)
+                    GC_FAIL("key 0x%llx has more than %d variants", (unsigned long long)e->key, GC_MAX_VARIANTS);
+                if (h->key != e->key)
+                    GC_FAIL("key 0x%llx: its variants include key 0x%llx", (unsigned long long)e->key,
+                            (unsigned long long)h->key);
                 if (h == e) found = true;
-                if (h->key == e->key) {
-                    variants++;
-                    if (h != e && h->prepared_seq == e->prepared_seq)
-                        GC_FAIL("key 0x%llx: two variants share a prepare number", (unsigned long long)e->key);
-                }
+                if (h != e && h->prepared_seq == e->prepared_seq)
+                    GC_FAIL("key 0x%llx: two variants share a prepare number", (unsigned long long)e->key);
             }
-            if (!found) GC_FAIL("key 0x%llx is not in the hash table", (unsigned long long)e->key);
-            if (variants > GC_MAX_VARIANTS) GC_FAIL("key 0x%llx has %u variants", (unsigned long long)e->key, variants);
+            if (!found) GC_FAIL("key 0x%llx is not in the key index", (unsigned long long)e->key);
             execs++;
             bytes += e->bytes;
             pinned += e->pins.count;
@@ -1142,13 +1129,19 @@ tp_status tp_graph_cache_check(tp_graph_cache *cache, char *msg, size_t msg_capa
         if (count != l->count) GC_FAIL("segment %d: %u entries, count says %u", s, count, l->count);
         if (prev != l->tail) GC_FAIL("segment %d: tail is not the last entry", s);
     }
-    for (size_t b = 0; b < cache->bucket_count; b++)
-        for (const gc_exec *h = cache->buckets[b]; h; h = h->hnext) {
-            if (bucket_of(cache, h->key) != b) GC_FAIL("key 0x%llx in the wrong bucket", (unsigned long long)h->key);
-            if (++hashed > execs) GC_FAIL("hash table holds more entries than the lists");
+    size_t cursor = 0;
+    uint64_t key = 0, value = 0;
+    while (tpi_map_next(&cache->index, &cursor, &key, &value)) {
+        if (!value) GC_FAIL("key 0x%llx is in the key index without a variant", (unsigned long long)key);
+        for (const gc_exec *h = exec_of(value); h; h = h->vnext) {
+            if (h->key != key)
+                GC_FAIL("key 0x%llx in the key index leads to key 0x%llx", (unsigned long long)key,
+                        (unsigned long long)h->key);
+            if (++indexed > execs) GC_FAIL("key index holds more executables than the lists");
         }
-    if (hashed != execs) GC_FAIL("hash table holds %llu entries, lists %llu", (unsigned long long)hashed,
-                                 (unsigned long long)execs);
+    }
+    if (indexed != execs) GC_FAIL("key index holds %llu executables, lists %llu", (unsigned long long)indexed,
+                                  (unsigned long long)execs);
     if (execs != cache->stats.execs) GC_FAIL("execs %llu, stats say %llu", (unsigned long long)execs,
                                              (unsigned long long)cache->stats.execs);
     if (bytes != cache->exec_bytes) GC_FAIL("exec bytes %llu, accounted %llu", (unsigned long long)bytes,
