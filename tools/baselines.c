@@ -23,7 +23,7 @@
  */
 #include "replay.h"
 
-#include "internal.h"
+#include "tide.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -156,7 +156,7 @@ static legacy_stream_pool *legacy_pool_of(legacy_pool *p, tp_stream stream, uint
 
 static tp_status legacy_device_free(legacy_pool *p, uint64_t address, uint64_t bytes) {
     p->device_calls++;
-    tp_status st = p->device->ops->mem_free(p->device, address, bytes);
+    tp_status st = tp_device_mem_free(p->device, address, bytes);
     if (st == TP_OK) p->pool_bytes -= bytes;
     return st;
 }
@@ -238,16 +238,16 @@ static replay_status legacy_alloc(void *impl, uint64_t bytes, tp_stream stream, 
     look_ahead = 256 * ((look_ahead + 255) / 256);
     uint64_t address = 0;
     p->device_calls++;
-    tp_status st = p->device->ops->mem_alloc(p->device, look_ahead, &address);
+    tp_status st = tp_device_mem_alloc(p->device, look_ahead, &address);
     bool recovered = false;
     if (st == TP_ERR_OUT_OF_MEMORY) {
         /* the merged fix: synchronise, free everything this pool parked, retry once */
         p->flushes++;
-        p->device->ops->device_synchronize(p->device);
+        tp_device_synchronize(p->device);
         uint64_t flushed_bytes;
         unsigned flushed = legacy_flush(p, sp, &flushed_bytes);
         p->device_calls++;
-        st = p->device->ops->mem_alloc(p->device, look_ahead, &address);
+        st = tp_device_mem_alloc(p->device, look_ahead, &address);
         legacy_note_oom(p, bytes, look_ahead, flushed, flushed_bytes, st == TP_ERR_OUT_OF_MEMORY);
         if (st == TP_ERR_OUT_OF_MEMORY) return REPLAY_FATAL; /* GGML_ABORT */
         recovered = st == TP_OK;
@@ -350,7 +350,7 @@ static void *ggml_vmm_create(tp_device *device, const tp_pool_config *config, ch
     p->granularity = info.granularity_bytes;
     p->reserved_va = GGML_VMM_MAX_BYTES;
     p->device_calls++;
-    if (device->ops->va_reserve(device, p->reserved_va, p->granularity, &p->base) != TP_OK) {
+    if (tp_device_va_reserve(device, p->reserved_va, p->granularity, &p->base) != TP_OK) {
         snprintf(err, cap, "ggml-vmm: reserving the address space failed");
         free(p);
         return NULL;
@@ -367,7 +367,7 @@ static replay_status ggml_vmm_alloc(void *impl, uint64_t bytes, tp_stream stream
         uint64_t grow = (size - available + p->granularity - 1) / p->granularity * p->granularity;
         if (p->mapped + grow > p->reserved_va) return REPLAY_FATAL; /* GGML_ASSERT: pool exhausted */
         p->device_calls++;
-        tp_status st = p->device->ops->map(p->device, p->base + p->mapped, grow);
+        tp_status st = tp_device_map(p->device, p->base + p->mapped, grow);
         if (st != TP_OK) return REPLAY_FATAL; /* CU_CHECK aborts */
         p->device_allocs++;
         p->mapped += grow;
@@ -403,8 +403,8 @@ static void ggml_vmm_counters(void *impl, replay_counters *out) {
 
 static void ggml_vmm_destroy(void *impl) {
     ggml_vmm_pool *p = impl;
-    if (p->mapped) p->device->ops->unmap(p->device, p->base, p->mapped);
-    p->device->ops->va_release(p->device, p->base, p->reserved_va);
+    if (p->mapped) tp_device_unmap(p->device, p->base, p->mapped);
+    tp_device_va_release(p->device, p->base, p->reserved_va);
     free(p);
 }
 

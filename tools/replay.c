@@ -11,7 +11,7 @@
  */
 #include "replay.h"
 
-#include "internal.h"
+#include "tide.h"
 
 #include <stdio.h>
 #include <stdlib.h>
