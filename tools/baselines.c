@@ -24,6 +24,7 @@
 #include "replay.h"
 
 #include "tide.h"
+#include "tpi_map.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,76 +53,26 @@ typedef struct legacy_pool {
     uint64_t parked_bytes; /* idle in the slots of all pools */
     uint64_t device_calls, device_allocs;
     uint64_t flushes, recoveries; /* out-of-memory flushes; those whose retry succeeded */
-    /* live buffers: address -> actual size and the pool it came from */
-    uint64_t *keys, *sizes;
-    uint32_t *owners;
-    size_t capacity, count;
+    tpi_map live; /* live buffers: address -> actual size and the pool it came from (live_put) */
     char last_oom[448];
 } legacy_pool;
 
-static size_t slot_of(uint64_t key, size_t capacity) {
-    return (size_t)((key * 0x9E3779B97F4A7C15ull) >> 21) & (capacity - 1);
-}
+/* A live buffer's value in p->live: its size in the low 48 bits (256 TiB),
+ * the index of the pool it came from in the high 16. */
+#define LIVE_SIZE_BITS 48
+#define LIVE_SIZE_MASK ((1ull << LIVE_SIZE_BITS) - 1)
 
 static bool live_put(legacy_pool *p, uint64_t address, uint64_t bytes, uint32_t owner) {
-    if ((p->count + 1) * 2 > p->capacity) {
-        size_t cap = p->capacity ? p->capacity * 2 : 1024;
-        uint64_t *keys = calloc(cap, sizeof *keys), *sizes = calloc(cap, sizeof *sizes);
-        uint32_t *owners = calloc(cap, sizeof *owners);
-        if (!keys || !sizes || !owners) {
-            free(keys);
-            free(sizes);
-            free(owners);
-            return false;
-        }
-        for (size_t i = 0; i < p->capacity; i++) {
-            if (!p->keys[i]) continue;
-            size_t j = slot_of(p->keys[i], cap);
-            while (keys[j]) j = (j + 1) & (cap - 1);
-            keys[j] = p->keys[i];
-            sizes[j] = p->sizes[i];
-            owners[j] = p->owners[i];
-        }
-        free(p->keys);
-        free(p->sizes);
-        free(p->owners);
-        p->keys = keys;
-        p->sizes = sizes;
-        p->owners = owners;
-        p->capacity = cap;
-    }
-    size_t i = slot_of(address, p->capacity);
-    while (p->keys[i]) i = (i + 1) & (p->capacity - 1);
-    p->keys[i] = address;
-    p->sizes[i] = bytes;
-    p->owners[i] = owner;
-    p->count++;
-    return true;
+    if (bytes > LIVE_SIZE_MASK || owner >= (1u << (64 - LIVE_SIZE_BITS))) return false;
+    return tpi_map_put(&p->live, address, bytes | (uint64_t)owner << LIVE_SIZE_BITS);
 }
 
 /* Removes address from the live table; returns its size (0 if unknown). */
 static uint64_t live_take(legacy_pool *p, uint64_t address, uint32_t *out_owner) {
-    if (!p->capacity) return 0;
-    size_t mask = p->capacity - 1;
-    size_t i = slot_of(address, p->capacity);
-    while (p->keys[i] && p->keys[i] != address) i = (i + 1) & mask;
-    if (!p->keys[i]) return 0;
-    uint64_t bytes = p->sizes[i];
-    *out_owner = p->owners[i];
-    size_t hole = i;
-    for (size_t j = (hole + 1) & mask; p->keys[j]; j = (j + 1) & mask) {
-        size_t home = slot_of(p->keys[j], p->capacity);
-        bool movable = (j > hole) ? (home <= hole || home > j) : (home <= hole && home > j);
-        if (movable) {
-            p->keys[hole] = p->keys[j];
-            p->sizes[hole] = p->sizes[j];
-            p->owners[hole] = p->owners[j];
-            hole = j;
-        }
-    }
-    p->keys[hole] = 0;
-    p->count--;
-    return bytes;
+    uint64_t value;
+    if (!tpi_map_remove(&p->live, address, &value)) return 0;
+    *out_owner = (uint32_t)(value >> LIVE_SIZE_BITS);
+    return value & LIVE_SIZE_MASK;
 }
 
 static void *legacy_create(tp_device *device, const tp_pool_config *config, char *err, size_t cap) {
@@ -129,7 +80,9 @@ static void *legacy_create(tp_device *device, const tp_pool_config *config, char
     (void)err;
     (void)cap;
     legacy_pool *p = calloc(1, sizeof *p);
-    if (p) p->device = device;
+    if (!p) return NULL;
+    p->device = device;
+    tpi_map_init(&p->live, NULL);
     return p;
 }
 
@@ -311,11 +264,10 @@ static void legacy_destroy(void *impl) {
         uint64_t flushed_bytes;
         legacy_flush(p, &p->pools[k], &flushed_bytes);
     }
-    for (size_t i = 0; i < p->capacity; i++)
-        if (p->keys[i]) legacy_device_free(p, p->keys[i], p->sizes[i]);
-    free(p->keys);
-    free(p->sizes);
-    free(p->owners);
+    size_t cursor = 0;
+    uint64_t address, value;
+    while (tpi_map_next(&p->live, &cursor, &address, &value)) legacy_device_free(p, address, value & LIVE_SIZE_MASK);
+    tpi_map_destroy(&p->live);
     free(p->pools);
     free(p);
 }
