@@ -62,6 +62,7 @@
 #include "tidepool_torch_internal.h"
 #include "tpi_map.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <limits.h>
 #include <pthread.h>
@@ -134,56 +135,26 @@ static const char *oom_name(tpt_oom_mode mode) {
     return mode == TPT_OOM_RAISE ? "raise" : mode == TPT_OOM_ABORT ? "abort" : "null";
 }
 
-/* Decimal number with an optional fraction, then an optional unit: B, K/KiB,
- * M/MiB, G/GiB, T/TiB (binary), KB/MB/GB/TB (decimal); case-insensitive. */
+/* A size: a decimal number with an optional fraction, then an optional unit
+ * (README.md). tidepool's tp_parse_bytes reads it; this only turns away what
+ * tp_parse_bytes would accept beyond that syntax (spaces, exponents,
+ * hexadecimal, a sign) and fractions of a byte ("1.5", "1.5B"). */
 static bool parse_size(const char *text, uint64_t *out) {
     const char *p = text;
-    uint64_t whole = 0;
-    int digits = 0;
-    while (*p >= '0' && *p <= '9') {
-        if (whole > (UINT64_MAX - 9) / 10) return false;
-        whole = whole * 10 + (uint64_t)(*p++ - '0');
-        digits++;
-    }
-    double frac = 0, scale = 0.1;
-    int frac_digits = 0;
+    while (isdigit((unsigned char)*p)) p++;
+    if (p == text) return false;
+    bool nonzero_fraction = false;
     if (*p == '.') {
-        p++;
-        while (*p >= '0' && *p <= '9') {
-            frac += (*p++ - '0') * scale;
-            scale /= 10;
-            frac_digits++;
-        }
-        if (!frac_digits) return false;
+        const char *digits = ++p;
+        while (isdigit((unsigned char)*p)) nonzero_fraction |= *p++ != '0';
+        if (p == digits) return false;
     }
-    if (!digits) return false;
-    char unit[4] = {0};
-    size_t n = 0;
-    while (*p) {
-        if (n == sizeof unit - 1) return false;
-        char ch = *p++;
-        if (ch >= 'a' && ch <= 'z') ch = (char)(ch - 'a' + 'A');
-        if (ch < 'A' || ch > 'Z') return false;
-        unit[n++] = ch;
-    }
-    static const struct { const char *name; uint64_t mult; } units[] = {
-        {"", 1}, {"B", 1},
-        {"K", 1ull << 10}, {"KIB", 1ull << 10}, {"M", 1ull << 20}, {"MIB", 1ull << 20},
-        {"G", 1ull << 30}, {"GIB", 1ull << 30}, {"T", 1ull << 40}, {"TIB", 1ull << 40},
-        {"KB", 1000ull}, {"MB", 1000000ull}, {"GB", 1000000000ull}, {"TB", 1000000000000ull},
-    };
-    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
-        if (strcmp(unit, units[i].name) != 0) continue;
-        uint64_t mult = units[i].mult;
-        if (whole > UINT64_MAX / mult) return false;
-        uint64_t bytes = whole * mult;
-        double extra = frac * (double)mult + 0.5;
-        if (frac_digits && mult == 1 && frac != 0) return false; /* no fractional bytes */
-        if (extra >= (double)(UINT64_MAX - bytes)) return false;
-        *out = bytes + (uint64_t)extra;
-        return true;
-    }
-    return false;
+    const char *unit = p;
+    while (isalpha((unsigned char)*p)) p++;
+    if (*p) return false;
+    bool bytes = !*unit || ((unit[0] == 'B' || unit[0] == 'b') && !unit[1]);
+    if (bytes && nonzero_fraction) return false;
+    return tp_parse_bytes(text, out);
 }
 
 static bool parse_uint(const char *text, uint64_t max, uint64_t *out) {
