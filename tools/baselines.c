@@ -1,6 +1,7 @@
 /*
  * baselines.c -- faithful models of the two ggml CUDA pools of the public
- * reports (design.md section 1), replayed on the same devices as tidepool.
+ * reports (background of docs/failure-modes.md), replayed on the same
+ * devices as tidepool.
  *
  * ggml-legacy (no VMM): 256 slots of idle buffers. alloc: best fit over the
  * slots, handing out the whole buffer (an exact size match is taken at

@@ -1,6 +1,6 @@
 /*
  * graph_churn.c -- `tide scenario graph-churn`: the image-request loop of
- * design.md section 1 (failure mode 7) against tidepool's graph cache on
+ * failure mode 7 (docs/failure-modes.md) against tidepool's graph cache on
  * the simulated device.
  *
  * Every request brings a graph of a topology never seen before (50..250

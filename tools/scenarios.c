@@ -258,7 +258,7 @@ static int gen_cross_stream(gen *g, const scenario_params *p) {
 
 /* ---------------------------------------------------- image requests */
 
-/* A vision-language server (design.md section 1): a 4B-class text model
+/* A vision-language server (background of docs/failure-modes.md): a 4B-class text model
  * (Gemma 3 4B shapes) on stream 0 and a SigLIP-class vision encoder in a
  * backend context of its own, on stream 1. Every request brings 1 or 2
  * images of 64..1024 image tokens (dynamic resolution), 16..256 text tokens
@@ -453,7 +453,7 @@ static const scenario scenarios[] = {
      "alloc on stream 1, free, alloc the same size on stream 2, free, again on stream 1, then on\n"
      "stream 3; sizes 4 KiB, 3 MiB, 100 MiB in turn",
      "step", SCENARIO_USES(SCENARIO_PARAM_STEPS), {.steps = 3000}, NULL, 0, NULL, generate_cross_stream, NULL},
-    {"image-requests", "a vision-language server answering image+text requests (design.md section 1)",
+    {"image-requests", "a vision-language server answering image+text requests (docs/failure-modes.md, background)",
      "per request 1-2 images of 64..1024 tokens through a vision encoder (stream 1, its own context),\n"
      "then prefill and decode of a 4B-class text model with a growing KV cache (stream 0); one\n"
      "conversation until --context is full. Default device: a 6 GiB GPU without VMM with 3 GiB\n"
