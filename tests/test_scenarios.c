@@ -1,4 +1,4 @@
-/* The failure modes of design.md section 2 that concern pools, each with
+/* The failure modes (docs/failure-modes.md) that concern pools, each with
  * the invariant it must keep, on both pool kinds:
  *   1 monotonic growth, 2 more sizes than slots, 3 OOM with reclaimable
  *   cache, 5 high-water mark, 6 out-of-order frees across streams,

@@ -1,6 +1,7 @@
 /*
  * baselines.c -- faithful models of the two ggml CUDA pools of the public
- * reports (design.md section 1), replayed on the same devices as tidepool.
+ * reports (background of docs/failure-modes.md), replayed on the same
+ * devices as tidepool.
  *
  * ggml-legacy (no VMM): 256 slots of idle buffers. alloc: best fit over the
  * slots, handing out the whole buffer (an exact size match is taken at
@@ -23,7 +24,8 @@
  */
 #include "replay.h"
 
-#include "internal.h"
+#include "tide.h"
+#include "tpi_map.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,76 +54,26 @@ typedef struct legacy_pool {
     uint64_t parked_bytes; /* idle in the slots of all pools */
     uint64_t device_calls, device_allocs;
     uint64_t flushes, recoveries; /* out-of-memory flushes; those whose retry succeeded */
-    /* live buffers: address -> actual size and the pool it came from */
-    uint64_t *keys, *sizes;
-    uint32_t *owners;
-    size_t capacity, count;
+    tpi_map live; /* live buffers: address -> actual size and the pool it came from (live_put) */
     char last_oom[448];
 } legacy_pool;
 
-static size_t slot_of(uint64_t key, size_t capacity) {
-    return (size_t)((key * 0x9E3779B97F4A7C15ull) >> 21) & (capacity - 1);
-}
+/* A live buffer's value in p->live: its size in the low 48 bits (256 TiB),
+ * the index of the pool it came from in the high 16. */
+#define LIVE_SIZE_BITS 48
+#define LIVE_SIZE_MASK ((1ull << LIVE_SIZE_BITS) - 1)
 
 static bool live_put(legacy_pool *p, uint64_t address, uint64_t bytes, uint32_t owner) {
-    if ((p->count + 1) * 2 > p->capacity) {
-        size_t cap = p->capacity ? p->capacity * 2 : 1024;
-        uint64_t *keys = calloc(cap, sizeof *keys), *sizes = calloc(cap, sizeof *sizes);
-        uint32_t *owners = calloc(cap, sizeof *owners);
-        if (!keys || !sizes || !owners) {
-            free(keys);
-            free(sizes);
-            free(owners);
-            return false;
-        }
-        for (size_t i = 0; i < p->capacity; i++) {
-            if (!p->keys[i]) continue;
-            size_t j = slot_of(p->keys[i], cap);
-            while (keys[j]) j = (j + 1) & (cap - 1);
-            keys[j] = p->keys[i];
-            sizes[j] = p->sizes[i];
-            owners[j] = p->owners[i];
-        }
-        free(p->keys);
-        free(p->sizes);
-        free(p->owners);
-        p->keys = keys;
-        p->sizes = sizes;
-        p->owners = owners;
-        p->capacity = cap;
-    }
-    size_t i = slot_of(address, p->capacity);
-    while (p->keys[i]) i = (i + 1) & (p->capacity - 1);
-    p->keys[i] = address;
-    p->sizes[i] = bytes;
-    p->owners[i] = owner;
-    p->count++;
-    return true;
+    if (bytes > LIVE_SIZE_MASK || owner >= (1u << (64 - LIVE_SIZE_BITS))) return false;
+    return tpi_map_put(&p->live, address, bytes | (uint64_t)owner << LIVE_SIZE_BITS);
 }
 
 /* Removes address from the live table; returns its size (0 if unknown). */
 static uint64_t live_take(legacy_pool *p, uint64_t address, uint32_t *out_owner) {
-    if (!p->capacity) return 0;
-    size_t mask = p->capacity - 1;
-    size_t i = slot_of(address, p->capacity);
-    while (p->keys[i] && p->keys[i] != address) i = (i + 1) & mask;
-    if (!p->keys[i]) return 0;
-    uint64_t bytes = p->sizes[i];
-    *out_owner = p->owners[i];
-    size_t hole = i;
-    for (size_t j = (hole + 1) & mask; p->keys[j]; j = (j + 1) & mask) {
-        size_t home = slot_of(p->keys[j], p->capacity);
-        bool movable = (j > hole) ? (home <= hole || home > j) : (home <= hole && home > j);
-        if (movable) {
-            p->keys[hole] = p->keys[j];
-            p->sizes[hole] = p->sizes[j];
-            p->owners[hole] = p->owners[j];
-            hole = j;
-        }
-    }
-    p->keys[hole] = 0;
-    p->count--;
-    return bytes;
+    uint64_t value;
+    if (!tpi_map_remove(&p->live, address, &value)) return 0;
+    *out_owner = (uint32_t)(value >> LIVE_SIZE_BITS);
+    return value & LIVE_SIZE_MASK;
 }
 
 static void *legacy_create(tp_device *device, const tp_pool_config *config, char *err, size_t cap) {
@@ -129,7 +81,9 @@ static void *legacy_create(tp_device *device, const tp_pool_config *config, char
     (void)err;
     (void)cap;
     legacy_pool *p = calloc(1, sizeof *p);
-    if (p) p->device = device;
+    if (!p) return NULL;
+    p->device = device;
+    tpi_map_init(&p->live, NULL);
     return p;
 }
 
@@ -156,7 +110,7 @@ static legacy_stream_pool *legacy_pool_of(legacy_pool *p, tp_stream stream, uint
 
 static tp_status legacy_device_free(legacy_pool *p, uint64_t address, uint64_t bytes) {
     p->device_calls++;
-    tp_status st = p->device->ops->mem_free(p->device, address, bytes);
+    tp_status st = tp_device_mem_free(p->device, address, bytes);
     if (st == TP_OK) p->pool_bytes -= bytes;
     return st;
 }
@@ -238,16 +192,16 @@ static replay_status legacy_alloc(void *impl, uint64_t bytes, tp_stream stream, 
     look_ahead = 256 * ((look_ahead + 255) / 256);
     uint64_t address = 0;
     p->device_calls++;
-    tp_status st = p->device->ops->mem_alloc(p->device, look_ahead, &address);
+    tp_status st = tp_device_mem_alloc(p->device, look_ahead, &address);
     bool recovered = false;
     if (st == TP_ERR_OUT_OF_MEMORY) {
         /* the merged fix: synchronise, free everything this pool parked, retry once */
         p->flushes++;
-        p->device->ops->device_synchronize(p->device);
+        tp_device_synchronize(p->device);
         uint64_t flushed_bytes;
         unsigned flushed = legacy_flush(p, sp, &flushed_bytes);
         p->device_calls++;
-        st = p->device->ops->mem_alloc(p->device, look_ahead, &address);
+        st = tp_device_mem_alloc(p->device, look_ahead, &address);
         legacy_note_oom(p, bytes, look_ahead, flushed, flushed_bytes, st == TP_ERR_OUT_OF_MEMORY);
         if (st == TP_ERR_OUT_OF_MEMORY) return REPLAY_FATAL; /* GGML_ABORT */
         recovered = st == TP_OK;
@@ -311,11 +265,10 @@ static void legacy_destroy(void *impl) {
         uint64_t flushed_bytes;
         legacy_flush(p, &p->pools[k], &flushed_bytes);
     }
-    for (size_t i = 0; i < p->capacity; i++)
-        if (p->keys[i]) legacy_device_free(p, p->keys[i], p->sizes[i]);
-    free(p->keys);
-    free(p->sizes);
-    free(p->owners);
+    size_t cursor = 0;
+    uint64_t address, value;
+    while (tpi_map_next(&p->live, &cursor, &address, &value)) legacy_device_free(p, address, value & LIVE_SIZE_MASK);
+    tpi_map_destroy(&p->live);
     free(p->pools);
     free(p);
 }
@@ -350,7 +303,7 @@ static void *ggml_vmm_create(tp_device *device, const tp_pool_config *config, ch
     p->granularity = info.granularity_bytes;
     p->reserved_va = GGML_VMM_MAX_BYTES;
     p->device_calls++;
-    if (device->ops->va_reserve(device, p->reserved_va, p->granularity, &p->base) != TP_OK) {
+    if (tp_device_va_reserve(device, p->reserved_va, p->granularity, &p->base) != TP_OK) {
         snprintf(err, cap, "ggml-vmm: reserving the address space failed");
         free(p);
         return NULL;
@@ -367,7 +320,7 @@ static replay_status ggml_vmm_alloc(void *impl, uint64_t bytes, tp_stream stream
         uint64_t grow = (size - available + p->granularity - 1) / p->granularity * p->granularity;
         if (p->mapped + grow > p->reserved_va) return REPLAY_FATAL; /* GGML_ASSERT: pool exhausted */
         p->device_calls++;
-        tp_status st = p->device->ops->map(p->device, p->base + p->mapped, grow);
+        tp_status st = tp_device_map(p->device, p->base + p->mapped, grow);
         if (st != TP_OK) return REPLAY_FATAL; /* CU_CHECK aborts */
         p->device_allocs++;
         p->mapped += grow;
@@ -403,8 +356,8 @@ static void ggml_vmm_counters(void *impl, replay_counters *out) {
 
 static void ggml_vmm_destroy(void *impl) {
     ggml_vmm_pool *p = impl;
-    if (p->mapped) p->device->ops->unmap(p->device, p->base, p->mapped);
-    p->device->ops->va_release(p->device, p->base, p->reserved_va);
+    if (p->mapped) tp_device_unmap(p->device, p->base, p->mapped);
+    tp_device_va_release(p->device, p->base, p->reserved_va);
     free(p);
 }
 

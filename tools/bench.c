@@ -17,7 +17,7 @@
 #include "replay.h"
 #include "tide.h"
 
-#include "internal.h"
+#include "tide.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -82,7 +82,7 @@ static double measure(bench_target *t, const uint64_t *sizes, size_t size_count,
 
 int tide_bench(int argc, char **argv) {
     const char *device_spec = "sim:64GiB,nocheck";
-    uint64_t size = TP_MiB, pairs = 1000000;
+    uint64_t size = TIDE_MiB, pairs = 1000000;
     int runs = 7;
     bool json = false;
     for (int i = 1; i < argc; i++) {
@@ -126,7 +126,7 @@ int tide_bench(int argc, char **argv) {
         uint64_t base = 1ull << bits;
         random_sizes[i] = base + ((state >> 7) & (base - 1)); /* up to 2^26 = 64 MiB */
     }
-    const uint64_t small_size = 4 * TP_KiB;
+    const uint64_t small_size = 4 * TIDE_KiB;
 
     tp_device *probe = NULL;
     if (tp_device_open(device_spec, NULL, &probe) != TP_OK) {

@@ -246,9 +246,9 @@ int tide_demo(int argc, char **argv) {
              (unsigned long long)parts[0].params.context_tokens);
     snprintf(parts[1].title, sizeof parts[1].title, "image-requests: %llu requests, context %llu tokens",
              (unsigned long long)parts[1].params.requests, (unsigned long long)parts[1].params.context_tokens);
-    parts[0].heading = "flash-attention decode (failure mode 1 of design.md): each token, K and V temporaries of "
+    parts[0].heading = "flash-attention decode (failure mode 1, docs/failure-modes.md): each token, K and V temporaries of "
                        "n_kv x 2 KiB (n_kv = 256*ceil((512+t)/256)) and 20 small ones, freed in reverse; 20 ms a token";
-    parts[1].heading = "a vision-language server (design.md section 1): each request 1-2 images of 64-1024 tokens "
+    parts[1].heading = "a vision-language server (docs/failure-modes.md, background): each request 1-2 images of 64-1024 tokens "
                        "through a vision encoder, then prefill and decode with a growing KV cache";
 
     char occupied[32];

@@ -1,6 +1,6 @@
 /*
  * graph_churn.c -- `tide scenario graph-churn`: the image-request loop of
- * design.md section 1 (failure mode 7) against tidepool's graph cache on
+ * failure mode 7 (docs/failure-modes.md) against tidepool's graph cache on
  * the simulated device.
  *
  * Every request brings a graph of a topology never seen before (50..250
@@ -22,7 +22,7 @@
 #include "scenarios.h"
 #include "tide.h"
 
-#include "internal.h"
+#include "tide.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -62,7 +62,7 @@ static int churn_once(const char *spec, const scenario_params *params, uint64_t 
     r->capped = cap_bytes != TP_BYTES_UNLIMITED;
     r->cap_bytes = cap_bytes;
     if (r->capped)
-        snprintf(r->label, sizeof r->label, "cap %llu MiB", (unsigned long long)(cap_bytes / TP_MiB));
+        snprintf(r->label, sizeof r->label, "cap %llu MiB", (unsigned long long)(cap_bytes / TIDE_MiB));
     else
         snprintf(r->label, sizeof r->label, "no cap");
     r->x = calloc(requests, sizeof *r->x);
@@ -169,7 +169,7 @@ done:
     return status;
 }
 
-static double mib(uint64_t bytes) { return (double)bytes / (double)TP_MiB; }
+static double mib(uint64_t bytes) { return (double)bytes / (double)TIDE_MiB; }
 
 static uint64_t evictions(const tp_graph_cache_stats *s) {
     return s->evictions_count + s->evictions_bytes + s->evictions_idle + s->evictions_pressure + s->evictions_explicit;
@@ -271,7 +271,7 @@ int graph_churn_run(const scenario *self, const scenario_params *params, const t
     memset(results, 0, sizeof results);
     size_t count = 0;
     int status = 0;
-    if (params->cap_mib) status = churn_once(spec, params, params->cap_mib * TP_MiB, &results[count++]);
+    if (params->cap_mib) status = churn_once(spec, params, params->cap_mib * TIDE_MiB, &results[count++]);
     if (!status) status = churn_once(spec, params, TP_BYTES_UNLIMITED, &results[count++]);
     if (!status) {
         if (options->json)

@@ -11,7 +11,8 @@
  */
 #include "replay.h"
 
-#include "internal.h"
+#include "tide.h"
+#include "tpi_map.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -142,65 +143,73 @@ const char *replay_pool_names(void) { return "vmm, segment, ggml-legacy, ggml-vm
 
 /* ----------------------------------------------------------- the engine */
 
-typedef struct addr_entry {
-    uint64_t key;     /* trace address + 1 (0 = empty) */
-    uint64_t address; /* what the pool returned; 0 = the allocation failed */
+/* The live table of a lane: trace address -> index of a live_block, whose
+ * slots are recycled through a free list (tpi_map values are 64 bits, a
+ * live block is two of them). */
+typedef struct live_block {
+    uint64_t address; /* what the pool returned; 0 = the allocation failed. Free slot: the next free index */
     uint64_t bytes;
-} addr_entry;
+} live_block;
 
-typedef struct addr_map {
-    addr_entry *slots;
-    size_t capacity, count;
-} addr_map;
+#define LIVE_NONE UINT64_MAX
 
-static size_t addr_hash(uint64_t key, size_t capacity) {
-    return (size_t)((key * 0x9E3779B97F4A7C15ull) >> 20) & (capacity - 1);
+typedef struct live_table {
+    tpi_map map;
+    live_block *blocks;
+    size_t count, capacity; /* slots in use or on the free list; allocated */
+    uint64_t free_head;     /* LIVE_NONE: no free slot */
+} live_table;
+
+static void live_init(live_table *t) {
+    memset(t, 0, sizeof *t);
+    tpi_map_init(&t->map, NULL);
+    t->free_head = LIVE_NONE;
 }
 
-static addr_entry *addr_find(addr_map *m, uint64_t trace_address) {
-    uint64_t key = trace_address + 1;
-    for (size_t i = addr_hash(key, m->capacity);; i = (i + 1) & (m->capacity - 1)) {
-        if (m->slots[i].key == key) return &m->slots[i];
-        if (m->slots[i].key == 0) return NULL;
+static void live_destroy(live_table *t) {
+    tpi_map_destroy(&t->map);
+    free(t->blocks);
+    t->blocks = NULL;
+}
+
+/* Inserts trace_address, or replaces its block if it is live already.
+ * False when host memory runs out (the table is unchanged). */
+static bool live_put(live_table *t, uint64_t trace_address, uint64_t address, uint64_t bytes) {
+    uint64_t *known = tpi_map_find(&t->map, trace_address);
+    if (known) { /* an alloc the trace never freed: the new block takes its place */
+        t->blocks[*known] = (live_block){address, bytes};
+        return true;
     }
-}
-
-static bool addr_put(addr_map *m, uint64_t trace_address, uint64_t address, uint64_t bytes) {
-    if ((m->count + 1) * 2 > m->capacity) {
-        size_t cap = m->capacity ? m->capacity * 2 : 4096;
-        addr_entry *slots = calloc(cap, sizeof *slots);
-        if (!slots) return false;
-        for (size_t i = 0; i < m->capacity; i++) {
-            if (!m->slots[i].key) continue;
-            size_t j = addr_hash(m->slots[i].key, cap);
-            while (slots[j].key) j = (j + 1) & (cap - 1);
-            slots[j] = m->slots[i];
+    uint64_t index;
+    if (t->free_head != LIVE_NONE) {
+        index = t->free_head;
+    } else {
+        if (t->count == t->capacity) {
+            size_t cap = t->capacity ? t->capacity * 2 : 4096;
+            live_block *blocks = realloc(t->blocks, cap * sizeof *blocks);
+            if (!blocks) return false;
+            t->blocks = blocks;
+            t->capacity = cap;
         }
-        free(m->slots);
-        m->slots = slots;
-        m->capacity = cap;
+        index = t->count;
     }
-    uint64_t key = trace_address + 1;
-    size_t i = addr_hash(key, m->capacity);
-    while (m->slots[i].key && m->slots[i].key != key) i = (i + 1) & (m->capacity - 1);
-    if (!m->slots[i].key) m->count++;
-    m->slots[i] = (addr_entry){key, address, bytes};
+    if (!tpi_map_put(&t->map, trace_address, index)) return false;
+    if (index == t->free_head)
+        t->free_head = t->blocks[index].address;
+    else
+        t->count++;
+    t->blocks[index] = (live_block){address, bytes};
     return true;
 }
 
-static void addr_remove(addr_map *m, addr_entry *e) {
-    size_t mask = m->capacity - 1;
-    size_t hole = (size_t)(e - m->slots);
-    for (size_t j = (hole + 1) & mask; m->slots[j].key; j = (j + 1) & mask) {
-        size_t home = addr_hash(m->slots[j].key, m->capacity);
-        bool movable = (j > hole) ? (home <= hole || home > j) : (home <= hole && home > j);
-        if (movable) {
-            m->slots[hole] = m->slots[j];
-            hole = j;
-        }
-    }
-    m->slots[hole].key = 0;
-    m->count--;
+/* Takes trace_address out of the table into *out; false when it is not live. */
+static bool live_take(live_table *t, uint64_t trace_address, live_block *out) {
+    uint64_t index;
+    if (!tpi_map_remove(&t->map, trace_address, &index)) return false;
+    *out = t->blocks[index];
+    t->blocks[index] = (live_block){t->free_head, 0};
+    t->free_head = index;
+    return true;
 }
 
 typedef struct stream_entry {
@@ -216,7 +225,7 @@ typedef struct replay_lane {
     uint64_t sim_now_ns;
     uint64_t last_event_ns; /* trace time of the latest event, for the final sample */
     uint64_t next_tick_ns;  /* trace time of the next tick (options.tick_ns) */
-    addr_map live;
+    live_table live;
     stream_entry streams[MAX_STREAMS];
     size_t stream_count;
     uint64_t live_bytes;
@@ -322,21 +331,20 @@ static void lane_event(replay_lane *lane, const trace_event *e, bool follow_time
             lane->live_bytes += e->bytes;
             if (lane->live_bytes > r->peak_live_bytes) r->peak_live_bytes = lane->live_bytes;
         }
-        addr_put(&lane->live, e->address, address, e->bytes);
+        live_put(&lane->live, e->address, address, e->bytes);
     } else if (e->action == TRACE_FREE) {
         r->frees++;
-        addr_entry *entry = addr_find(&lane->live, e->address);
-        if (!entry) {
+        live_block block;
+        if (!live_take(&lane->live, e->address, &block)) {
             r->unknown_frees++;
             return;
         }
-        if (entry->address) {
-            if (lane->factory->ops->free(lane->impl, entry->address, entry->bytes, lane_stream(lane, e->stream)) !=
+        if (block.address) {
+            if (lane->factory->ops->free(lane->impl, block.address, block.bytes, lane_stream(lane, e->stream)) !=
                 REPLAY_OK)
                 r->errors++;
-            lane->live_bytes -= entry->bytes;
+            lane->live_bytes -= block.bytes;
         }
-        addr_remove(&lane->live, entry);
     }
 }
 
@@ -364,6 +372,7 @@ replay_run *replay_begin(const char *pool_names, const replay_options *options, 
         }
         replay_lane *lane = &run->lanes[run->lane_count];
         lane->factory = f;
+        live_init(&lane->live);
         if (tp_device_open(run->options.device_spec, NULL, &lane->device) != TP_OK) {
             snprintf(err, cap, "cannot open device '%s'", run->options.device_spec);
             goto fail;
@@ -458,7 +467,7 @@ void replay_free(replay_run *run) {
         if (lane->impl) lane->factory->ops->destroy(lane->impl);
         for (size_t i = 0; i < lane->stream_count; i++) tp_stream_destroy(lane->device, lane->streams[i].stream);
         if (lane->device) tp_device_close(lane->device);
-        free(lane->live.slots);
+        live_destroy(&lane->live);
         free(lane->result.samples);
     }
     free(run->lanes);

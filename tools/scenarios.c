@@ -15,7 +15,7 @@
  */
 #include "scenarios.h"
 
-#include "internal.h"
+#include "tide.h"
 
 #include <math.h>
 #include <stddef.h>
@@ -60,7 +60,7 @@ static void gen_emit(gen *g, uint8_t action, uint64_t address, uint64_t bytes, u
 
 static block gen_alloc(gen *g, uint64_t bytes, uint32_t stream) {
     block b = {g->next_address, bytes, stream};
-    g->next_address += tp_align_up(bytes ? bytes : 1, 512);
+    g->next_address += tide_align_up(bytes ? bytes : 1, 512);
     gen_emit(g, TRACE_ALLOC, b.address, b.bytes, b.stream);
     return b;
 }
@@ -137,7 +137,7 @@ static int gen_size_rotation(gen *g, const scenario_params *p) {
     for (uint64_t round = 0; round < p->rounds && !g->stopped; round++) {
         for (uint64_t mib = 1; mib <= 300; mib++) {
             gen_mark(g, ++step);
-            block b = gen_alloc(g, mib * TP_MiB, 0);
+            block b = gen_alloc(g, mib * TIDE_MiB, 0);
             gen_wait(g, MS / 10);
             gen_free(g, &b);
             gen_wait(g, MS - MS / 10);
@@ -157,12 +157,12 @@ static int gen_oom_reclaim(gen *g, const scenario_params *p) {
     block live[6], idle[40];
     gen_mark(g, 1);
     for (size_t i = 0; i < 6; i++) {
-        live[i] = gen_alloc(g, TP_GiB, 0);
+        live[i] = gen_alloc(g, TIDE_GiB, 0);
         gen_wait(g, MS);
     }
     gen_mark(g, 2);
     for (size_t i = 0; i < 40; i++) {
-        idle[i] = gen_alloc(g, 45 * TP_MiB, 0);
+        idle[i] = gen_alloc(g, 45 * TIDE_MiB, 0);
         gen_wait(g, MS);
     }
     for (size_t i = 0; i < 40; i++) { /* oldest first */
@@ -171,7 +171,7 @@ static int gen_oom_reclaim(gen *g, const scenario_params *p) {
     }
     gen_wait(g, 100 * MS);
     gen_mark(g, 3);
-    block big = gen_alloc(g, 1536 * TP_MiB, 0);
+    block big = gen_alloc(g, 1536 * TIDE_MiB, 0);
     gen_wait(g, 200 * MS);
     gen_free(g, &big);
     gen_wait(g, MS);
@@ -187,7 +187,7 @@ static int gen_oom_reclaim(gen *g, const scenario_params *p) {
  * must keep working. Units: minutes (0 is the 3 GiB temporary). */
 static void ten_mib_steps(gen *g, uint64_t count) {
     for (uint64_t i = 0; i < count && !g->stopped; i++) {
-        block b = gen_alloc(g, 10 * TP_MiB, 0);
+        block b = gen_alloc(g, 10 * TIDE_MiB, 0);
         gen_wait(g, MS);
         gen_free(g, &b);
         gen_wait(g, 49 * MS);
@@ -196,7 +196,7 @@ static void ten_mib_steps(gen *g, uint64_t count) {
 
 static int gen_high_water(gen *g, const scenario_params *p) {
     gen_mark(g, 0);
-    block huge = gen_alloc(g, 3 * TP_GiB, 0);
+    block huge = gen_alloc(g, 3 * TIDE_GiB, 0);
     gen_wait(g, 5 * SECOND);
     gen_free(g, &huge);
     gen_wait(g, 50 * MS);
@@ -204,7 +204,7 @@ static int gen_high_water(gen *g, const scenario_params *p) {
         gen_mark(g, minute);
         ten_mib_steps(g, 60 * 20);
     }
-    block too_big = gen_alloc(g, 5 * TP_GiB, 0);
+    block too_big = gen_alloc(g, 5 * TIDE_GiB, 0);
     gen_wait(g, MS);
     gen_free(g, &too_big);
     gen_wait(g, 49 * MS);
@@ -219,9 +219,9 @@ static int gen_high_water(gen *g, const scenario_params *p) {
 static int gen_out_of_order(gen *g, const scenario_params *p) {
     for (uint64_t step = 1; step <= p->steps && !g->stopped; step++) {
         gen_mark(g, step);
-        block a = gen_alloc(g, gen_log_between(g, 256, 64 * TP_MiB), 1);
+        block a = gen_alloc(g, gen_log_between(g, 256, 64 * TIDE_MiB), 1);
         gen_wait(g, MS / 10);
-        block b = gen_alloc(g, gen_log_between(g, 256, 64 * TP_MiB), 2);
+        block b = gen_alloc(g, gen_log_between(g, 256, 64 * TIDE_MiB), 2);
         gen_wait(g, MS / 10);
         gen_free(g, &a);
         gen_wait(g, MS / 10);
@@ -237,7 +237,7 @@ static int gen_out_of_order(gen *g, const scenario_params *p) {
  * 1 (its kernel runs 1 ms), free; alloc the same size on stream 2, free;
  * again on stream 1; 5 ms later on stream 3. */
 static int gen_cross_stream(gen *g, const scenario_params *p) {
-    static const uint64_t sizes[3] = {4 * TP_KiB, 3 * TP_MiB, 100 * TP_MiB};
+    static const uint64_t sizes[3] = {4 * TIDE_KiB, 3 * TIDE_MiB, 100 * TIDE_MiB};
     for (uint64_t step = 1; step <= p->steps && !g->stopped; step++) {
         gen_mark(g, step);
         uint64_t bytes = sizes[(step - 1) % 3];
@@ -258,7 +258,7 @@ static int gen_cross_stream(gen *g, const scenario_params *p) {
 
 /* ---------------------------------------------------- image requests */
 
-/* A vision-language server (design.md section 1): a 4B-class text model
+/* A vision-language server (background of docs/failure-modes.md): a 4B-class text model
  * (Gemma 3 4B shapes) on stream 0 and a SigLIP-class vision encoder in a
  * backend context of its own, on stream 1. Every request brings 1 or 2
  * images of 64..1024 image tokens (dynamic resolution), 16..256 text tokens
@@ -453,7 +453,7 @@ static const scenario scenarios[] = {
      "alloc on stream 1, free, alloc the same size on stream 2, free, again on stream 1, then on\n"
      "stream 3; sizes 4 KiB, 3 MiB, 100 MiB in turn",
      "step", SCENARIO_USES(SCENARIO_PARAM_STEPS), {.steps = 3000}, NULL, 0, NULL, generate_cross_stream, NULL},
-    {"image-requests", "a vision-language server answering image+text requests (design.md section 1)",
+    {"image-requests", "a vision-language server answering image+text requests (docs/failure-modes.md, background)",
      "per request 1-2 images of 64..1024 tokens through a vision encoder (stream 1, its own context),\n"
      "then prefill and decode of a 4B-class text model with a growing KV cache (stream 0); one\n"
      "conversation until --context is full. Default device: a 6 GiB GPU without VMM with 3 GiB\n"
@@ -461,7 +461,7 @@ static const scenario scenarios[] = {
      "request",
      SCENARIO_USES(SCENARIO_PARAM_REQUESTS) | SCENARIO_USES(SCENARIO_PARAM_CONTEXT) |
          SCENARIO_USES(SCENARIO_PARAM_SEED),
-     {.requests = 100, .context_tokens = 16384, .seed = 1}, "sim:6GiB,novmm", 3 * TP_GiB, check_image_requests,
+     {.requests = 100, .context_tokens = 16384, .seed = 1}, "sim:6GiB,novmm", 3 * TIDE_GiB, check_image_requests,
      generate_image_requests, NULL},
     {"graph-churn", "a graph cache under new graph topologies at every request (failure mode 7)",
      "each request runs a graph of a new topology (50..250 nodes) under a new key through the graph\n"

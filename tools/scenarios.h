@@ -1,6 +1,7 @@
 /*
- * scenarios.h -- the workloads of design.md section 2 (and the image-request
- * server of section 1) as allocation traces made on the fly.
+ * scenarios.h -- the workloads of the failure modes in docs/failure-modes.md
+ * (and the image-request server of its background) as allocation traces made
+ * on the fly.
  *
  * A scenario either generates trace events, which `tide scenario` replays
  * through pools or writes as a trace file and `tide demo` replays side by

@@ -13,7 +13,7 @@ static const struct {
 } commands[] = {
     {"demo", tide_demo, "the side-by-side demo: the reported failures against tidepool (simulated device)"},
     {"replay", tide_replay, "replay allocation traces through pools and compare memory held"},
-    {"scenario", tide_scenario, "generate the workloads of the design notes, replay or write them"},
+    {"scenario", tide_scenario, "generate the workloads of docs/failure-modes.md, replay or write them"},
     {"bench", tide_bench, "measure the cached alloc+free hit path"},
 };
 

@@ -7,7 +7,7 @@
 #include "plot.h"
 #include "tide.h"
 
-#include "internal.h"
+#include "tide.h"
 
 #include <ctype.h>
 #include <errno.h>

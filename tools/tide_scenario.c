@@ -1,6 +1,6 @@
 /*
  * tide_scenario.c -- `tide scenario NAME [parameters] [options]`: generates
- * a workload of design.md (scenarios.c) and replays it through pools with
+ * a workload of docs/failure-modes.md (scenarios.c) and replays it through pools with
  * the options of `tide replay`, or writes it as a trace file (--out).
  */
 #include "scenarios.h"
@@ -14,7 +14,7 @@ static void scenario_usage(FILE *out) {
     fprintf(out,
             "usage: tide scenario NAME [parameters] [options]\n"
             "       tide scenario NAME [parameters] --out FILE[.gz]\n\n"
-            "Generates a workload of the design notes and replays it through pools (the options of\n"
+            "Generates a workload of docs/failure-modes.md and replays it through pools (the options of\n"
             "tide replay), or writes it as a trace (tidepool CSV; gzip when FILE ends in .gz, - for stdout).\n\n"
             "scenarios and their parameters (default in brackets):\n");
     size_t count;

@@ -173,6 +173,33 @@ static int run_sim(void) {
     s = tp_torch_stats_json(0);
     CHECK(json_number(s, "\"record_stream_calls\"") == 2);
     CHECK(json_number(s, "\"cross_stream_waits\"") == 0);
+
+    /* Many pointers, each used by streams 1..3 (one of them twice) and the
+     * free stream: three waits per free, in whatever state the table is after
+     * the frees before it. Streams 1..3 do not exist on the simulated device,
+     * so the event calls fail and the shim falls back to synchronising; the
+     * waits are counted all the same. A pointer with more than 16 streams
+     * makes the shim synchronise the device instead (no waits counted). */
+    enum { RS_PTRS = 300 };
+    void *rs_ptrs[RS_PTRS];
+    for (int i = 0; i < RS_PTRS; i++) {
+        rs_ptrs[i] = tp_torch_alloc(4096, 0, NULL);
+        CHECK(rs_ptrs[i] != NULL);
+        for (uintptr_t st = 1; st <= 3; st++) tp_torch_record_stream(rs_ptrs[i], (void *)st);
+        tp_torch_record_stream(rs_ptrs[i], (void *)(uintptr_t)2);
+        tp_torch_record_stream(rs_ptrs[i], NULL);
+        if (i % 3 == 2) tp_torch_free(rs_ptrs[i - 1], 4096, 0, NULL); /* frees interleaved with records */
+    }
+    for (int i = 0; i < RS_PTRS; i++)
+        if (i % 3 != 1) tp_torch_free(rs_ptrs[i], 4096, 0, NULL);
+    s = tp_torch_stats_json(0);
+    CHECK(json_number(s, "\"record_stream_calls\"") == 2 + 5 * RS_PTRS);
+    CHECK(json_number(s, "\"cross_stream_waits\"") == 3 * RS_PTRS);
+    void *many = tp_torch_alloc(4096, 0, NULL);
+    CHECK(many != NULL);
+    for (uintptr_t st = 1; st <= 20; st++) tp_torch_record_stream(many, (void *)st);
+    tp_torch_free(many, 4096, 0, NULL);
+    CHECK(json_number(tp_torch_stats_json(0), "\"cross_stream_waits\"") == 3 * RS_PTRS);
     tp_torch_free(other, 1000, 1, NULL);
 
     /* Double free: tidepool refuses it, the shim counts it. */

@@ -39,8 +39,8 @@
  * fraction, tp_torch_record_stream, tp_torch_reset_peaks, tp_torch_trim and
  * tp_torch_stats_json.
  *
- * record_stream: a side table (ptr, stream) pairs, open addressing keyed by
- * the pointer so that all pairs of one pointer sit on one probe chain. At
+ * record_stream: a side table of (ptr, stream) pairs: a tpi_map from the
+ * pointer to a list of its streams in a side array of nodes. At
  * free, for every recorded stream other than the free stream, an event is
  * recorded on it and the free stream waits on it before the block is freed
  * on the free stream: tidepool then reuses the block only after the work of
@@ -60,7 +60,9 @@
  */
 #include "tidepool.h"
 #include "tidepool_torch_internal.h"
+#include "tpi_map.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <limits.h>
 #include <pthread.h>
@@ -133,56 +135,26 @@ static const char *oom_name(tpt_oom_mode mode) {
     return mode == TPT_OOM_RAISE ? "raise" : mode == TPT_OOM_ABORT ? "abort" : "null";
 }
 
-/* Decimal number with an optional fraction, then an optional unit: B, K/KiB,
- * M/MiB, G/GiB, T/TiB (binary), KB/MB/GB/TB (decimal); case-insensitive. */
+/* A size: a decimal number with an optional fraction, then an optional unit
+ * (README.md). tidepool's tp_parse_bytes reads it; this only turns away what
+ * tp_parse_bytes would accept beyond that syntax (spaces, exponents,
+ * hexadecimal, a sign) and fractions of a byte ("1.5", "1.5B"). */
 static bool parse_size(const char *text, uint64_t *out) {
     const char *p = text;
-    uint64_t whole = 0;
-    int digits = 0;
-    while (*p >= '0' && *p <= '9') {
-        if (whole > (UINT64_MAX - 9) / 10) return false;
-        whole = whole * 10 + (uint64_t)(*p++ - '0');
-        digits++;
-    }
-    double frac = 0, scale = 0.1;
-    int frac_digits = 0;
+    while (isdigit((unsigned char)*p)) p++;
+    if (p == text) return false;
+    bool nonzero_fraction = false;
     if (*p == '.') {
-        p++;
-        while (*p >= '0' && *p <= '9') {
-            frac += (*p++ - '0') * scale;
-            scale /= 10;
-            frac_digits++;
-        }
-        if (!frac_digits) return false;
+        const char *digits = ++p;
+        while (isdigit((unsigned char)*p)) nonzero_fraction |= *p++ != '0';
+        if (p == digits) return false;
     }
-    if (!digits) return false;
-    char unit[4] = {0};
-    size_t n = 0;
-    while (*p) {
-        if (n == sizeof unit - 1) return false;
-        char ch = *p++;
-        if (ch >= 'a' && ch <= 'z') ch = (char)(ch - 'a' + 'A');
-        if (ch < 'A' || ch > 'Z') return false;
-        unit[n++] = ch;
-    }
-    static const struct { const char *name; uint64_t mult; } units[] = {
-        {"", 1}, {"B", 1},
-        {"K", 1ull << 10}, {"KIB", 1ull << 10}, {"M", 1ull << 20}, {"MIB", 1ull << 20},
-        {"G", 1ull << 30}, {"GIB", 1ull << 30}, {"T", 1ull << 40}, {"TIB", 1ull << 40},
-        {"KB", 1000ull}, {"MB", 1000000ull}, {"GB", 1000000000ull}, {"TB", 1000000000000ull},
-    };
-    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
-        if (strcmp(unit, units[i].name) != 0) continue;
-        uint64_t mult = units[i].mult;
-        if (whole > UINT64_MAX / mult) return false;
-        uint64_t bytes = whole * mult;
-        double extra = frac * (double)mult + 0.5;
-        if (frac_digits && mult == 1 && frac != 0) return false; /* no fractional bytes */
-        if (extra >= (double)(UINT64_MAX - bytes)) return false;
-        *out = bytes + (uint64_t)extra;
-        return true;
-    }
-    return false;
+    const char *unit = p;
+    while (isalpha((unsigned char)*p)) p++;
+    if (*p) return false;
+    bool bytes = !*unit || ((unit[0] == 'B' || unit[0] == 'b') && !unit[1]);
+    if (bytes && nonzero_fraction) return false;
+    return tp_parse_bytes(text, out);
 }
 
 static bool parse_uint(const char *text, uint64_t max, uint64_t *out) {
@@ -378,13 +350,14 @@ typedef struct tpt_slot {
     atomic_ullong cross_stream_waits;
 } tpt_slot;
 
-/* record_stream side table: (ptr, stream) pairs. */
-typedef struct rs_entry {
-    uintptr_t ptr;   /* 0: empty; RS_TOMB: deleted */
+/* record_stream side table: ptr -> the index of its first rs_node in g.rs_nodes;
+ * a pointer's streams are a list in recording order. Unused nodes form a free
+ * list. */
+typedef struct rs_node {
     void *stream;
-    int device;
-} rs_entry;
-#define RS_TOMB ((uintptr_t)1)
+    uint64_t next; /* RS_NONE: the last */
+} rs_node;
+#define RS_NONE UINT64_MAX
 
 static struct {
     pthread_once_t once;
@@ -397,14 +370,18 @@ static struct {
     atomic_ullong activity;      /* allocs + frees, for the upkeep thread */
     atomic_bool exiting;
     bool tick_started;           /* under create_lock */
-    /* record_stream table */
+    /* record_stream table, under rs_lock */
     pthread_mutex_t rs_lock;
-    atomic_size_t rs_live;
-    rs_entry *rs;
-    size_t rs_cap, rs_used;      /* used: live + tombstones */
+    atomic_size_t rs_live;       /* (ptr, stream) pairs recorded */
+    tpi_map rs;                  /* ptr -> first node */
+    rs_node *rs_nodes;
+    size_t rs_node_count, rs_node_cap;
+    uint64_t rs_free;            /* first unused node; RS_NONE: none */
 } g = {.once = PTHREAD_ONCE_INIT,
        .create_lock = PTHREAD_MUTEX_INITIALIZER,
-       .rs_lock = PTHREAD_MUTEX_INITIALIZER};
+       .rs_lock = PTHREAD_MUTEX_INITIALIZER,
+       .rs = {.host = &tpi_map_libc_allocator},
+       .rs_free = RS_NONE};
 
 static void log_line(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void log_line(int level, const char *fmt, ...) {
@@ -550,46 +527,41 @@ static inline tp_pool *pool_for(int device) {
 
 /* --------------------------------------------------------- record_stream */
 
-static size_t rs_hash(uintptr_t ptr, size_t cap) {
-    uint64_t h = (uint64_t)ptr * 0x9E3779B97F4A7C15ull;
-    return (size_t)(h >> 20) & (cap - 1);
-}
-
-/* rs_lock held. Rebuilds the table with room for at least need live entries. */
-static bool rs_rehash(size_t need) {
-    size_t cap = 64;
-    while (cap < need * 2) cap *= 2;
-    rs_entry *fresh = calloc(cap, sizeof *fresh);
-    if (!fresh) return false;
-    for (size_t i = 0; i < g.rs_cap; i++) {
-        rs_entry e = g.rs[i];
-        if (e.ptr <= RS_TOMB) continue;
-        size_t j = rs_hash(e.ptr, cap);
-        while (fresh[j].ptr) j = (j + 1) & (cap - 1);
-        fresh[j] = e;
+/* rs_lock held. A node for stream, or RS_NONE when host memory runs out. */
+static uint64_t rs_node_new(void *stream) {
+    uint64_t n = g.rs_free;
+    if (n != RS_NONE) {
+        g.rs_free = g.rs_nodes[n].next;
+    } else {
+        if (g.rs_node_count == g.rs_node_cap) {
+            size_t cap = g.rs_node_cap ? 2 * g.rs_node_cap : 64;
+            rs_node *nodes = realloc(g.rs_nodes, cap * sizeof *nodes);
+            if (!nodes) return RS_NONE;
+            g.rs_nodes = nodes;
+            g.rs_node_cap = cap;
+        }
+        n = g.rs_node_count++;
     }
-    free(g.rs);
-    g.rs = fresh;
-    g.rs_cap = cap;
-    g.rs_used = atomic_load(&g.rs_live);
-    return true;
+    g.rs_nodes[n] = (rs_node){stream, RS_NONE};
+    return n;
 }
 
-static void rs_insert(uintptr_t ptr, void *stream, int device) {
+static void rs_insert(uintptr_t ptr, void *stream) {
     pthread_mutex_lock(&g.rs_lock);
-    size_t live = atomic_load(&g.rs_live);
-    if ((g.rs_used + 1) * 4 > g.rs_cap * 3 && !rs_rehash(live + 1)) goto out;
-    size_t i = rs_hash(ptr, g.rs_cap), target = SIZE_MAX;
-    for (; g.rs[i].ptr; i = (i + 1) & (g.rs_cap - 1)) {
-        if (g.rs[i].ptr == ptr && g.rs[i].stream == stream) goto out; /* already recorded */
-        if (g.rs[i].ptr == RS_TOMB && target == SIZE_MAX) target = i;
+    uint64_t *head = tpi_map_find(&g.rs, ptr);
+    uint64_t last = RS_NONE;
+    for (uint64_t n = head ? *head : RS_NONE; n != RS_NONE; last = n, n = g.rs_nodes[n].next)
+        if (g.rs_nodes[n].stream == stream) goto out; /* already recorded */
+    uint64_t node = rs_node_new(stream);
+    if (node == RS_NONE) goto out;
+    if (last != RS_NONE) {
+        g.rs_nodes[last].next = node;
+    } else if (!tpi_map_put(&g.rs, ptr, node)) {
+        g.rs_nodes[node].next = g.rs_free;
+        g.rs_free = node;
+        goto out;
     }
-    if (target == SIZE_MAX) {
-        target = i;
-        g.rs_used++;
-    }
-    g.rs[target] = (rs_entry){ptr, stream, device};
-    atomic_store(&g.rs_live, live + 1);
+    atomic_fetch_add(&g.rs_live, 1);
 out:
     pthread_mutex_unlock(&g.rs_lock);
 }
@@ -600,17 +572,20 @@ out:
 static size_t rs_take(uintptr_t ptr, void **out, size_t cap) {
     size_t count = 0;
     pthread_mutex_lock(&g.rs_lock);
-    if (g.rs_cap) {
-        for (size_t i = rs_hash(ptr, g.rs_cap); g.rs[i].ptr; i = (i + 1) & (g.rs_cap - 1)) {
-            if (g.rs[i].ptr != ptr) continue;
-            if (count < cap) out[count] = g.rs[i].stream;
+    uint64_t n;
+    if (tpi_map_remove(&g.rs, ptr, &n)) {
+        while (n != RS_NONE) {
+            if (count < cap) out[count] = g.rs_nodes[n].stream;
             count++;
-            g.rs[i].ptr = RS_TOMB;
-            atomic_fetch_sub(&g.rs_live, 1);
+            uint64_t next = g.rs_nodes[n].next;
+            g.rs_nodes[n].next = g.rs_free;
+            g.rs_free = n;
+            n = next;
         }
-        if (atomic_load(&g.rs_live) == 0) { /* everything is a tombstone: start over */
-            memset(g.rs, 0, g.rs_cap * sizeof *g.rs);
-            g.rs_used = 0;
+        atomic_fetch_sub(&g.rs_live, count);
+        if (atomic_load(&g.rs_live) == 0) { /* nothing recorded: start the nodes over */
+            g.rs_node_count = 0;
+            g.rs_free = RS_NONE;
         }
     }
     pthread_mutex_unlock(&g.rs_lock);
@@ -811,7 +786,7 @@ TPT_EXPORT void tp_torch_record_stream(void *ptr, void *stream) {
         size_t bytes;
         if (!pool || tp_pool_block_size(pool, ptr, &bytes) != TP_OK) continue;
         atomic_fetch_add_explicit(&g.slots[d].record_stream_calls, 1, memory_order_relaxed);
-        rs_insert((uintptr_t)ptr, stream, d);
+        rs_insert((uintptr_t)ptr, stream);
         return;
     }
     log_line(TP_LOG_WARN, "record_stream(%p): not a live block of any tidepool pool; ignored", ptr);

@@ -1,4 +1,4 @@
-/* Graph-key churn on a real GPU (design.md section 1 and failure mode 7):
+/* Graph-key churn on a real GPU (failure mode 7, docs/failure-modes.md):
  * a loop like a vision server's image requests, where every request brings
  * a graph of a topology never seen before (50..250 memset nodes, chained or
  * independent) and ten hot keys are replayed in between. With the cache's

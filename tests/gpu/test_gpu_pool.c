@@ -3,7 +3,7 @@
  *   - alloc/free/stats/trim: blocks of many sizes, written and read back;
  *     statistics add up; trim(0) releases every idle byte and cuMemGetInfo's
  *     free memory comes back; tick releases memory idle past idle_release_ns;
- *   - growth (design.md failure mode 1, shortened): K/V temporaries growing
+ *   - growth (failure mode 1 of docs/failure-modes.md, shortened): K/V temporaries growing
  *     every step stay within 1.1x the peak live bytes when the host waits
  *     for each step (both pools) and when it runs ahead (VMM pool; the
  *     segment pool only within 6x, see scenario_growth), with few device

@@ -1,5 +1,6 @@
 /*
- * test_graph_scenarios.c -- design.md failure modes 4, 7, 8, 9 and 10 for the
+ * test_graph_scenarios.c -- failure modes 4, 7, 8, 9 and 10
+ * (docs/failure-modes.md) for the
  * graph cache, on the simulated device:
  *   4  reclaim vs captured graphs (pins transferred from a capture; a pool
  *      flush cannot free memory a live executable uses; eviction releases it)

@@ -5,7 +5,7 @@
  *     allocation with its size and stream; time never runs backwards) and
  *     the same parameters give the same trace;
  *   - tidepool's pools replay every scenario without errors or hazards,
- *     and keep the invariants of design.md section 2 where a trace can
+ *     and keep the invariants of docs/failure-modes.md where a trace can
  *     show them;
  *   - the baselines reproduce the documented behaviour: ggml-legacy holds
  *     more than 5x peak live on fa-decode, ggml-vmm counts LIFO violations
@@ -219,7 +219,7 @@ static void test_baselines(void) {
     size_t n;
     scenario_params p;
 
-    /* fa-decode as design.md states it, t = 1..131072 */
+    /* fa-decode as failure mode 1 (docs/failure-modes.md) states it, t = 1..131072 */
     scenario_defaults(scenario_find("fa-decode"), &p);
     REQUIRE(p.context_tokens == 131072);
     replay_run *run = replay_scenario("fa-decode", &p, "ggml-legacy,ggml-vmm,segment,vmm", "sim:1TiB", 0, false,
@@ -235,7 +235,7 @@ static void test_baselines(void) {
     CHECK_MSG(replay_ratio(legacy) > 5.0, "ggml-legacy holds only %.2fx peak live", replay_ratio(legacy));
     CHECK(legacy->peak_live_bytes == segment->peak_live_bytes && vmm->peak_live_bytes == segment->peak_live_bytes);
     CHECK(ggml_vmm->lifo_violations == 0); /* fa-decode frees in reverse */
-    /* design.md's invariant for tidepool: held <= 1.1x peak live */
+    /* failure mode 1's invariant for tidepool: held <= 1.1x peak live */
     CHECK_MSG(replay_ratio(segment) <= 1.1 && replay_ratio(vmm) <= 1.1, "segment %.3fx, vmm %.3fx",
               replay_ratio(segment), replay_ratio(vmm));
     CHECK(segment->errors == 0 && vmm->errors == 0 && segment->ooms == 0 && vmm->ooms == 0);
