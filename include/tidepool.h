@@ -471,6 +471,7 @@ TP_API tp_status tp_graph_cache_destroy(tp_graph_cache *cache);
 /* Registers the cache as a reclaim callback of pool: when the pool runs out
  * of memory it evicts idle executables (releasing their pins) first. */
 TP_API tp_status tp_graph_cache_attach_pool(tp_graph_cache *cache, tp_pool *pool);
+/* TP_ERR_NOT_FOUND if pool is not attached. */
 TP_API tp_status tp_graph_cache_detach_pool(tp_graph_cache *cache, tp_pool *pool);
 
 /* Makes key's executable match graph: a known key whose executable can be
@@ -479,20 +480,23 @@ TP_API tp_status tp_graph_cache_detach_pool(tp_graph_cache *cache, tp_pool *pool
  * out of memory after evicting everything evictable, returns
  * TP_ERR_RUN_EAGER: run the work without a graph. pins may be NULL. */
 TP_API tp_status tp_graph_cache_prepare(tp_graph_cache *cache, uint64_t key, tp_graph graph, const tp_graph_pins *pins);
-/* Launches key's executable on stream (TP_ERR_INVALID_ARGUMENT if the key
- * has none). */
+/* Launches key's executable on stream (TP_ERR_NOT_FOUND if the key has
+ * none). */
 TP_API tp_status tp_graph_cache_launch(tp_graph_cache *cache, uint64_t key, tp_stream stream);
-/* prepare, then launch. */
+/* prepare, then launch (TP_ERR_NOT_FOUND if another thread evicted the key
+ * in between). */
 TP_API tp_status tp_graph_cache_run(tp_graph_cache *cache, uint64_t key, tp_graph graph, const tp_graph_pins *pins,
                              tp_stream stream);
+/* Evicts every executable of key; TP_ERR_NOT_FOUND if it has none. */
 TP_API tp_status tp_graph_cache_evict(tp_graph_cache *cache, uint64_t key);
 /* Idle eviction: call now and then if background_thread is off. */
 TP_API tp_status tp_graph_cache_tick(tp_graph_cache *cache);
 TP_API tp_status tp_graph_cache_get_stats(tp_graph_cache *cache, tp_graph_cache_stats *out_stats);
-/* JSON rendering, same contract as tp_pool_stats_json. */
+/* JSON rendering, same contract as tp_pool_stats_json (TP_ERR_BUFFER_TOO_SMALL
+ * if it did not fit). */
 TP_API tp_status tp_graph_cache_stats_json(tp_graph_cache *cache, char *buf, size_t capacity, size_t *out_length);
 /* Validates the cache's invariants (lists, byte and count sums, bounds,
- * pins); on failure returns TP_ERR_INVALID_ARGUMENT with the first
+ * pins); on failure returns TP_ERR_CORRUPT with the first
  * violation in msg. */
 TP_API tp_status tp_graph_cache_check(tp_graph_cache *cache, char *msg, size_t msg_capacity);
 

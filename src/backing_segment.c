@@ -9,9 +9,9 @@
  * 10 MiB a medium one (20 MiB), larger ones a segment of their own rounded
  * up a geometric ladder (2 MiB steps, then +growth_step_percent each), so a
  * request that grows a little every step -- the flash-attention temporaries
- * of failure mode 1 (docs/failure-modes.md) -- needs a new segment only O(log n) times,
- * and each new segment retires the idle ones it replaces (the release
- * before growth). An idle segment more than four times a request's size is
+ * of failure mode 1 (docs/failure-modes.md) -- needs a new segment only
+ * O(log n) times, and each new segment retires the idle ones it replaces
+ * (the release before growth). An idle segment more than four times a request's size is
  * woken up for it only while the segment is warm (it held a block of at
  * least a quarter of its size within idle_release_ns): a working set that
  * rotates through sizes keeps reusing it, while a one-off huge temporary

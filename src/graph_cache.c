@@ -8,8 +8,8 @@
  *   virtual clock), one completion event recorded at each launch, and the
  *   pool ranges it pins. A key may own up to GC_MAX_VARIANTS executables of
  *   different topologies ("variants"): a key alternating between two
- *   topologies (failure mode 10) then costs two instantiations in total
- *   instead of one per alternation. The key's current variant, the one
+ *   topologies (failure mode 10 in docs/failure-modes.md) then costs two
+ *   instantiations in total instead of one per alternation. The key's current variant, the one
  *   tp_graph_cache_launch runs, is the one prepared last. The key index, the
  *   project's hash map (tpi_map.h), maps a key to its newest variant; the
  *   key's older variants follow through vnext.

@@ -68,8 +68,8 @@ static void test_bad_input(void) {
     CHECK(gt_sim_execs(dev) == 0);
 
     /* unknown keys */
-    CHECK_STATUS(tp_graph_cache_launch(cache, 99, TP_STREAM_DEFAULT), TP_ERR_INVALID_ARGUMENT);
-    CHECK_STATUS(tp_graph_cache_evict(cache, 99), TP_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(tp_graph_cache_launch(cache, 99, TP_STREAM_DEFAULT), TP_ERR_NOT_FOUND);
+    CHECK_STATUS(tp_graph_cache_evict(cache, 99), TP_ERR_NOT_FOUND);
     CHECK(gt_counters(dev).calls[TP_SIM_OP_GRAPH_LAUNCH] == 0);
 
     /* attach / detach */
@@ -77,14 +77,14 @@ static void test_bad_input(void) {
     CHECK_OK(tp_graph_cache_attach_pool(cache, pool));
     CHECK_STATUS(tp_graph_cache_attach_pool(cache, pool), TP_ERR_INVALID_ARGUMENT);
     CHECK_OK(tp_graph_cache_detach_pool(cache, pool));
-    CHECK_STATUS(tp_graph_cache_detach_pool(cache, pool), TP_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(tp_graph_cache_detach_pool(cache, pool), TP_ERR_NOT_FOUND);
     CHECK_OK(tp_graph_cache_attach_pool(cache, pool)); /* destroy detaches */
 
     /* JSON sizing */
-    CHECK_STATUS(tp_graph_cache_stats_json(cache, NULL, 0, &len), TP_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(tp_graph_cache_stats_json(cache, NULL, 0, &len), TP_ERR_BUFFER_TOO_SMALL);
     CHECK(len > 100);
     memset(buf, 'x', sizeof buf);
-    CHECK_STATUS(tp_graph_cache_stats_json(cache, buf, sizeof buf, NULL), TP_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(tp_graph_cache_stats_json(cache, buf, sizeof buf, NULL), TP_ERR_BUFFER_TOO_SMALL);
     CHECK(buf[sizeof buf - 1] == '\0');
 
     CHECK_STATUS(tp_device_close(dev), TP_ERR_BUSY); /* cache and pool open */
@@ -139,7 +139,7 @@ static void test_prepare_launch_hit_update(void) {
     st = gt_stats(cache);
     CHECK(st.instantiations == 2 && st.launches == 3 && st.execs == 2);
     CHECK_OK(tp_graph_cache_evict(cache, 42));
-    CHECK_STATUS(tp_graph_cache_launch(cache, 42, s), TP_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(tp_graph_cache_launch(cache, 42, s), TP_ERR_NOT_FOUND);
     CHECK_OK(tp_graph_cache_tick(cache)); /* idle eviction off: nothing happens */
     st = gt_stats(cache);
     CHECK(st.evictions_explicit == 1 && st.execs == 1 && st.evictions_idle == 0);
@@ -170,7 +170,7 @@ static void test_count_bound(void) {
     tp_graph_cache_stats st = gt_stats(cache);
     CHECK(st.execs == 8 && st.evictions_count == 12 && st.max_execs == 8);
     for (uint64_t k = 0; k < 20; k++) /* least recently used went first */
-        CHECK_STATUS(tp_graph_cache_launch(cache, k, TP_STREAM_DEFAULT), k >= 12 ? TP_OK : TP_ERR_INVALID_ARGUMENT);
+        CHECK_STATUS(tp_graph_cache_launch(cache, k, TP_STREAM_DEFAULT), k >= 12 ? TP_OK : TP_ERR_NOT_FOUND);
     CHECK_CACHE(cache);
     CHECK_OK(tp_graph_cache_destroy(cache));
 
@@ -213,7 +213,7 @@ static void test_byte_bound(void) {
     st = gt_stats(cache);
     CHECK(st.eager_fallbacks == 1 && st.exec_bytes <= 10 * TEST_MiB);
     CHECK(gt_sim_exec_bytes(dev) == st.exec_bytes);
-    CHECK_STATUS(tp_graph_cache_launch(cache, 100, TP_STREAM_DEFAULT), TP_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(tp_graph_cache_launch(cache, 100, TP_STREAM_DEFAULT), TP_ERR_NOT_FOUND);
     CHECK_CACHE(cache);
 
     /* unlimited */
@@ -265,9 +265,9 @@ static void test_segmented_lru(void) {
     }
     for (uint64_t k = 2000; k < 2020; k++) CHECK_OK(tp_graph_cache_run(cache, k, g, NULL, s));
     for (uint64_t k = 302; k < 307; k++) CHECK_OK(tp_graph_cache_launch(cache, k, s));
-    for (uint64_t k = 100; k < 105; k++) CHECK_STATUS(tp_graph_cache_launch(cache, k, s), TP_ERR_INVALID_ARGUMENT);
-    CHECK_STATUS(tp_graph_cache_launch(cache, 300, s), TP_ERR_INVALID_ARGUMENT);
-    CHECK_STATUS(tp_graph_cache_launch(cache, 301, s), TP_ERR_INVALID_ARGUMENT);
+    for (uint64_t k = 100; k < 105; k++) CHECK_STATUS(tp_graph_cache_launch(cache, k, s), TP_ERR_NOT_FOUND);
+    CHECK_STATUS(tp_graph_cache_launch(cache, 300, s), TP_ERR_NOT_FOUND);
+    CHECK_STATUS(tp_graph_cache_launch(cache, 301, s), TP_ERR_NOT_FOUND);
     CHECK_CACHE(cache);
     CHECK_OK(tp_graph_cache_destroy(cache));
     CHECK_OK(tp_sim_graph_destroy(dev, g));
@@ -452,7 +452,7 @@ static void test_faults(void) {
     CHECK_OK(tp_graph_cache_prepare(cache, 2, g, NULL));
     st = gt_stats(cache);
     CHECK(st.instantiate_failures == 2 && st.evictions_pressure == 1 && st.execs == 1);
-    CHECK_STATUS(tp_graph_cache_launch(cache, 1, s), TP_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(tp_graph_cache_launch(cache, 1, s), TP_ERR_NOT_FOUND);
     CHECK_CACHE(cache);
 
     /* update fails with a device error: the executable is rebuilt */
@@ -467,7 +467,7 @@ static void test_faults(void) {
     CHECK_OK(tp_sim_inject_fault(dev, TP_SIM_OP_GRAPH_UPDATE, 0, 1, TP_ERR_DEVICE));
     CHECK_OK(tp_sim_inject_fault(dev, TP_SIM_OP_GRAPH_INSTANTIATE, 0, 1, TP_ERR_DEVICE));
     CHECK_STATUS(tp_graph_cache_prepare(cache, 2, g, NULL), TP_ERR_DEVICE);
-    CHECK_STATUS(tp_graph_cache_launch(cache, 2, s), TP_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(tp_graph_cache_launch(cache, 2, s), TP_ERR_NOT_FOUND);
     CHECK(gt_stats(cache).execs == 0 && gt_sim_execs(dev) == 0);
     CHECK_CACHE(cache);
 
@@ -616,7 +616,7 @@ static void test_stats_json(void) {
     /* exactly len bytes do not fit (NUL), len + 1 do */
     char small[1024];
     size_t len2 = 0;
-    CHECK_STATUS(tp_graph_cache_stats_json(cache, small, len, &len2), TP_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(tp_graph_cache_stats_json(cache, small, len, &len2), TP_ERR_BUFFER_TOO_SMALL);
     CHECK(len2 == len && small[len - 1] == '\0');
     CHECK_OK(tp_graph_cache_stats_json(cache, small, len + 1, NULL));
     CHECK(strcmp(small, buf) == 0);

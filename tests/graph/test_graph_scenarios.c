@@ -105,7 +105,7 @@ static void test_mode4_reclaim_vs_captured_graphs(void) {
     tp_graph_cache_stats st = gt_stats(cache);
     CHECK(st.evictions_pressure == 1 && st.execs == 0 && st.pinned_ranges == 0);
     CHECK(gt_now(dev) >= t0 + 300 * MS); /* waited for the replay */
-    CHECK_STATUS(tp_graph_cache_launch(cache, 2, replay), TP_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(tp_graph_cache_launch(cache, 2, replay), TP_ERR_NOT_FOUND);
     c = gt_counters(dev);
     CHECK_MSG(c.invalid_accesses == 0 && c.hazards == 0, "reclaim: invalid %llu hazards %llu (unmap %llu handout %llu)",
               (unsigned long long)c.invalid_accesses, (unsigned long long)c.hazards,
@@ -315,7 +315,7 @@ static void test_mode9_instantiate_oom(void) {
     tp_graph_cache_stats st = gt_stats(cache);
     CHECK(st.evictions_pressure == 2 && st.instantiate_failures == 2 && st.execs == 4 && st.eager_fallbacks == 0);
     for (uint64_t k = 1; k <= 6; k++)
-        CHECK_STATUS(tp_graph_cache_launch(cache, k, s), k <= 2 ? TP_ERR_INVALID_ARGUMENT : TP_OK);
+        CHECK_STATUS(tp_graph_cache_launch(cache, k, s), k <= 2 ? TP_ERR_NOT_FOUND : TP_OK);
     CHECK_OK(tp_sim_advance(dev, 10 * MS));
     CHECK_CACHE(cache);
 
@@ -334,7 +334,7 @@ static void test_mode9_instantiate_oom(void) {
     uint64_t pressure = gt_stats(cache).evictions_pressure;
     CHECK_OK(tp_graph_cache_prepare(cache, 23, g10, NULL));
     CHECK(gt_stats(cache).evictions_pressure == pressure + 1);
-    CHECK_STATUS(tp_graph_cache_launch(cache, 21, s), TP_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(tp_graph_cache_launch(cache, 21, s), TP_ERR_NOT_FOUND);
     CHECK(gt_now(dev) < t0 + 1000 * MS); /* nobody waited for the slow launch */
     CHECK_OK(tp_graph_cache_launch(cache, 20, s)); /* skipped although least recent */
     CHECK_OK(tp_graph_cache_launch(cache, 22, s));

@@ -71,17 +71,17 @@ static void *worker_main(void *arg) {
                                          (1 + rng_below(&rng, 20)) * MS, &r, 1);
             tp_graph_pins pins = {sh->pool, &r, 1, false};
             tp_status st = tp_graph_cache_run(sh->cache, key, g, &pins, w->stream);
-            /* INVALID_ARGUMENT: another thread evicted the key between
+            /* NOT_FOUND: another thread evicted the key between
              * this thread's prepare and launch */
             if (st == TP_OK) atomic_fetch_add(&sh->runs_ok, 1);
             else if (st == TP_ERR_RUN_EAGER) atomic_fetch_add(&sh->eager, 1);
-            else if (st != TP_ERR_INVALID_ARGUMENT) atomic_fetch_add(&sh->errors, 1);
+            else if (st != TP_ERR_NOT_FOUND) atomic_fetch_add(&sh->errors, 1);
             tp_pool_free(sh->pool, p, w->stream);
             tp_sim_graph_destroy(sh->dev, g);
         } else if (op < 8) {
             tp_status st = tp_graph_cache_launch(sh->cache, key, w->stream);
             if (st == TP_OK) atomic_fetch_add(&sh->launches_ok, 1);
-            else if (st != TP_ERR_INVALID_ARGUMENT) atomic_fetch_add(&sh->errors, 1);
+            else if (st != TP_ERR_NOT_FOUND) atomic_fetch_add(&sh->errors, 1);
         } else if (op == 8) {
             if (rng_below(&rng, 2)) tp_graph_cache_evict(sh->cache, key);
             else tp_graph_cache_tick(sh->cache);
