@@ -26,9 +26,9 @@
  */
 #include "pool_core.h"
 
-#define SMALL_REQUEST_MAX (1 * TP_MiB)
-#define MEDIUM_REQUEST_MAX (10 * TP_MiB)
-#define LADDER_BASE (2 * TP_MiB)
+#define SMALL_REQUEST_MAX (1 * TPI_MiB)
+#define MEDIUM_REQUEST_MAX (10 * TPI_MiB)
+#define LADDER_BASE (2 * TPI_MiB)
 #define SEGMENT_FIND_CANDIDATES 16
 
 static const tpi_backing_ops segment_ops;
@@ -40,7 +40,7 @@ static uint64_t ladder_size(const tpi_core *core, uint64_t bytes) {
     const uint64_t top = UINT64_MAX - (UINT64_MAX % LADDER_BASE) - LADDER_BASE;
     uint64_t size = LADDER_BASE;
     while (size < bytes) {
-        uint64_t step = tp_align_up(TP_MAX(size / 100 * core->config.growth_step_percent, LADDER_BASE), LADDER_BASE);
+        uint64_t step = tpi_align_up(TPI_MAX(size / 100 * core->config.growth_step_percent, LADDER_BASE), LADDER_BASE);
         if (size > top - step) return bytes;
         size += step;
     }
@@ -52,7 +52,7 @@ static uint64_t segment_bytes_for(const tpi_core *core, uint64_t size) {
     if (size <= SMALL_REQUEST_MAX && size <= config->small_segment_bytes) return config->small_segment_bytes;
     if (size <= MEDIUM_REQUEST_MAX && size <= config->medium_segment_bytes) return config->medium_segment_bytes;
     uint64_t ladder = ladder_size(core, size);
-    return ladder > UINT64_MAX - config->alignment_bytes ? size : tp_align_up(ladder, config->alignment_bytes);
+    return ladder > UINT64_MAX - config->alignment_bytes ? size : tpi_align_up(ladder, config->alignment_bytes);
 }
 
 /* Free space in a busy segment is always fair game; an idle segment when it
@@ -100,8 +100,8 @@ static tp_status grow(tpi_core *core, uint64_t size, uint64_t segment_bytes, uin
     const tp_pool_config *config = &core->config;
     tpi_units_release_before_growth(&core->units, segment_bytes);
     uint64_t reserved = core->stats.pub.reserved_bytes.current;
-    uint64_t exact = tp_align_up(size, config->alignment_bytes);
-    if (segment_bytes > config->limit_bytes - TP_MIN(reserved, config->limit_bytes)) {
+    uint64_t exact = tpi_align_up(size, config->alignment_bytes);
+    if (segment_bytes > config->limit_bytes - TPI_MIN(reserved, config->limit_bytes)) {
         /* A smaller segment that just holds the request may still fit. */
         segment_bytes = exact;
         if (reserved > config->limit_bytes || segment_bytes > config->limit_bytes - reserved) {
@@ -146,7 +146,7 @@ static tp_status segment_try_alloc(tpi_backing *b, uint64_t size, uint32_t slot,
                                    uint64_t *out_need) {
     tpi_core *core = b->core;
     uint64_t segment_bytes = segment_bytes_for(core, size);
-    uint32_t id = find_usable(core, size, slot, TP_MAX(4 * size, segment_bytes));
+    uint32_t id = find_usable(core, size, slot, TPI_MAX(4 * size, segment_bytes));
     if (id == TPI_RA_NONE) {
         if (!may_grow) return TP_NOT_READY;
         tp_status st = grow(core, size, segment_bytes, &id, out_need);
@@ -219,11 +219,11 @@ static bool segments_agree(tpi_core *core, uint64_t *covered, uint64_t *used, ch
 static bool segment_check(tpi_backing *b, char *msg, size_t capacity) {
     tpi_core *core = b->core;
     size_t entries = core->units.capacity ? core->units.capacity : 1;
-    uint64_t *covered = tp_host_calloc(core->host, entries, sizeof *covered);
-    uint64_t *used = tp_host_calloc(core->host, entries, sizeof *used);
+    uint64_t *covered = tpi_host_calloc(core->host, entries, sizeof *covered);
+    uint64_t *used = tpi_host_calloc(core->host, entries, sizeof *used);
     bool ok = !covered || !used || segments_agree(core, covered, used, msg, capacity);
-    tp_host_free(core->host, covered, entries * sizeof *covered);
-    tp_host_free(core->host, used, entries * sizeof *used);
+    tpi_host_free(core->host, covered, entries * sizeof *covered);
+    tpi_host_free(core->host, used, entries * sizeof *used);
     return ok;
 }
 
@@ -235,22 +235,22 @@ static void segment_destroy(tpi_backing *b) {
         tp_status st = core->ops->mem_free(core->device, unit->base, unit->bytes);
         tpi_stats_device_call(&core->stats, st, TPI_DEVICE_CALL_FREE);
         if (st != TP_OK)
-            tp_logf(&core->device->logger, TP_LOG_ERROR, "segment pool destroy: free of %llu bytes failed: %s",
+            tpi_logf(&core->device->logger, TP_LOG_ERROR, "segment pool destroy: free of %llu bytes failed: %s",
                     (unsigned long long)unit->bytes, tp_status_name(st));
         tpi_stats_reserved_changed(&core->stats, -(int64_t)unit->bytes);
     }
-    tp_host_free(core->host, b, sizeof *b);
+    tpi_host_free(core->host, b, sizeof *b);
 }
 
 tp_status tpi_segment_create(tpi_core *core, tpi_backing **out_backing) {
-    tpi_backing *b = tp_host_calloc(core->host, 1, sizeof *b);
+    tpi_backing *b = tpi_host_calloc(core->host, 1, sizeof *b);
     if (!b) return TP_ERR_HOST_OUT_OF_MEMORY;
     *b = (tpi_backing){&segment_ops, core};
     tpi_units_config uc = {TPI_UNITS_SEGMENTS, core->config.release_threshold_bytes, core->config.idle_release_ns,
                            0, 0, 0};
     tp_status st = tpi_units_init(&core->units, &uc, core->device, &core->ra, &core->order, &core->stats);
     if (st != TP_OK) {
-        tp_host_free(core->host, b, sizeof *b);
+        tpi_host_free(core->host, b, sizeof *b);
         return st;
     }
     *out_backing = b;

@@ -88,14 +88,14 @@ static tp_status map_run(tpi_core *core, uint64_t first, uint64_t last) {
 #define VMM_CAP_RELEASE_MIN_IDLE_NS 100000000ull
 
 static uint64_t high_water(const tpi_core *core) {
-    return TP_MAX(core->stats.pub.allocated_bytes.peak, core->stats.high_water_allocated);
+    return TPI_MAX(core->stats.pub.allocated_bytes.peak, core->stats.high_water_allocated);
 }
 
 /* max(high water + high water / div + 2 pages, what the pool needs now) */
 static uint64_t cap_with_headroom(const tpi_core *core, uint64_t div, uint64_t missing_bytes) {
     uint64_t high = high_water(core);
     uint64_t floor = core->stats.pub.reserved_bytes.current - core->units.idle_bytes + missing_bytes;
-    return TP_MAX(high + high / div + 2 * core->units.page_bytes, floor);
+    return TPI_MAX(high + high / div + 2 * core->units.page_bytes, floor);
 }
 
 /* Look-ahead: while the pool only grows (a streak of growths with no free
@@ -113,14 +113,14 @@ static uint64_t lookahead_pages(const vmm_backing *vmm) {
     uint64_t reserved = core->stats.pub.reserved_bytes.current;
     uint64_t target = 2 * page_bytes;
     if (vmm->growth_streak > 1) {
-        uint32_t doublings = TP_MIN(vmm->growth_streak - 1, 20u);
-        target = TP_MAX(target, TP_MIN(page_bytes << doublings, reserved / 8));
+        uint32_t doublings = TPI_MIN(vmm->growth_streak - 1, 20u);
+        target = TPI_MAX(target, TPI_MIN(page_bytes << doublings, reserved / 8));
     } else {
         uint64_t high = high_water(core);
-        uint64_t low = TP_MIN(core->stats.allocated_low_water, high);
-        target = TP_MAX(target, (high - low) / 16);
+        uint64_t low = TPI_MIN(core->stats.allocated_low_water, high);
+        target = TPI_MAX(target, (high - low) / 16);
     }
-    return TP_MIN(target, core->config.max_map_bytes) >> core->units.page_shift;
+    return TPI_MIN(target, core->config.max_map_bytes) >> core->units.page_shift;
 }
 
 /* Maps the pages block id touches that are not mapped, plus a look-ahead of
@@ -161,9 +161,9 @@ static tp_status map_block(vmm_backing *vmm, uint32_t id, uint64_t *out_need) {
         *out_need = missing > limit ? missing : reserved + missing - limit;
         return TP_ERR_OUT_OF_MEMORY;
     }
-    extra = TP_MIN(extra, (limit - reserved - missing) >> units->page_shift);
+    extra = TPI_MIN(extra, (limit - reserved - missing) >> units->page_shift);
     uint64_t end = last + extra;
-    uint64_t max_run = TP_MAX(core->config.max_map_bytes >> units->page_shift, 1);
+    uint64_t max_run = TPI_MAX(core->config.max_map_bytes >> units->page_shift, 1);
     for (uint64_t p = first; p <= end;) {
         if (tpi_page_mapped(units, p)) {
             p++;
@@ -313,7 +313,7 @@ static void vmm_free_figures(tpi_backing *b, uint64_t *out_free, uint64_t *out_l
         const tpi_ra_node *n = &core->ra.nodes[i];
         if (n->state != TPI_RA_NODE_FREE) continue;
         uint64_t end = n->offset + n->size, first = tpi_page_of(units, n->offset);
-        uint64_t last = TP_MIN(tpi_page_of(units, end - 1), units->page_high ? units->page_high - 1 : 0);
+        uint64_t last = TPI_MIN(tpi_page_of(units, end - 1), units->page_high ? units->page_high - 1 : 0);
         uint64_t run = 0;
         for (uint64_t p = first; p <= last && p < units->page_high; p++) {
             if (!tpi_page_mapped(units, p)) {
@@ -322,10 +322,10 @@ static void vmm_free_figures(tpi_backing *b, uint64_t *out_free, uint64_t *out_l
                 continue;
             }
             uint64_t start = tpi_page_address(units, p);
-            uint64_t lo = TP_MAX(start, n->offset), hi = TP_MIN(start + units->page_bytes, end);
+            uint64_t lo = TPI_MAX(start, n->offset), hi = TPI_MIN(start + units->page_bytes, end);
             run += hi - lo;
             free_bytes += hi - lo;
-            largest = TP_MAX(largest, run);
+            largest = TPI_MAX(largest, run);
         }
         if (run) ranges++;
     }
@@ -367,10 +367,10 @@ static bool pages_agree(tpi_core *core, const vmm_backing *vmm, uint64_t *expect
 static bool vmm_check(tpi_backing *b, char *msg, size_t capacity) {
     tpi_core *core = b->core;
     uint64_t pages = core->units.capacity;
-    uint64_t *expected = tp_host_calloc(core->host, pages, sizeof *expected);
+    uint64_t *expected = tpi_host_calloc(core->host, pages, sizeof *expected);
     if (!expected) return true; /* cannot check without memory; not a violation */
     bool ok = pages_agree(core, (const vmm_backing *)b, expected, msg, capacity);
-    tp_host_free(core->host, expected, pages * sizeof *expected);
+    tpi_host_free(core->host, expected, pages * sizeof *expected);
     return ok;
 }
 
@@ -390,19 +390,19 @@ static void vmm_destroy(tpi_backing *b) {
         tp_status st = core->ops->unmap(core->device, tpi_page_address(units, p), bytes);
         tpi_stats_device_call(&core->stats, st, TPI_DEVICE_CALL_FREE);
         if (st != TP_OK)
-            tp_logf(&core->device->logger, TP_LOG_ERROR, "VMM pool destroy: unmap of %llu bytes failed: %s",
+            tpi_logf(&core->device->logger, TP_LOG_ERROR, "VMM pool destroy: unmap of %llu bytes failed: %s",
                     (unsigned long long)bytes, tp_status_name(st));
         tpi_stats_reserved_changed(&core->stats, -(int64_t)bytes);
         p = end + 1;
     }
     tp_status st = core->ops->va_release(core->device, units->va_base, vmm->va_bytes);
     tpi_stats_device_call(&core->stats, st, TPI_DEVICE_CALL_OTHER);
-    tp_host_free(core->host, vmm, sizeof *vmm);
+    tpi_host_free(core->host, vmm, sizeof *vmm);
 }
 
 tp_status tpi_vmm_create(tpi_core *core, tpi_backing **out_backing) {
     const tp_pool_config *config = &core->config;
-    vmm_backing *vmm = tp_host_calloc(core->host, 1, sizeof *vmm);
+    vmm_backing *vmm = tpi_host_calloc(core->host, 1, sizeof *vmm);
     if (!vmm) return TP_ERR_HOST_OUT_OF_MEMORY;
     vmm->base = (tpi_backing){&vmm_ops, core};
     vmm->va_bytes = config->va_reserve_bytes;
@@ -413,7 +413,7 @@ tp_status tpi_vmm_create(tpi_core *core, tpi_backing **out_backing) {
     st = core->ops->va_reserve(core->device, vmm->va_bytes, config->page_bytes, &core->units.va_base);
     tpi_stats_device_call(&core->stats, st, TPI_DEVICE_CALL_OTHER);
     if (st != TP_OK) {
-        tp_logf(&core->device->logger, TP_LOG_ERROR, "VMM pool: reserving %llu bytes of address space failed: %s",
+        tpi_logf(&core->device->logger, TP_LOG_ERROR, "VMM pool: reserving %llu bytes of address space failed: %s",
                 (unsigned long long)vmm->va_bytes, tp_status_name(st));
         goto fail;
     }
@@ -426,7 +426,7 @@ tp_status tpi_vmm_create(tpi_core *core, tpi_backing **out_backing) {
     return TP_OK;
 fail:
     tpi_units_destroy(&core->units);
-    tp_host_free(core->host, vmm, sizeof *vmm);
+    tpi_host_free(core->host, vmm, sizeof *vmm);
     return st;
 }
 

@@ -51,7 +51,7 @@ static void libc_free(void *user, void *ptr, size_t bytes) {
     free(ptr);
 }
 
-void tp_host_init(tp_host *host, const tp_host_allocator *user_allocator) {
+void tpi_host_init(tpi_host *host, const tp_host_allocator *user_allocator) {
     if (user_allocator && user_allocator->alloc && user_allocator->realloc && user_allocator->free) {
         host->allocator = *user_allocator;
     } else {
@@ -62,38 +62,38 @@ void tp_host_init(tp_host *host, const tp_host_allocator *user_allocator) {
     }
 }
 
-void *tp_host_alloc(const tp_host *host, size_t bytes) {
+void *tpi_host_alloc(const tpi_host *host, size_t bytes) {
     return host->allocator.alloc(host->allocator.user, bytes ? bytes : 1);
 }
 
-void *tp_host_calloc(const tp_host *host, size_t count, size_t size) {
+void *tpi_host_calloc(const tpi_host *host, size_t count, size_t size) {
     if (size && count > SIZE_MAX / size) return NULL;
     /* libc's calloc hands out large zeroed blocks lazily (untouched pages
      * cost nothing), which the VMM pool's per-page table relies on. */
     if (host->allocator.alloc == libc_alloc) return calloc(count ? count : 1, size ? size : 1);
     size_t bytes = count * size;
-    void *p = tp_host_alloc(host, bytes);
+    void *p = tpi_host_alloc(host, bytes);
     if (p && bytes) memset(p, 0, bytes);
     return p;
 }
 
-void *tp_host_realloc(const tp_host *host, void *ptr, size_t old_bytes, size_t new_bytes) {
-    if (!ptr) return tp_host_alloc(host, new_bytes);
+void *tpi_host_realloc(const tpi_host *host, void *ptr, size_t old_bytes, size_t new_bytes) {
+    if (!ptr) return tpi_host_alloc(host, new_bytes);
     return host->allocator.realloc(host->allocator.user, ptr, old_bytes, new_bytes ? new_bytes : 1);
 }
 
-void tp_host_free(const tp_host *host, void *ptr, size_t bytes) {
+void tpi_host_free(const tpi_host *host, void *ptr, size_t bytes) {
     if (ptr) host->allocator.free(host->allocator.user, ptr, bytes);
 }
 
-bool tp_host_grow(const tp_host *host, void **array, size_t elem, size_t *capacity, size_t need) {
+bool tpi_host_grow(const tpi_host *host, void **array, size_t elem, size_t *capacity, size_t need) {
     if (need <= *capacity) return true;
     size_t new_capacity = *capacity ? *capacity : 16;
     while (new_capacity < need) {
         if (new_capacity > SIZE_MAX / 2 / elem) return false;
         new_capacity *= 2;
     }
-    void *grown = tp_host_realloc(host, *array, *capacity * elem, new_capacity * elem);
+    void *grown = tpi_host_realloc(host, *array, *capacity * elem, new_capacity * elem);
     if (!grown) return false;
     *array = grown;
     *capacity = new_capacity;
@@ -102,7 +102,7 @@ bool tp_host_grow(const tp_host *host, void **array, size_t elem, size_t *capaci
 
 /* ---------------------------------------------------------------- logging */
 
-void tp_logf(const tp_logger *logger, tp_log_level level, const char *fmt, ...) {
+void tpi_logf(const tpi_logger *logger, tp_log_level level, const char *fmt, ...) {
     if (!logger || !logger->fn || level < logger->min_level) return;
     char message[512];
     va_list args;

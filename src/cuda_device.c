@@ -332,7 +332,7 @@ static tp_status cu_check(cuda_device *cu, CUresult r, const char *call) {
     if (r == CUDA_SUCCESS) return TP_OK;
     if (r == CUDA_ERROR_NOT_READY) return TP_NOT_READY;
     tp_status st = status_of(r);
-    tp_logf(&cu->device->logger, st == TP_ERR_OUT_OF_MEMORY ? TP_LOG_WARN : TP_LOG_ERROR,
+    tpi_logf(&cu->device->logger, st == TP_ERR_OUT_OF_MEMORY ? TP_LOG_WARN : TP_LOG_ERROR,
             "cuda:%d: %s failed: %s (%d) -> %s", cu->ordinal, call, error_name(&cu->api, r), r, tp_status_name(st));
     return st;
 }
@@ -552,8 +552,8 @@ static uint64_t cuda_now_ns(tp_device *device) {
 static tp_status cuda_va_reserve(tp_device *device, uint64_t bytes, uint64_t alignment, uint64_t *out_va) {
     cuda_device *cu = cu_of(device);
     if (!cu->vmm) return TP_ERR_UNSUPPORTED;
-    uint64_t align = TP_MAX(alignment, cu->page_bytes);
-    if (bytes == 0 || bytes % cu->page_bytes || bytes > SIZE_MAX || !tp_is_pow2(align)) return TP_ERR_INVALID_ARGUMENT;
+    uint64_t align = TPI_MAX(alignment, cu->page_bytes);
+    if (bytes == 0 || bytes % cu->page_bytes || bytes > SIZE_MAX || !tpi_is_pow2(align)) return TP_ERR_INVALID_ARGUMENT;
     CUdeviceptr va = 0;
     ctx_scope scope;
     tp_status st = ctx_enter(cu, &scope);
@@ -561,7 +561,7 @@ static tp_status cuda_va_reserve(tp_device *device, uint64_t bytes, uint64_t ali
     st = cu_check(cu, cu->api.MemAddressReserve(&va, (size_t)bytes, (size_t)align, 0, 0), "cuMemAddressReserve");
     if (st == TP_OK) {
         pthread_mutex_lock(&cu->table_lock);
-        if (tp_host_grow(&device->host, (void **)&cu->reservations, sizeof *cu->reservations,
+        if (tpi_host_grow(&device->host, (void **)&cu->reservations, sizeof *cu->reservations,
                          &cu->reservation_capacity, cu->reservation_count + 1)) {
             cu->reservations[cu->reservation_count++] = (cu_reservation){va, bytes, 0};
         } else {
@@ -584,7 +584,7 @@ static tp_status cuda_va_release(tp_device *device, uint64_t va, uint64_t bytes)
         cu_reservation *res = &cu->reservations[i];
         if (res->va != va || res->bytes != bytes) continue;
         if (res->mapped_pages) {
-            tp_logf(&device->logger, TP_LOG_ERROR,
+            tpi_logf(&device->logger, TP_LOG_ERROR,
                     "cuda:%d: va_release of [0x%llx, +%llu) refused: %llu pages still mapped inside", cu->ordinal,
                     (unsigned long long)va, (unsigned long long)bytes, (unsigned long long)res->mapped_pages);
             break;
@@ -608,12 +608,12 @@ static CUmemGenericAllocationHandle *handles_get(cuda_device *cu, size_t pages,
                                                  CUmemGenericAllocationHandle *stack) {
     if (pages <= HANDLE_STACK) return stack;
     if (pages > SIZE_MAX / sizeof(CUmemGenericAllocationHandle)) return NULL;
-    return tp_host_alloc(&cu->device->host, pages * sizeof(CUmemGenericAllocationHandle));
+    return tpi_host_alloc(&cu->device->host, pages * sizeof(CUmemGenericAllocationHandle));
 }
 
 static void handles_put(cuda_device *cu, size_t pages, CUmemGenericAllocationHandle *handles,
                         CUmemGenericAllocationHandle *stack) {
-    if (handles != stack) tp_host_free(&cu->device->host, handles, pages * sizeof *handles);
+    if (handles != stack) tpi_host_free(&cu->device->host, handles, pages * sizeof *handles);
 }
 
 /* Unmaps the first `mapped` pages and releases the first `created` handles
@@ -637,7 +637,7 @@ static tp_status cuda_map(tp_device *device, uint64_t va, uint64_t bytes) {
     bool ok = reservation_of(cu, va, bytes) != NULL && pages_absent(cu, va, pages);
     pthread_mutex_unlock(&cu->table_lock);
     if (!ok) {
-        tp_logf(&device->logger, TP_LOG_ERROR,
+        tpi_logf(&device->logger, TP_LOG_ERROR,
                 "cuda:%d: map of [0x%llx, +%llu) refused: outside every reservation or over mapped pages", cu->ordinal,
                 (unsigned long long)va, (unsigned long long)bytes);
         return TP_ERR_INVALID_ARGUMENT;
@@ -696,11 +696,11 @@ static tp_status cuda_unmap(tp_device *device, uint64_t va, uint64_t bytes) {
     bool ok = pages_take(cu, va, pages, handles);
     if (ok) {
         cu_reservation *res = reservation_of(cu, va, bytes);
-        if (res) res->mapped_pages -= TP_MIN(res->mapped_pages, (uint64_t)pages);
+        if (res) res->mapped_pages -= TPI_MIN(res->mapped_pages, (uint64_t)pages);
     }
     pthread_mutex_unlock(&cu->table_lock);
     if (!ok) {
-        tp_logf(&device->logger, TP_LOG_ERROR, "cuda:%d: unmap of [0x%llx, +%llu) refused: not every page is mapped",
+        tpi_logf(&device->logger, TP_LOG_ERROR, "cuda:%d: unmap of [0x%llx, +%llu) refused: not every page is mapped",
                 cu->ordinal, (unsigned long long)va, (unsigned long long)bytes);
         handles_put(cu, pages, handles, stack);
         return TP_ERR_INVALID_ARGUMENT;
@@ -727,7 +727,7 @@ static tp_status cuda_unmap(tp_device *device, uint64_t va, uint64_t bytes) {
             restored = restored && cu->api.MemSetAccess((CUdeviceptr)va, (size_t)(unmapped << cu->page_shift),
                                                         &cu->access, 1) == CUDA_SUCCESS;
             if (!restored)
-                tp_logf(&device->logger, TP_LOG_ERROR,
+                tpi_logf(&device->logger, TP_LOG_ERROR,
                         "cuda:%d: unmap failed part way and [0x%llx, +%llu) could not be mapped back", cu->ordinal,
                         (unsigned long long)va, (unsigned long long)(unmapped << cu->page_shift));
         }
@@ -748,7 +748,7 @@ static tp_status cuda_unmap(tp_device *device, uint64_t va, uint64_t bytes) {
             cu_reservation *res = reservation_of(cu, va, bytes);
             if (res) res->mapped_pages += pages;
         } else {
-            tp_logf(&device->logger, TP_LOG_ERROR, "cuda:%d: out of host memory putting back %zu page handles",
+            tpi_logf(&device->logger, TP_LOG_ERROR, "cuda:%d: out of host memory putting back %zu page handles",
                     cu->ordinal, pages);
         }
     }
@@ -775,7 +775,7 @@ static CUresult instantiate_measured(cuda_device *cu, CUgraph graph, CUgraphExec
     return r;
 }
 
-static tp_status cuda_graph_instantiate(tp_device *device, tp_graph graph, tp_graph_exec *out_exec,
+static tp_status cuda_graph_instantiate(tp_device *device, tp_graph graph, tpi_graph_exec *out_exec,
                                         uint64_t *out_bytes) {
     cuda_device *cu = cu_of(device);
     if (!cu->graphs) return TP_ERR_UNSUPPORTED;
@@ -788,7 +788,7 @@ static tp_status cuda_graph_instantiate(tp_device *device, tp_graph graph, tp_gr
           instantiate_measured(cu, (CUgraph)graph, &exec, &bytes), st);
     pthread_rwlock_unlock(&cu->measure_lock);
     if (st != TP_OK) return st;
-    *out_exec = (tp_graph_exec)exec;
+    *out_exec = (tpi_graph_exec)exec;
     *out_bytes = bytes;
     return TP_OK;
 }
@@ -819,7 +819,7 @@ static CUresult exec_update(cuda_device *cu, CUgraphExec exec, CUgraph graph, bo
     return *refused ? CUDA_SUCCESS : r;
 }
 
-static tp_status cuda_graph_update(tp_device *device, tp_graph_exec exec, tp_graph graph) {
+static tp_status cuda_graph_update(tp_device *device, tpi_graph_exec exec, tp_graph graph) {
     cuda_device *cu = cu_of(device);
     if (!cu->api.GraphExecUpdateV2 && !cu->api.GraphExecUpdateV1) return TP_ERR_UNSUPPORTED;
     if (!exec || !graph) return TP_ERR_INVALID_ARGUMENT;
@@ -829,7 +829,7 @@ static tp_status cuda_graph_update(tp_device *device, tp_graph_exec exec, tp_gra
     pthread_rwlock_rdlock(&cu->measure_lock);
     CU_DO(cu, "cuGraphExecUpdate", exec_update(cu, (CUgraphExec)exec, (CUgraph)graph, &refused, &result), st);
     if (st == TP_OK && refused) {
-        tp_logf(&device->logger, result == CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED ? TP_LOG_DEBUG : TP_LOG_INFO,
+        tpi_logf(&device->logger, result == CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED ? TP_LOG_DEBUG : TP_LOG_INFO,
                 "cuda:%d: graph update refused (%s): a new executable is needed", cu->ordinal, update_reason(result));
         st = TP_ERR_TOPOLOGY_MISMATCH;
     }
@@ -837,7 +837,7 @@ static tp_status cuda_graph_update(tp_device *device, tp_graph_exec exec, tp_gra
     return st;
 }
 
-static tp_status cuda_graph_launch(tp_device *device, tp_graph_exec exec, tp_stream stream) {
+static tp_status cuda_graph_launch(tp_device *device, tpi_graph_exec exec, tp_stream stream) {
     cuda_device *cu = cu_of(device);
     if (!cu->graphs) return TP_ERR_UNSUPPORTED;
     tp_status st;
@@ -854,7 +854,7 @@ static uint64_t cuda_graph_node_count(tp_device *device, tp_graph graph) {
     return count;
 }
 
-static tp_status cuda_graph_destroy(tp_device *device, tp_graph_exec exec) {
+static tp_status cuda_graph_destroy(tp_device *device, tpi_graph_exec exec) {
     cuda_device *cu = cu_of(device);
     if (!cu->graphs) return TP_ERR_UNSUPPORTED;
     tp_status st;
@@ -867,12 +867,12 @@ static tp_status cuda_graph_destroy(tp_device *device, tp_graph_exec exec) {
 /* ------------------------------------------------------------ lifecycle */
 
 static void cuda_free_state(tp_device *device, cuda_device *cu) {
-    const tp_host *host = &device->host;
+    const tpi_host *host = &device->host;
     tpi_map_destroy(&cu->pages);
-    tp_host_free(host, cu->reservations, cu->reservation_capacity * sizeof *cu->reservations);
+    tpi_host_free(host, cu->reservations, cu->reservation_capacity * sizeof *cu->reservations);
     pthread_mutex_destroy(&cu->table_lock);
     pthread_rwlock_destroy(&cu->measure_lock);
-    tp_host_free(host, cu, sizeof *cu);
+    tpi_host_free(host, cu, sizeof *cu);
 }
 
 static void cuda_close(tp_device *device) {
@@ -881,7 +881,7 @@ static void cuda_close(tp_device *device) {
     bool current = ctx_enter(cu, &scope) == TP_OK;
     /* Pools unmap and release everything; anything left is a leak, freed here. */
     if (cu->pages.count || cu->reservation_count)
-        tp_logf(&device->logger, TP_LOG_WARN, "cuda:%d: close with %zu pages still mapped in %zu reservations",
+        tpi_logf(&device->logger, TP_LOG_WARN, "cuda:%d: close with %zu pages still mapped in %zu reservations",
                 cu->ordinal, cu->pages.count, cu->reservation_count);
     if (current) {
         size_t cursor = 0;
@@ -900,7 +900,7 @@ static void cuda_close(tp_device *device) {
     cuda_free_state(device, cu);
 }
 
-static const tp_device_ops cuda_ops = {
+static const tpi_device_ops cuda_ops = {
     .backend = "cuda",
     .close = cuda_close,
     .mem_info = cuda_mem_info,
@@ -941,11 +941,11 @@ static bool load_symbols(cuda_device *cu, bool *out_vmm) {
             /* POSIX: a data pointer from dlsym converts to the function pointer. */
             memcpy((char *)&cu->api + s->offset, &address, sizeof address);
         } else if (s->need == SYM_REQUIRED) {
-            tp_logf(&cu->device->logger, TP_LOG_ERROR, "cuda:%d: the CUDA driver lacks %s", cu->ordinal, s->names[0]);
+            tpi_logf(&cu->device->logger, TP_LOG_ERROR, "cuda:%d: the CUDA driver lacks %s", cu->ordinal, s->names[0]);
             return false;
         } else if (s->need == SYM_VMM) {
             *out_vmm = false;
-            tp_logf(&cu->device->logger, TP_LOG_INFO, "cuda:%d: the CUDA driver lacks %s: VMM disabled", cu->ordinal,
+            tpi_logf(&cu->device->logger, TP_LOG_INFO, "cuda:%d: the CUDA driver lacks %s: VMM disabled", cu->ordinal,
                     s->names[0]);
         }
     }
@@ -954,20 +954,20 @@ static bool load_symbols(cuda_device *cu, bool *out_vmm) {
 
 /* Logs why the device cannot be opened; TP_ERR_NO_DEVICE. */
 static tp_status no_device(cuda_device *cu, CUresult r, const char *call) {
-    tp_logf(&cu->device->logger, TP_LOG_ERROR, "cuda:%d: %s failed: %s (%d): no CUDA device", cu->ordinal, call,
+    tpi_logf(&cu->device->logger, TP_LOG_ERROR, "cuda:%d: %s failed: %s (%d): no CUDA device", cu->ordinal, call,
             error_name(&cu->api, r), r);
     return TP_ERR_NO_DEVICE;
 }
 
 /* Opens the driver and the device; fills cu and the device info. On failure
  * the caller releases what cu->ctx holds. */
-static tp_status cuda_open(tp_device *device, cuda_device *cu, const tp_device_options *options) {
-    const tp_logger *logger = &device->logger;
+static tp_status cuda_open(tp_device *device, cuda_device *cu, const tpi_device_options *options) {
+    const tpi_logger *logger = &device->logger;
     dlerror();
     cu->library = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     if (!cu->library) {
         const char *why = dlerror();
-        tp_logf(logger, TP_LOG_ERROR, "cuda:%d: cannot load the CUDA driver (libcuda.so.1): %s", cu->ordinal,
+        tpi_logf(logger, TP_LOG_ERROR, "cuda:%d: cannot load the CUDA driver (libcuda.so.1): %s", cu->ordinal,
                 why ? why : "unknown reason");
         return TP_ERR_NO_DEVICE;
     }
@@ -981,7 +981,7 @@ static tp_status cuda_open(tp_device *device, cuda_device *cu, const tp_device_o
     r = cu->api.DeviceGetCount(&count);
     if (r != CUDA_SUCCESS) return no_device(cu, r, "cuDeviceGetCount");
     if (cu->ordinal >= count) {
-        tp_logf(logger, TP_LOG_ERROR, "cuda:%d: no such device (%d CUDA device%s present)", cu->ordinal, count,
+        tpi_logf(logger, TP_LOG_ERROR, "cuda:%d: no such device (%d CUDA device%s present)", cu->ordinal, count,
                 count == 1 ? "" : "s");
         return TP_ERR_NO_DEVICE;
     }
@@ -1025,20 +1025,20 @@ static tp_status cuda_open(tp_device *device, cuda_device *cu, const tp_device_o
         CU_DO(cu, "cuMemGetAllocationGranularity",
               cu->api.MemGetAllocationGranularity(&g, &cu->prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM), st);
         (void)st; /* a failure is logged; g is judged below either way */
-        if (g && tp_is_pow2(g)) {
+        if (g && tpi_is_pow2(g)) {
             granularity = g;
         } else {
-            tp_logf(logger, TP_LOG_WARN, "cuda:%d: allocation granularity %zu unusable: VMM disabled", cu->ordinal, g);
+            tpi_logf(logger, TP_LOG_WARN, "cuda:%d: allocation granularity %zu unusable: VMM disabled", cu->ordinal, g);
             vmm_attribute = 0;
         }
     }
     info->vmm_supported = vmm_attribute != 0;
     info->vmm_enabled = info->vmm_supported && !options->novmm;
-    if (!granularity) granularity = 2 * TP_MiB; /* the page size segment pools still quote */
+    if (!granularity) granularity = 2 * TPI_MiB; /* the page size segment pools still quote */
     if (options->granularity_bytes) {
         /* gran=SIZE: larger pages, each still one physical allocation. */
         if (options->granularity_bytes % granularity) {
-            tp_logf(logger, TP_LOG_ERROR, "cuda:%d: gran=%llu is not a multiple of the driver's granularity %llu",
+            tpi_logf(logger, TP_LOG_ERROR, "cuda:%d: gran=%llu is not a multiple of the driver's granularity %llu",
                     cu->ordinal, (unsigned long long)options->granularity_bytes, (unsigned long long)granularity);
             return TP_ERR_BAD_SPEC;
         }
@@ -1052,7 +1052,7 @@ static tp_status cuda_open(tp_device *device, cuda_device *cu, const tp_device_o
                  cu->api.GraphExecDestroy;
 
     char capacity[32], gran[32];
-    tp_logf(logger, TP_LOG_INFO, "cuda:%d: %s, %s, driver %d.%d, VMM %s, granularity %s%s", cu->ordinal, info->name,
+    tpi_logf(logger, TP_LOG_INFO, "cuda:%d: %s, %s, driver %d.%d, VMM %s, granularity %s%s", cu->ordinal, info->name,
             tp_format_bytes(info->capacity_bytes, capacity, sizeof capacity), driver_version / 1000,
             (driver_version % 1000) / 10,
             info->vmm_enabled ? "on" : info->vmm_supported ? "off (novmm)" : "unsupported",
@@ -1060,8 +1060,8 @@ static tp_status cuda_open(tp_device *device, cuda_device *cu, const tp_device_o
     return TP_OK;
 }
 
-tp_status tp_cuda_device_create(tp_device *device, const tp_device_options *options) {
-    cuda_device *cu = tp_host_calloc(&device->host, 1, sizeof *cu);
+tp_status tpi_cuda_device_create(tp_device *device, const tpi_device_options *options) {
+    cuda_device *cu = tpi_host_calloc(&device->host, 1, sizeof *cu);
     if (!cu) return TP_ERR_HOST_OUT_OF_MEMORY;
     cu->device = device;
     cu->ordinal = options->ordinal;
@@ -1075,12 +1075,12 @@ tp_status tp_cuda_device_create(tp_device *device, const tp_device_options *opti
     int rc = pthread_rwlock_init(&cu->measure_lock, &attr);
     pthread_rwlockattr_destroy(&attr);
     if (rc != 0) {
-        tp_host_free(&device->host, cu, sizeof *cu);
+        tpi_host_free(&device->host, cu, sizeof *cu);
         return TP_ERR_HOST_OUT_OF_MEMORY;
     }
     if (pthread_mutex_init(&cu->table_lock, NULL) != 0) {
         pthread_rwlock_destroy(&cu->measure_lock);
-        tp_host_free(&device->host, cu, sizeof *cu);
+        tpi_host_free(&device->host, cu, sizeof *cu);
         return TP_ERR_HOST_OUT_OF_MEMORY;
     }
     tp_status st = cuda_open(device, cu, options);

@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static tp_status parse_option(tp_device_options *options, const char *option, const tp_logger *logger) {
+static tp_status parse_option(tpi_device_options *options, const char *option, const tpi_logger *logger) {
     const char *eq = strchr(option, '=');
     size_t key_len = eq ? (size_t)(eq - option) : strlen(option);
     const char *value = eq ? eq + 1 : NULL;
@@ -24,7 +24,7 @@ static tp_status parse_option(tp_device_options *options, const char *option, co
     } else if (KEY_IS("graphpool") && !value) {
         options->graphpool = true;
     } else if (KEY_IS("gran") && value) {
-        if (!tp_parse_bytes(value, &options->granularity_bytes) || !tp_is_pow2(options->granularity_bytes))
+        if (!tp_parse_bytes(value, &options->granularity_bytes) || !tpi_is_pow2(options->granularity_bytes))
             goto bad;
     } else if (KEY_IS("graph_node_bytes") && value) {
         if (!tp_parse_bytes(value, &options->graph_node_bytes)) goto bad;
@@ -40,7 +40,7 @@ static tp_status parse_option(tp_device_options *options, const char *option, co
 #undef KEY_IS
     return TP_OK;
 bad:
-    tp_logf(logger, TP_LOG_ERROR, "device spec: bad option '%s' (known: novmm, nocheck, graphpool, gran=SIZE, "
+    tpi_logf(logger, TP_LOG_ERROR, "device spec: bad option '%s' (known: novmm, nocheck, graphpool, gran=SIZE, "
             "graph_node_bytes=SIZE, graph_exec_bytes=SIZE, seed=N)", option);
     return TP_ERR_BAD_SPEC;
 }
@@ -51,20 +51,20 @@ tp_status tp_device_open(const char *spec, const tp_device_config *config, tp_de
     if (!spec) spec = "sim";
     tp_device_config defaults = {0};
     if (!config) config = &defaults;
-    tp_logger logger = {config->log, config->log_user, config->log_level};
+    tpi_logger logger = {config->log, config->log_user, config->log_level};
 
     char buf[256];
     if (strlen(spec) >= sizeof buf) {
-        tp_logf(&logger, TP_LOG_ERROR, "device spec too long");
+        tpi_logf(&logger, TP_LOG_ERROR, "device spec too long");
         return TP_ERR_BAD_SPEC;
     }
     strcpy(buf, spec);
 
-    tp_device_options options = {0};
+    tpi_device_options options = {0};
     char *save = NULL;
     char *head = strtok_r(buf, ",", &save);
     if (!head) {
-        tp_logf(&logger, TP_LOG_ERROR, "empty device spec (try \"sim\", \"sim:6GiB,novmm\" or \"cuda:0\")");
+        tpi_logf(&logger, TP_LOG_ERROR, "empty device spec (try \"sim\", \"sim:6GiB,novmm\" or \"cuda:0\")");
         return TP_ERR_BAD_SPEC;
     }
     char *colon = strchr(head, ':');
@@ -76,20 +76,20 @@ tp_status tp_device_open(const char *spec, const tp_device_config *config, tp_de
     bool is_sim = strcmp(head, "sim") == 0;
     bool is_cuda = strcmp(head, "cuda") == 0;
     if (!is_sim && !is_cuda) {
-        tp_logf(&logger, TP_LOG_ERROR, "device spec '%s': unknown backend '%s' (use sim or cuda)", spec, head);
+        tpi_logf(&logger, TP_LOG_ERROR, "device spec '%s': unknown backend '%s' (use sim or cuda)", spec, head);
         return TP_ERR_BAD_SPEC;
     }
     if (arg) {
         if (is_sim) {
             if (!tp_parse_bytes(arg, &options.capacity_bytes) || options.capacity_bytes == 0) {
-                tp_logf(&logger, TP_LOG_ERROR, "device spec '%s': bad capacity '%s'", spec, arg);
+                tpi_logf(&logger, TP_LOG_ERROR, "device spec '%s': bad capacity '%s'", spec, arg);
                 return TP_ERR_BAD_SPEC;
             }
         } else {
             char *end;
             long ordinal = strtol(arg, &end, 10);
             if (*end || end == arg || ordinal < 0 || ordinal > 1024) {
-                tp_logf(&logger, TP_LOG_ERROR, "device spec '%s': bad device ordinal '%s'", spec, arg);
+                tpi_logf(&logger, TP_LOG_ERROR, "device spec '%s': bad device ordinal '%s'", spec, arg);
                 return TP_ERR_BAD_SPEC;
             }
             options.ordinal = (int)ordinal;
@@ -100,16 +100,16 @@ tp_status tp_device_open(const char *spec, const tp_device_config *config, tp_de
         if (st != TP_OK) return st;
     }
 
-    tp_host host;
-    tp_host_init(&host, &config->host);
-    tp_device *device = tp_host_calloc(&host, 1, sizeof *device);
+    tpi_host host;
+    tpi_host_init(&host, &config->host);
+    tp_device *device = tpi_host_calloc(&host, 1, sizeof *device);
     if (!device) return TP_ERR_HOST_OUT_OF_MEMORY;
     device->host = host;
     device->logger = logger;
     atomic_init(&device->users, 0);
-    tp_status st = is_sim ? tp_sim_device_create(device, &options) : tp_cuda_device_create(device, &options);
+    tp_status st = is_sim ? tpi_sim_device_create(device, &options) : tpi_cuda_device_create(device, &options);
     if (st != TP_OK) {
-        tp_host_free(&host, device, sizeof *device);
+        tpi_host_free(&host, device, sizeof *device);
         return st;
     }
     *out_device = device;
@@ -120,12 +120,12 @@ tp_status tp_device_close(tp_device *device) {
     if (!device) return TP_ERR_INVALID_ARGUMENT;
     int users = atomic_load(&device->users);
     if (users != 0) {
-        tp_logf(&device->logger, TP_LOG_ERROR, "tp_device_close: %d pools or caches still open", users);
+        tpi_logf(&device->logger, TP_LOG_ERROR, "tp_device_close: %d pools or caches still open", users);
         return TP_ERR_BUSY;
     }
     device->ops->close(device);
-    tp_host host = device->host;
-    tp_host_free(&host, device, sizeof *device);
+    tpi_host host = device->host;
+    tpi_host_free(&host, device, sizeof *device);
     return TP_OK;
 }
 

@@ -7,8 +7,8 @@ tp_status tpi_front_init(tpi_front *f, tpi_core *core, tpi_backing *backing, uin
                          uint64_t max_block_bytes) {
     *f = (tpi_front){.core = core, .backing = backing, .limit_bytes = limit_bytes,
                      .max_block_bytes = max_block_bytes, .slot_node = TPI_RA_NONE};
-    f->bins = tp_host_calloc(core->host, TPI_RA_BIN_COUNT, sizeof *f->bins);
-    f->bin_count = tp_host_calloc(core->host, TPI_RA_BIN_COUNT, 1);
+    f->bins = tpi_host_calloc(core->host, TPI_RA_BIN_COUNT, sizeof *f->bins);
+    f->bin_count = tpi_host_calloc(core->host, TPI_RA_BIN_COUNT, 1);
     if (!f->bins || !f->bin_count) {
         tpi_front_destroy(f);
         return TP_ERR_HOST_OUT_OF_MEMORY;
@@ -17,8 +17,8 @@ tp_status tpi_front_init(tpi_front *f, tpi_core *core, tpi_backing *backing, uin
 }
 
 void tpi_front_destroy(tpi_front *f) {
-    tp_host_free(f->core->host, f->bins, TPI_RA_BIN_COUNT * sizeof *f->bins);
-    tp_host_free(f->core->host, f->bin_count, TPI_RA_BIN_COUNT);
+    tpi_host_free(f->core->host, f->bins, TPI_RA_BIN_COUNT * sizeof *f->bins);
+    tpi_host_free(f->core->host, f->bin_count, TPI_RA_BIN_COUNT);
     f->bins = NULL;
     f->bin_count = NULL;
 }

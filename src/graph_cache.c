@@ -132,11 +132,11 @@ typedef struct gc_cost {
     uint64_t bytes, nodes;
 } gc_cost;
 #define GC_DEFAULT_MAX_EXECS 64u
-#define GC_DEFAULT_MAX_BYTES (256 * TP_MiB)
+#define GC_DEFAULT_MAX_BYTES (256 * TPI_MiB)
 #define GC_DEFAULT_IDLE_NS 10000000000ull
 #define GC_DEFAULT_PROTECTED 80u
 #define GC_DEFAULT_TICK_NS 1000000000ull
-#define GC_DEFAULT_NODE_BYTES (10 * TP_KiB)
+#define GC_DEFAULT_NODE_BYTES (10 * TPI_KiB)
 
 enum { SEG_PROBATION = 0, SEG_PROTECTED = 1 };
 
@@ -158,7 +158,7 @@ typedef struct gc_pins {
 typedef struct gc_exec {
     uint64_t key;
     tp_graph graph; /* handle last prepared into it (compared, never used) */
-    tp_graph_exec exec;
+    tpi_graph_exec exec;
     uint64_t bytes;
     uint64_t last_use_ns;
     uint64_t prepared_seq; /* the key's current variant has the highest */
@@ -185,8 +185,8 @@ typedef struct gc_retired {
 
 struct tp_graph_cache {
     tp_device *device;
-    const tp_device_ops *ops;
-    const tp_host *host;
+    const tpi_device_ops *ops;
+    const tpi_host *host;
     tp_graph_cache_config config; /* defaults filled in */
     uint32_t protected_cap;
     pthread_mutex_t lock;
@@ -229,11 +229,11 @@ static void pins_release(tp_graph_cache *cache, gc_pins *p) {
         const tp_range *r = &p->ranges[i];
         tp_status st = tp_pool_unpin(p->pool, (const void *)(uintptr_t)r->address, (size_t)r->bytes);
         if (st != TP_OK)
-            tp_logf(&cache->device->logger, TP_LOG_WARN, "graph cache: unpinning [0x%llx, +%llu) failed: %s",
+            tpi_logf(&cache->device->logger, TP_LOG_WARN, "graph cache: unpinning [0x%llx, +%llu) failed: %s",
                     (unsigned long long)r->address, (unsigned long long)r->bytes, tp_status_name(st));
     }
     cache->stats.pinned_ranges -= p->count;
-    tp_host_free(cache->host, p->ranges, p->count * sizeof *p->ranges);
+    tpi_host_free(cache->host, p->ranges, p->count * sizeof *p->ranges);
     *p = (gc_pins){0};
 }
 
@@ -259,7 +259,7 @@ static void pins_drop_foreign(tp_graph_cache *cache, const tp_graph_pins *in) {
 static tp_status pins_acquire(tp_graph_cache *cache, const tp_graph_pins *in, gc_pins *out) {
     *out = (gc_pins){0};
     if (in->count == 0) return TP_OK;
-    tp_range *copy = tp_host_alloc(cache->host, in->count * sizeof *copy);
+    tp_range *copy = tpi_host_alloc(cache->host, in->count * sizeof *copy);
     if (!copy) {
         pins_drop_foreign(cache, in);
         return TP_ERR_HOST_OUT_OF_MEMORY;
@@ -269,11 +269,11 @@ static tp_status pins_acquire(tp_graph_cache *cache, const tp_graph_pins *in, gc
         for (size_t i = 0; i < in->count; i++) {
             tp_status st = tp_pool_pin(in->pool, (const void *)(uintptr_t)copy[i].address, (size_t)copy[i].bytes);
             if (st != TP_OK) {
-                tp_logf(&cache->device->logger, TP_LOG_ERROR, "graph cache: pinning [0x%llx, +%llu) failed: %s",
+                tpi_logf(&cache->device->logger, TP_LOG_ERROR, "graph cache: pinning [0x%llx, +%llu) failed: %s",
                         (unsigned long long)copy[i].address, (unsigned long long)copy[i].bytes, tp_status_name(st));
                 for (size_t k = 0; k < i; k++)
                     tp_pool_unpin(in->pool, (const void *)(uintptr_t)copy[k].address, (size_t)copy[k].bytes);
-                tp_host_free(cache->host, copy, in->count * sizeof *copy);
+                tpi_host_free(cache->host, copy, in->count * sizeof *copy);
                 return st;
             }
         }
@@ -398,11 +398,11 @@ static bool wait_event(tp_graph_cache *cache, tp_event event) {
     tp_status st = event ? cache->ops->event_synchronize(cache->device, event) : TP_ERR_INVALID_ARGUMENT;
     if (st == TP_OK) return true;
     if (event)
-        tp_logf(&cache->device->logger, TP_LOG_WARN, "graph cache: event wait failed (%s); synchronising the device",
+        tpi_logf(&cache->device->logger, TP_LOG_WARN, "graph cache: event wait failed (%s); synchronising the device",
                 tp_status_name(st));
     st = cache->ops->device_synchronize(cache->device);
     if (st == TP_OK) return true;
-    tp_logf(&cache->device->logger, TP_LOG_ERROR, "graph cache: device synchronisation failed: %s", tp_status_name(st));
+    tpi_logf(&cache->device->logger, TP_LOG_ERROR, "graph cache: device synchronisation failed: %s", tp_status_name(st));
     return false;
 }
 
@@ -419,15 +419,15 @@ static bool exec_wait(tp_graph_cache *cache, gc_exec *e) {
 /* Last resort when completion cannot be established: keep the pool memory
  * pinned for good (a leak) rather than risk work reading freed memory. */
 static void pins_abandon(tp_graph_cache *cache, gc_pins *p) {
-    tp_logf(&cache->device->logger, TP_LOG_ERROR,
+    tpi_logf(&cache->device->logger, TP_LOG_ERROR,
             "graph cache: completion of the last launch is unknown; %zu pinned range(s) stay pinned", p->count);
     cache->stats.pinned_ranges -= p->count;
-    tp_host_free(cache->host, p->ranges, p->count * sizeof *p->ranges);
+    tpi_host_free(cache->host, p->ranges, p->count * sizeof *p->ranges);
     *p = (gc_pins){0};
 }
 
 static bool retire(tp_graph_cache *cache, gc_pins *pins, tp_event event) {
-    if (!tp_host_grow(cache->host, (void **)&cache->retired, sizeof *cache->retired, &cache->retired_capacity,
+    if (!tpi_host_grow(cache->host, (void **)&cache->retired, sizeof *cache->retired, &cache->retired_capacity,
                       cache->retired_count + 1))
         return false;
     cache->retired[cache->retired_count++] = (gc_retired){*pins, event};
@@ -480,14 +480,14 @@ static uint64_t evict(tp_graph_cache *cache, gc_exec *e, gc_reason reason, bool 
     cache->exec_bytes -= e->bytes;
     cache->stats.execs--;
     count_eviction(cache, reason);
-    tp_logf(&cache->device->logger, TP_LOG_DEBUG, "graph cache: evicting key 0x%llx (%llu bytes, reason %d)",
+    tpi_logf(&cache->device->logger, TP_LOG_DEBUG, "graph cache: evicting key 0x%llx (%llu bytes, reason %d)",
             (unsigned long long)e->key, (unsigned long long)e->bytes, (int)reason);
 
     bool done = exec_idle(cache, e);
     if (!done && (wait || e->completion_unknown)) done = exec_wait(cache, e);
     tp_status st = cache->ops->graph_destroy(cache->device, e->exec);
     if (st != TP_OK)
-        tp_logf(&cache->device->logger, TP_LOG_WARN, "graph cache: destroying the executable of key 0x%llx failed: %s",
+        tpi_logf(&cache->device->logger, TP_LOG_WARN, "graph cache: destroying the executable of key 0x%llx failed: %s",
                 (unsigned long long)e->key, tp_status_name(st));
     uint64_t freed = 0;
     if (e->pins.count) {
@@ -501,7 +501,7 @@ static uint64_t evict(tp_graph_cache *cache, gc_exec *e, gc_reason reason, bool 
         }
     }
     if (e->event) cache->ops->event_destroy(cache->device, e->event);
-    tp_host_free(cache->host, e, sizeof *e);
+    tpi_host_free(cache->host, e, sizeof *e);
     return freed;
 }
 
@@ -573,13 +573,13 @@ static void upkeep(tp_graph_cache *cache, uint64_t now, bool force_sweep) {
 
 /* Nodes of a template, 0 when the backend cannot tell. */
 static uint64_t graph_node_count(tp_graph_cache *cache, tp_graph graph) {
-    const tp_device_ops *ops = cache->device->ops;
+    const tpi_device_ops *ops = cache->device->ops;
     return ops->graph_node_count ? ops->graph_node_count(cache->device, graph) : 0;
 }
 
 static uint64_t recent_max(const tp_graph_cache *cache) {
     uint64_t m = 0;
-    for (unsigned i = 0; i < GC_RECENT; i++) m = TP_MAX(m, cache->recent[i]);
+    for (unsigned i = 0; i < GC_RECENT; i++) m = TPI_MAX(m, cache->recent[i]);
     return m;
 }
 
@@ -600,7 +600,7 @@ static uint64_t modelled_bytes(const tp_graph_cache *cache, uint64_t nodes) {
     if (!cache->cost_count) return cache->config.node_bytes_estimate * nodes;
     uint64_t per_node = 0;
     for (unsigned i = 0; i < cache->cost_count; i++)
-        per_node = TP_MAX(per_node, (cache->cost[i].bytes + cache->cost[i].nodes - 1) / cache->cost[i].nodes);
+        per_node = TPI_MAX(per_node, (cache->cost[i].bytes + cache->cost[i].nodes - 1) / cache->cost[i].nodes);
     return per_node * nodes;
 }
 
@@ -610,23 +610,23 @@ static uint64_t exec_bytes_accounted(tp_graph_cache *cache, uint64_t measured_by
         cache->cost_next = (cache->cost_next + 1) % GC_COST_WINDOW;
         if (cache->cost_count < GC_COST_WINDOW) cache->cost_count++;
     }
-    return TP_MAX(measured_bytes, modelled_bytes(cache, nodes));
+    return TPI_MAX(measured_bytes, modelled_bytes(cache, nodes));
 }
 
 /* Instantiates graph (of nodes nodes, 0 if unknown) as a new variant of
  * key. newpins (may be NULL) are consumed on every path. */
 static tp_status instantiate_new(tp_graph_cache *cache, uint64_t key, tp_graph graph, uint64_t nodes,
                                  gc_pins *newpins, uint64_t estimate, uint64_t now) {
-    const tp_logger *log = &cache->device->logger;
-    gc_exec *e = tp_host_calloc(cache->host, 1, sizeof *e);
+    const tpi_logger *log = &cache->device->logger;
+    gc_exec *e = tpi_host_calloc(cache->host, 1, sizeof *e);
     if (!e || !index_reserve(cache)) {
-        tp_host_free(cache->host, e, sizeof *e);
+        tpi_host_free(cache->host, e, sizeof *e);
         if (newpins) pins_release(cache, newpins);
         return TP_ERR_HOST_OUT_OF_MEMORY;
     }
     make_room(cache, 1, estimate, NULL);
 
-    tp_graph_exec exec = NULL;
+    tpi_graph_exec exec = NULL;
     uint64_t bytes = 0, free_before = 0, free_after = 0, total = 0;
     tp_status st;
     for (;;) {
@@ -641,7 +641,7 @@ static tp_status instantiate_new(tp_graph_cache *cache, uint64_t key, tp_graph g
         }
         cache->stats.instantiate_failures++;
         if (st != TP_ERR_OUT_OF_MEMORY) {
-            tp_logf(log, TP_LOG_WARN, "graph cache: instantiating key 0x%llx failed: %s", (unsigned long long)key,
+            tpi_logf(log, TP_LOG_WARN, "graph cache: instantiating key 0x%llx failed: %s", (unsigned long long)key,
                     tp_status_name(st));
             goto fail;
         }
@@ -649,7 +649,7 @@ static tp_status instantiate_new(tp_graph_cache *cache, uint64_t key, tp_graph g
         if (!victim) victim = pick_victim(cache, NULL, NULL, NULL);
         if (!victim) {
             cache->stats.eager_fallbacks++;
-            tp_logf(log, TP_LOG_WARN,
+            tpi_logf(log, TP_LOG_WARN,
                     "graph cache: out of device memory instantiating key 0x%llx with nothing left to evict; "
                     "run it eagerly", (unsigned long long)key);
             st = TP_ERR_RUN_EAGER;
@@ -679,7 +679,7 @@ static tp_status instantiate_new(tp_graph_cache *cache, uint64_t key, tp_graph g
     touch(cache, e, false, now);
 
     if (cache->config.max_bytes != TP_BYTES_UNLIMITED && bytes > cache->config.max_bytes) {
-        tp_logf(log, TP_LOG_WARN, "graph cache: key 0x%llx needs %llu bytes, more than max_bytes %llu; run it eagerly",
+        tpi_logf(log, TP_LOG_WARN, "graph cache: key 0x%llx needs %llu bytes, more than max_bytes %llu; run it eagerly",
                 (unsigned long long)key, (unsigned long long)bytes, (unsigned long long)cache->config.max_bytes);
         evict(cache, e, REASON_BYTES, false, NULL);
         cache->stats.eager_fallbacks++;
@@ -690,7 +690,7 @@ static tp_status instantiate_new(tp_graph_cache *cache, uint64_t key, tp_graph g
 
 fail:
     if (newpins) pins_release(cache, newpins);
-    tp_host_free(cache->host, e, sizeof *e);
+    tpi_host_free(cache->host, e, sizeof *e);
     return st;
 }
 
@@ -749,9 +749,9 @@ static tp_status prepare_locked(tp_graph_cache *cache, uint64_t key, tp_graph gr
             return TP_OK;
         }
         refused = true;
-        estimate = TP_MAX(estimate, v->bytes);
+        estimate = TPI_MAX(estimate, v->bytes);
         if (st != TP_ERR_TOPOLOGY_MISMATCH) {
-            tp_logf(&cache->device->logger, TP_LOG_WARN,
+            tpi_logf(&cache->device->logger, TP_LOG_WARN,
                     "graph cache: updating key 0x%llx failed (%s); re-instantiating", (unsigned long long)key,
                     tp_status_name(st));
             evict(cache, v, REASON_INTERNAL, false, NULL);
@@ -770,9 +770,9 @@ static tp_status prepare_locked(tp_graph_cache *cache, uint64_t key, tp_graph gr
             oldest = vars[i];
     }
     if (alive >= GC_MAX_VARIANTS) evict(cache, oldest, REASON_COUNT, false, NULL);
-    estimate = TP_MAX(estimate, recent_max(cache));
+    estimate = TPI_MAX(estimate, recent_max(cache));
     uint64_t nodes = graph_node_count(cache, graph);
-    if (nodes) estimate = TP_MAX(estimate, modelled_bytes(cache, nodes));
+    if (nodes) estimate = TPI_MAX(estimate, modelled_bytes(cache, nodes));
     return instantiate_new(cache, key, graph, nodes, newpins, estimate, now);
 }
 
@@ -814,7 +814,7 @@ static uint64_t gc_reclaim(void *user, tp_pool *pool, uint64_t bytes_needed) {
             freed += evict(cache, v, REASON_PRESSURE, true, pool) + bytes;
         }
     }
-    tp_logf(&cache->device->logger, TP_LOG_INFO, "graph cache: reclaim for a pool needing %llu bytes freed %llu",
+    tpi_logf(&cache->device->logger, TP_LOG_INFO, "graph cache: reclaim for a pool needing %llu bytes freed %llu",
             (unsigned long long)bytes_needed, (unsigned long long)freed);
 out:
     pthread_mutex_unlock(&cache->lock);
@@ -857,11 +857,11 @@ tp_status tp_graph_cache_create(tp_device *device, const tp_graph_cache_config *
     if (!c.tick_interval_ns) c.tick_interval_ns = GC_DEFAULT_TICK_NS;
     if (!c.node_bytes_estimate) c.node_bytes_estimate = GC_DEFAULT_NODE_BYTES;
     if (c.protected_percent > 100) {
-        tp_logf(&device->logger, TP_LOG_ERROR, "tp_graph_cache_create: protected_percent %u is above 100",
+        tpi_logf(&device->logger, TP_LOG_ERROR, "tp_graph_cache_create: protected_percent %u is above 100",
                 c.protected_percent);
         return TP_ERR_INVALID_ARGUMENT;
     }
-    tp_graph_cache *cache = tp_host_calloc(&device->host, 1, sizeof *cache);
+    tp_graph_cache *cache = tpi_host_calloc(&device->host, 1, sizeof *cache);
     if (!cache) return TP_ERR_HOST_OUT_OF_MEMORY;
     cache->device = device;
     cache->ops = device->ops;
@@ -886,7 +886,7 @@ tp_status tp_graph_cache_create(tp_device *device, const tp_graph_cache_config *
     }
     if (c.background_thread) {
         if (pthread_create(&cache->thread, NULL, gc_thread_main, cache) != 0) {
-            tp_logf(&device->logger, TP_LOG_ERROR, "tp_graph_cache_create: could not start the background thread");
+            tpi_logf(&device->logger, TP_LOG_ERROR, "tp_graph_cache_create: could not start the background thread");
             pthread_cond_destroy(&cache->cond);
             pthread_mutex_destroy(&cache->lock);
             goto fail_alloc;
@@ -897,7 +897,7 @@ tp_status tp_graph_cache_create(tp_device *device, const tp_graph_cache_config *
     *out_cache = cache;
     return TP_OK;
 fail_alloc:
-    tp_host_free(&device->host, cache, sizeof *cache);
+    tpi_host_free(&device->host, cache, sizeof *cache);
     return TP_ERR_HOST_OUT_OF_MEMORY;
 }
 
@@ -926,11 +926,11 @@ tp_status tp_graph_cache_destroy(tp_graph_cache *cache) {
     pthread_mutex_unlock(&cache->lock);
     pthread_cond_destroy(&cache->cond);
     pthread_mutex_destroy(&cache->lock);
-    const tp_host *host = cache->host;
-    tp_host_free(host, cache->retired, cache->retired_capacity * sizeof *cache->retired);
-    tp_host_free(host, cache->pools, cache->pool_capacity * sizeof *cache->pools);
+    const tpi_host *host = cache->host;
+    tpi_host_free(host, cache->retired, cache->retired_capacity * sizeof *cache->retired);
+    tpi_host_free(host, cache->pools, cache->pool_capacity * sizeof *cache->pools);
     tpi_map_destroy(&cache->index);
-    tp_host_free(host, cache, sizeof *cache);
+    tpi_host_free(host, cache, sizeof *cache);
     atomic_fetch_sub(&device->users, 1);
     return TP_OK;
 }
@@ -941,7 +941,7 @@ tp_status tp_graph_cache_attach_pool(tp_graph_cache *cache, tp_pool *pool) {
     tp_status st = TP_OK;
     if (pool_attached(cache, pool, NULL))
         st = TP_ERR_INVALID_ARGUMENT;
-    else if (!tp_host_grow(cache->host, (void **)&cache->pools, sizeof *cache->pools, &cache->pool_capacity,
+    else if (!tpi_host_grow(cache->host, (void **)&cache->pools, sizeof *cache->pools, &cache->pool_capacity,
                            cache->pool_count + 1))
         st = TP_ERR_HOST_OUT_OF_MEMORY;
     else if ((st = tp_pool_add_reclaim_callback(pool, gc_reclaim, cache)) == TP_OK)
@@ -979,13 +979,13 @@ tp_status tp_graph_cache_prepare(tp_graph_cache *cache, uint64_t key, tp_graph g
 
 tp_status tp_graph_cache_launch(tp_graph_cache *cache, uint64_t key, tp_stream stream) {
     if (!cache) return TP_ERR_INVALID_ARGUMENT;
-    const tp_device_ops *ops = cache->ops;
+    const tpi_device_ops *ops = cache->ops;
     tp_device *dev = cache->device;
     pthread_mutex_lock(&cache->lock);
     tp_status st = TP_OK;
     gc_exec *e = current_variant(cache, key);
     if (!e) {
-        tp_logf(&dev->logger, TP_LOG_DEBUG, "graph cache: launch of key 0x%llx, which has no executable",
+        tpi_logf(&dev->logger, TP_LOG_DEBUG, "graph cache: launch of key 0x%llx, which has no executable",
                 (unsigned long long)key);
         st = TP_ERR_NOT_FOUND;
         goto out;
@@ -1001,7 +1001,7 @@ tp_status tp_graph_cache_launch(tp_graph_cache *cache, uint64_t key, tp_stream s
         goto out;
     st = ops->graph_launch(dev, e->exec, stream);
     if (st != TP_OK) {
-        tp_logf(&dev->logger, TP_LOG_WARN, "graph cache: launching key 0x%llx failed: %s", (unsigned long long)key,
+        tpi_logf(&dev->logger, TP_LOG_WARN, "graph cache: launching key 0x%llx failed: %s", (unsigned long long)key,
                 tp_status_name(st));
         goto out;
     }
@@ -1016,7 +1016,7 @@ tp_status tp_graph_cache_launch(tp_graph_cache *cache, uint64_t key, tp_stream s
         e->completion_unknown = false;
     } else {
         e->completion_unknown = true;
-        tp_logf(&dev->logger, TP_LOG_WARN,
+        tpi_logf(&dev->logger, TP_LOG_WARN,
                 "graph cache: recording the completion event of key 0x%llx failed (%s); its eviction will "
                 "synchronise the device", (unsigned long long)key, tp_status_name(rec));
     }

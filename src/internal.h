@@ -17,20 +17,20 @@
 #include <stdatomic.h>
 #include <stdio.h>
 
-#define TP_KiB (1024ull)
-#define TP_MiB (1024ull * 1024ull)
-#define TP_GiB (1024ull * 1024ull * 1024ull)
+#define TPI_KiB (1024ull)
+#define TPI_MiB (1024ull * 1024ull)
+#define TPI_GiB (1024ull * 1024ull * 1024ull)
 
-#define TP_MIN(a, b) ((a) < (b) ? (a) : (b))
-#define TP_MAX(a, b) ((a) > (b) ? (a) : (b))
+#define TPI_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define TPI_MAX(a, b) ((a) > (b) ? (a) : (b))
 
-static inline uint64_t tp_align_up(uint64_t value, uint64_t alignment) {
+static inline uint64_t tpi_align_up(uint64_t value, uint64_t alignment) {
     return (value + alignment - 1) & ~(alignment - 1);
 }
-static inline uint64_t tp_align_down(uint64_t value, uint64_t alignment) {
+static inline uint64_t tpi_align_down(uint64_t value, uint64_t alignment) {
     return value & ~(alignment - 1);
 }
-static inline bool tp_is_pow2(uint64_t value) { return value && !(value & (value - 1)); }
+static inline bool tpi_is_pow2(uint64_t value) { return value && !(value & (value - 1)); }
 
 /* The one way an invariant checker reports: writes the first violation
  * into msg (when there is room) and returns false from the checker. */
@@ -42,37 +42,37 @@ static inline bool tp_is_pow2(uint64_t value) { return value && !(value & (value
 
 /* ------------------------------------------------------------ host memory */
 
-typedef struct tp_host {
+typedef struct tpi_host {
     tp_host_allocator allocator; /* always complete (libc filled in) */
-} tp_host;
+} tpi_host;
 
-void tp_host_init(tp_host *host, const tp_host_allocator *user_allocator);
-void *tp_host_alloc(const tp_host *host, size_t bytes);
-void *tp_host_calloc(const tp_host *host, size_t count, size_t size);
-void *tp_host_realloc(const tp_host *host, void *ptr, size_t old_bytes, size_t new_bytes);
-void tp_host_free(const tp_host *host, void *ptr, size_t bytes);
+void tpi_host_init(tpi_host *host, const tp_host_allocator *user_allocator);
+void *tpi_host_alloc(const tpi_host *host, size_t bytes);
+void *tpi_host_calloc(const tpi_host *host, size_t count, size_t size);
+void *tpi_host_realloc(const tpi_host *host, void *ptr, size_t old_bytes, size_t new_bytes);
+void tpi_host_free(const tpi_host *host, void *ptr, size_t bytes);
 /* Grows *array (element size elem) to hold at least need elements, doubling.
  * Returns false (array untouched) when host memory runs out. */
-bool tp_host_grow(const tp_host *host, void **array, size_t elem, size_t *capacity, size_t need);
+bool tpi_host_grow(const tpi_host *host, void **array, size_t elem, size_t *capacity, size_t need);
 
 /* ---------------------------------------------------------------- logging */
 
-typedef struct tp_logger {
+typedef struct tpi_logger {
     tp_log_fn fn;
     void *user;
     tp_log_level min_level;
-} tp_logger;
+} tpi_logger;
 
-void tp_logf(const tp_logger *logger, tp_log_level level, const char *fmt, ...)
+void tpi_logf(const tpi_logger *logger, tp_log_level level, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
 
 /* ----------------------------------------------------------------- device */
 
 /* An instantiated graph executable as the backend sees it. */
-typedef struct tp_graph_exec_opaque *tp_graph_exec;
+typedef struct tp_graph_exec_opaque *tpi_graph_exec;
 
-typedef struct tp_device_ops {
+typedef struct tpi_device_ops {
     const char *backend;
     void (*close)(tp_device *device);
     tp_status (*mem_info)(tp_device *device, uint64_t *out_free_bytes, uint64_t *out_total_bytes);
@@ -110,27 +110,27 @@ typedef struct tp_device_ops {
     uint64_t (*check_handout)(tp_device *device, uint64_t address, uint64_t bytes, tp_stream stream);
 
     /* Graph executables. instantiate reports the device bytes it cost. */
-    tp_status (*graph_instantiate)(tp_device *device, tp_graph graph, tp_graph_exec *out_exec,
+    tp_status (*graph_instantiate)(tp_device *device, tp_graph graph, tpi_graph_exec *out_exec,
                                    uint64_t *out_bytes);
-    tp_status (*graph_update)(tp_device *device, tp_graph_exec exec, tp_graph graph);
-    tp_status (*graph_launch)(tp_device *device, tp_graph_exec exec, tp_stream stream);
-    tp_status (*graph_destroy)(tp_device *device, tp_graph_exec exec);
+    tp_status (*graph_update)(tp_device *device, tpi_graph_exec exec, tp_graph graph);
+    tp_status (*graph_launch)(tp_device *device, tpi_graph_exec exec, tp_stream stream);
+    tp_status (*graph_destroy)(tp_device *device, tpi_graph_exec exec);
     /* Optional: nodes of a graph template (for byte estimates); 0 if unknown. */
     uint64_t (*graph_node_count)(tp_device *device, tp_graph graph);
-} tp_device_ops;
+} tpi_device_ops;
 
 struct tp_device {
-    const tp_device_ops *ops;
+    const tpi_device_ops *ops;
     void *impl;
-    tp_host host;
-    tp_logger logger;
+    tpi_host host;
+    tpi_logger logger;
     tp_device_info info;
     bool hazard_checker; /* check_handout is worth calling */
     atomic_int users;    /* pools and caches open on this device */
 };
 
 /* Backend constructors, called by tp_device_open with the options parsed. */
-typedef struct tp_device_options {
+typedef struct tpi_device_options {
     uint64_t capacity_bytes;    /* 0: backend default */
     uint64_t granularity_bytes; /* 0: backend default */
     uint64_t graph_node_bytes;  /* sim: device bytes per graph node */
@@ -140,9 +140,9 @@ typedef struct tp_device_options {
     bool novmm;
     bool nocheck;
     bool graphpool;
-} tp_device_options;
+} tpi_device_options;
 
-tp_status tp_sim_device_create(tp_device *device, const tp_device_options *options);
-tp_status tp_cuda_device_create(tp_device *device, const tp_device_options *options);
+tp_status tpi_sim_device_create(tp_device *device, const tpi_device_options *options);
+tp_status tpi_cuda_device_create(tp_device *device, const tpi_device_options *options);
 
 #endif /* TIDEPOOL_INTERNAL_H */

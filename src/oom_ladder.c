@@ -51,7 +51,7 @@ void tpi_ladder_report_oom_locked(tpi_ladder *l, uint64_t request_bytes, tp_stat
              tp_format_bytes(largest, big, sizeof big), r->fragmentation, tp_status_name(device_status));
     l->has_report = true;
     core->stats.pub.ooms++;
-    tp_logf(&core->device->logger, TP_LOG_WARN, "%s", r->message);
+    tpi_logf(&core->device->logger, TP_LOG_WARN, "%s", r->message);
 }
 
 /* Runs the reclaim callbacks with the lock released; returns the bytes they

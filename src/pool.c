@@ -34,8 +34,8 @@
 
 #include <string.h>
 
-#define POOL_FRONT_MAX_BLOCK (64 * TP_MiB)
-#define POOL_FRONT_MAX_BLOCK_VMM (64 * TP_KiB)
+#define POOL_FRONT_MAX_BLOCK (64 * TPI_MiB)
+#define POOL_FRONT_MAX_BLOCK_VMM (64 * TPI_KiB)
 /* Every this many frees the pool looks at the clock (upkeep_locked). */
 #define POOL_UPKEEP_FREES 256
 
@@ -56,7 +56,7 @@ struct tp_pool {
 static bool blocks_fit_nodes_locked(tpi_core *core) {
     if (core->info_capacity >= core->ra.node_capacity) return true;
     size_t old = core->info_capacity;
-    if (!tp_host_grow(core->host, (void **)&core->info, sizeof *core->info, &core->info_capacity, core->ra.node_capacity))
+    if (!tpi_host_grow(core->host, (void **)&core->info, sizeof *core->info, &core->info_capacity, core->ra.node_capacity))
         return false;
     memset(core->info + old, 0, (core->info_capacity - old) * sizeof *core->info);
     return true;
@@ -78,18 +78,18 @@ static tp_status resolve_config(tp_device *device, const tp_pool_config *in, tp_
     if (out->kind != TP_POOL_VMM && out->kind != TP_POOL_SEGMENT) return TP_ERR_INVALID_ARGUMENT;
     if (out->kind == TP_POOL_VMM && !info->vmm_enabled) return TP_ERR_UNSUPPORTED;
     if (!out->limit_bytes) out->limit_bytes = info->capacity_bytes;
-    if (!out->release_threshold_bytes) out->release_threshold_bytes = out->kind == TP_POOL_VMM ? 64 * TP_MiB : 16 * TP_MiB;
+    if (!out->release_threshold_bytes) out->release_threshold_bytes = out->kind == TP_POOL_VMM ? 64 * TPI_MiB : 16 * TPI_MiB;
     if (!out->idle_release_ns) out->idle_release_ns = 10000000000ull;
     if (!out->alignment_bytes) out->alignment_bytes = 256;
-    if (!tp_is_pow2(out->alignment_bytes) || out->alignment_bytes < 256) return TP_ERR_INVALID_ARGUMENT;
+    if (!tpi_is_pow2(out->alignment_bytes) || out->alignment_bytes < 256) return TP_ERR_INVALID_ARGUMENT;
     if (!out->page_bytes) out->page_bytes = info->granularity_bytes;
-    if (!tp_is_pow2(out->page_bytes) || out->page_bytes % info->granularity_bytes) return TP_ERR_INVALID_ARGUMENT;
-    if (!out->max_map_bytes) out->max_map_bytes = TP_GiB;
-    out->max_map_bytes = tp_align_up(TP_MAX(out->max_map_bytes, out->page_bytes), out->page_bytes);
+    if (!tpi_is_pow2(out->page_bytes) || out->page_bytes % info->granularity_bytes) return TP_ERR_INVALID_ARGUMENT;
+    if (!out->max_map_bytes) out->max_map_bytes = TPI_GiB;
+    out->max_map_bytes = tpi_align_up(TPI_MAX(out->max_map_bytes, out->page_bytes), out->page_bytes);
     if (!out->va_reserve_bytes) out->va_reserve_bytes = out->limit_bytes > UINT64_MAX / 4 ? out->limit_bytes : 2 * out->limit_bytes;
-    out->va_reserve_bytes = tp_align_up(TP_MAX(out->va_reserve_bytes, out->limit_bytes), out->page_bytes);
-    if (!out->small_segment_bytes) out->small_segment_bytes = 2 * TP_MiB;
-    if (!out->medium_segment_bytes) out->medium_segment_bytes = 20 * TP_MiB;
+    out->va_reserve_bytes = tpi_align_up(TPI_MAX(out->va_reserve_bytes, out->limit_bytes), out->page_bytes);
+    if (!out->small_segment_bytes) out->small_segment_bytes = 2 * TPI_MiB;
+    if (!out->medium_segment_bytes) out->medium_segment_bytes = 20 * TPI_MiB;
     if (!out->growth_step_percent) out->growth_step_percent = 6;
     if (!out->tcache_max_block_bytes)
         out->tcache_max_block_bytes = out->kind == TP_POOL_VMM ? POOL_FRONT_MAX_BLOCK_VMM : POOL_FRONT_MAX_BLOCK;
@@ -114,7 +114,7 @@ static tp_status layers_init(tp_pool *pool) {
      * pin pages that a request of another size could use without mapping.
      * Larger blocks use the one last-freed slot, emptied by the next
      * allocation. */
-    uint64_t front_limit = TP_MIN(config->release_threshold_bytes, config->kind == TP_POOL_VMM ? 32 * TP_MiB : 256 * TP_MiB);
+    uint64_t front_limit = TPI_MIN(config->release_threshold_bytes, config->kind == TP_POOL_VMM ? 32 * TPI_MiB : 256 * TPI_MiB);
     st = tpi_front_init(&pool->front, core, pool->backing, front_limit, config->tcache_max_block_bytes);
     if (st != TP_OK) goto no_front;
     st = tpi_ladder_init(&pool->ladder, core, &pool->front, pool->backing, pool, &pool->lock);
@@ -136,10 +136,10 @@ tp_status tp_pool_create(tp_device *device, const tp_pool_config *config, tp_poo
     tp_pool_config resolved;
     tp_status st = resolve_config(device, config, &resolved);
     if (st != TP_OK) {
-        tp_logf(&device->logger, TP_LOG_ERROR, "tp_pool_create: invalid config (%s)", tp_status_name(st));
+        tpi_logf(&device->logger, TP_LOG_ERROR, "tp_pool_create: invalid config (%s)", tp_status_name(st));
         return st;
     }
-    tp_pool *pool = tp_host_calloc(&device->host, 1, sizeof *pool);
+    tp_pool *pool = tpi_host_calloc(&device->host, 1, sizeof *pool);
     if (!pool) return TP_ERR_HOST_OUT_OF_MEMORY;
     tpi_core *core = &pool->core;
     core->device = device;
@@ -149,13 +149,13 @@ tp_status tp_pool_create(tp_device *device, const tp_pool_config *config, tp_poo
     core->stats.pub.kind = resolved.kind;
     core->stats.pub.limit_bytes = resolved.limit_bytes;
     if (pthread_mutex_init(&pool->lock, NULL) != 0) {
-        tp_host_free(&device->host, pool, sizeof *pool);
+        tpi_host_free(&device->host, pool, sizeof *pool);
         return TP_ERR_HOST_OUT_OF_MEMORY;
     }
     st = layers_init(pool);
     if (st != TP_OK) {
         pthread_mutex_destroy(&pool->lock);
-        tp_host_free(&device->host, pool, sizeof *pool);
+        tpi_host_free(&device->host, pool, sizeof *pool);
         return st;
     }
     atomic_fetch_add(&device->users, 1);
@@ -172,7 +172,7 @@ tp_status tp_pool_destroy(tp_pool *pool) {
     /* Queued work on any stream the pool has seen may still use its memory. */
     tp_status result = tpi_order_synchronize_all(&core->order);
     if (core->ra.used_count)
-        tp_logf(&device->logger, TP_LOG_WARN, "tp_pool_destroy: %llu blocks still live (%llu bytes) are released",
+        tpi_logf(&device->logger, TP_LOG_WARN, "tp_pool_destroy: %llu blocks still live (%llu bytes) are released",
                 (unsigned long long)core->ra.used_count, (unsigned long long)core->stats.pub.allocated_bytes.current);
     tpi_ladder_destroy(&pool->ladder);
     tpi_front_destroy(&pool->front);
@@ -181,10 +181,10 @@ tp_status tp_pool_destroy(tp_pool *pool) {
     tpi_ra_destroy(&core->ra);
     tpi_order_destroy(&core->order);
     tpi_map_destroy(&core->blocks);
-    tp_host_free(core->host, core->info, core->info_capacity * sizeof *core->info);
+    tpi_host_free(core->host, core->info, core->info_capacity * sizeof *core->info);
     pthread_mutex_unlock(&pool->lock);
     pthread_mutex_destroy(&pool->lock);
-    tp_host_free(&device->host, pool, sizeof *pool);
+    tpi_host_free(&device->host, pool, sizeof *pool);
     atomic_fetch_sub(&device->users, 1);
     return result;
 }
@@ -197,7 +197,7 @@ static void check_invariants_if_asked_locked(tp_pool *pool) {
     if (!(pool->core.config.flags & TP_POOL_FLAG_CHECK_INVARIANTS)) return;
     char msg[256];
     if (!check_locked(pool, msg, sizeof msg))
-        tp_logf(&pool->core.device->logger, TP_LOG_ERROR, "pool invariant violated: %s", msg);
+        tpi_logf(&pool->core.device->logger, TP_LOG_ERROR, "pool invariant violated: %s", msg);
 }
 
 /* Records a block allocated during a capture: pinned until the graph that
@@ -205,7 +205,7 @@ static void check_invariants_if_asked_locked(tp_pool *pool) {
 static tp_status capture_note_locked(tp_pool *pool, tpi_stream *s, uint32_t node) {
     tpi_core *core = &pool->core;
     tpi_ra_node *n = tpi_ra_node_at(&core->ra, node);
-    if (!tp_host_grow(core->host, (void **)&s->captured, sizeof *s->captured, &s->captured_capacity,
+    if (!tpi_host_grow(core->host, (void **)&s->captured, sizeof *s->captured, &s->captured_capacity,
                       s->captured_count + 1))
         return TP_ERR_HOST_OUT_OF_MEMORY;
     s->captured[s->captured_count++] = (tp_range){n->offset, n->size};
@@ -242,7 +242,7 @@ tp_status tp_pool_alloc(tp_pool *pool, size_t bytes, tp_stream stream, void **ou
     tpi_core *core = &pool->core;
     uint64_t align = core->config.alignment_bytes;
     if ((uint64_t)bytes > UINT64_MAX - align) return TP_ERR_INVALID_ARGUMENT;
-    uint64_t size = tp_align_up(bytes, align);
+    uint64_t size = tpi_align_up(bytes, align);
 
     pthread_mutex_lock(&pool->lock);
     uint32_t slot, node;
@@ -322,7 +322,7 @@ tp_status tp_pool_free(tp_pool *pool, void *ptr, tp_stream stream) {
     tpi_block *block = found ? tpi_block_at(core, node) : NULL;
     if (!block || (block->flags & (TPI_BLOCK_PARKED | TPI_BLOCK_FREED_PINNED))) {
         st = block ? TP_ERR_DOUBLE_FREE : classify_bad_pointer_locked(pool, address);
-        tp_logf(&core->device->logger, TP_LOG_ERROR, "tp_pool_free(0x%llx): %s", (unsigned long long)address,
+        tpi_logf(&core->device->logger, TP_LOG_ERROR, "tp_pool_free(0x%llx): %s", (unsigned long long)address,
                 tp_status_describe(st));
         goto out;
     }
@@ -553,7 +553,7 @@ tp_status tp_pool_capture_end(tp_pool *pool, tp_stream stream, tp_range **out_ra
     if (st == TP_OK) {
         /* [count][ranges...]: the count lets tp_pool_free_ranges size the free */
         size_t count = s->captured_count;
-        uint64_t *block = tp_host_alloc(pool->core.host, sizeof(uint64_t) + count * sizeof(tp_range));
+        uint64_t *block = tpi_host_alloc(pool->core.host, sizeof(uint64_t) + count * sizeof(tp_range));
         if (!block) {
             st = TP_ERR_HOST_OUT_OF_MEMORY;
         } else {
@@ -573,7 +573,7 @@ tp_status tp_pool_capture_end(tp_pool *pool, tp_stream stream, tp_range **out_ra
 void tp_pool_free_ranges(tp_pool *pool, tp_range *ranges) {
     if (!pool || !ranges) return;
     uint64_t *block = (uint64_t *)ranges - 1;
-    tp_host_free(pool->core.host, block, sizeof(uint64_t) + block[0] * sizeof(tp_range));
+    tpi_host_free(pool->core.host, block, sizeof(uint64_t) + block[0] * sizeof(tp_range));
 }
 
 /* ------------------------------------------------------------- statistics */

@@ -47,8 +47,8 @@ typedef struct tpi_block {
 
 typedef struct tpi_core {
     tp_device *device;
-    const tp_device_ops *ops;
-    const tp_host *host;
+    const tpi_device_ops *ops;
+    const tpi_host *host;
     tp_pool_config config; /* with defaults filled in */
     tpi_stats stats;
     tpi_order order;

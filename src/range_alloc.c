@@ -47,8 +47,8 @@ uint64_t tpi_ra_bin_lower_bound(const tpi_ra *ra, uint32_t bin) {
     return units << ra->shift;
 }
 
-tp_status tpi_ra_init(tpi_ra *ra, const tp_host *host, uint64_t alignment, tpi_ra_merge_fn merge, void *merge_ctx) {
-    if (!tp_is_pow2(alignment) || !merge) return TP_ERR_INVALID_ARGUMENT;
+tp_status tpi_ra_init(tpi_ra *ra, const tpi_host *host, uint64_t alignment, tpi_ra_merge_fn merge, void *merge_ctx) {
+    if (!tpi_is_pow2(alignment) || !merge) return TP_ERR_INVALID_ARGUMENT;
     memset(ra, 0, sizeof *ra);
     ra->host = host;
     ra->merge = merge;
@@ -60,7 +60,7 @@ tp_status tpi_ra_init(tpi_ra *ra, const tp_host *host, uint64_t alignment, tpi_r
 }
 
 void tpi_ra_destroy(tpi_ra *ra) {
-    tp_host_free(ra->host, ra->nodes, ra->node_capacity * sizeof *ra->nodes);
+    tpi_host_free(ra->host, ra->nodes, ra->node_capacity * sizeof *ra->nodes);
     ra->nodes = NULL;
     ra->node_capacity = 0;
 }
@@ -69,7 +69,7 @@ static uint32_t node_new(tpi_ra *ra) {
     if (ra->unused_head == TPI_RA_NONE) {
         size_t old = ra->node_capacity;
         if (old >= TPI_RA_NONE - 1) return TPI_RA_NONE;
-        if (!tp_host_grow(ra->host, (void **)&ra->nodes, sizeof *ra->nodes, &ra->node_capacity, old + 1))
+        if (!tpi_host_grow(ra->host, (void **)&ra->nodes, sizeof *ra->nodes, &ra->node_capacity, old + 1))
             return TPI_RA_NONE;
         for (size_t i = ra->node_capacity; i-- > old;) {
             ra->nodes[i].state = TPI_RA_NODE_UNUSED;
@@ -125,7 +125,7 @@ bool tpi_ra_reserve_nodes(tpi_ra *ra, uint32_t count) {
     if (spare >= count) return true;
     size_t old = ra->node_capacity;
     if (old + (count - spare) >= TPI_RA_NONE - 1) return false;
-    if (!tp_host_grow(ra->host, (void **)&ra->nodes, sizeof *ra->nodes, &ra->node_capacity, old + (count - spare)))
+    if (!tpi_host_grow(ra->host, (void **)&ra->nodes, sizeof *ra->nodes, &ra->node_capacity, old + (count - spare)))
         return false;
     for (size_t i = ra->node_capacity; i-- > old;) {
         ra->nodes[i].state = TPI_RA_NODE_UNUSED;
@@ -293,7 +293,7 @@ uint64_t tpi_ra_largest_free(const tpi_ra *ra) {
     uint32_t sl = 31u - (uint32_t)__builtin_clz((uint32_t)ra->sl_bitmap[fl]);
     uint64_t largest = 0;
     for (uint32_t id = ra->heads[fl * TPI_RA_SL_COUNT + sl]; id != TPI_RA_NONE; id = ra->nodes[id].list_next)
-        largest = TP_MAX(largest, ra->nodes[id].size);
+        largest = TPI_MAX(largest, ra->nodes[id].size);
     return largest;
 }
 

@@ -43,7 +43,7 @@ typedef struct tpi_ra_node {
 typedef uint64_t (*tpi_ra_merge_fn)(void *ctx, uint64_t a, uint64_t b);
 
 typedef struct tpi_ra {
-    const tp_host *host;
+    const tpi_host *host;
     tpi_ra_node *nodes;
     size_t node_capacity;
     uint32_t unused_head;
@@ -58,7 +58,7 @@ typedef struct tpi_ra {
     uint64_t used_count;
 } tpi_ra;
 
-tp_status tpi_ra_init(tpi_ra *ra, const tp_host *host, uint64_t alignment, tpi_ra_merge_fn merge, void *merge_ctx);
+tp_status tpi_ra_init(tpi_ra *ra, const tpi_host *host, uint64_t alignment, tpi_ra_merge_fn merge, void *merge_ctx);
 void tpi_ra_destroy(tpi_ra *ra);
 
 static inline tpi_ra_node *tpi_ra_node_at(const tpi_ra *ra, uint32_t id) { return &ra->nodes[id]; }

@@ -206,7 +206,7 @@ static bool resident_covers(const sim_device *sim, uint64_t start, uint64_t byte
 
 /* Inserts count entries: entry, then copies advanced by stride bytes. */
 static tp_status resident_insert_run(sim_device *sim, sim_resident entry, size_t count, uint64_t stride) {
-    if (!tp_host_grow(&sim->device->host, (void **)&sim->resident, sizeof *sim->resident,
+    if (!tpi_host_grow(&sim->device->host, (void **)&sim->resident, sizeof *sim->resident,
                       &sim->resident_capacity, sim->resident_count + count))
         return TP_ERR_HOST_OUT_OF_MEMORY;
     size_t i = resident_lower_bound(sim, entry.start);
@@ -244,7 +244,7 @@ static void prune_kernels(sim_device *sim) {
     for (size_t i = 0; i < sim->kernel_count; i++) {
         sim_kernel *k = &sim->kernels[i];
         if (k->end_ns <= sim->now_ns) {
-            tp_host_free(&sim->device->host, k->ranges, k->range_count * sizeof *k->ranges);
+            tpi_host_free(&sim->device->host, k->ranges, k->range_count * sizeof *k->ranges);
         } else {
             sim->kernels[kept++] = *k;
         }
@@ -269,7 +269,7 @@ static uint64_t count_conflicts(sim_device *sim, uint64_t address, uint64_t byte
         for (size_t r = 0; r < k->range_count; r++) {
             if (!ranges_overlap(address, bytes, k->ranges[r].address, k->ranges[r].bytes)) continue;
             found++;
-            tp_logf(&sim->device->logger, TP_LOG_WARN,
+            tpi_logf(&sim->device->logger, TP_LOG_WARN,
                     "sim hazard: %s of [0x%llx, +%llu) while kernel #%llu on stream %u (ends at %llu ns, now %llu ns) "
                     "still touches [0x%llx, +%llu)",
                     what, (unsigned long long)address, (unsigned long long)bytes, (unsigned long long)k->seq,
@@ -294,22 +294,22 @@ static tp_status queue_work(sim_device *sim, uint32_t s, uint64_t duration_ns, c
     for (size_t r = 0; r < range_count; r++) {
         if (ranges[r].bytes && !resident_covers(sim, ranges[r].address, ranges[r].bytes)) {
             sim->counters.invalid_accesses++;
-            tp_logf(&sim->device->logger, TP_LOG_WARN,
+            tpi_logf(&sim->device->logger, TP_LOG_WARN,
                     "sim invalid access: work on stream %u touches [0x%llx, +%llu), which is not mapped or allocated",
                     s, (unsigned long long)ranges[r].address, (unsigned long long)ranges[r].bytes);
         }
     }
-    if (!tp_host_grow(&sim->device->host, (void **)&sim->kernels, sizeof *sim->kernels, &sim->kernel_capacity,
+    if (!tpi_host_grow(&sim->device->host, (void **)&sim->kernels, sizeof *sim->kernels, &sim->kernel_capacity,
                       sim->kernel_count + 1))
         return TP_ERR_HOST_OUT_OF_MEMORY;
     tp_range *copy = NULL;
     if (range_count) {
-        copy = tp_host_alloc(&sim->device->host, range_count * sizeof *copy);
+        copy = tpi_host_alloc(&sim->device->host, range_count * sizeof *copy);
         if (!copy) return TP_ERR_HOST_OUT_OF_MEMORY;
         memcpy(copy, ranges, range_count * sizeof *copy);
     }
     sim_stream *st = &sim->streams[s];
-    uint64_t start = TP_MAX(sim->now_ns, TP_MAX(st->tail_ns, st->wait_floor_ns));
+    uint64_t start = TPI_MAX(sim->now_ns, TPI_MAX(st->tail_ns, st->wait_floor_ns));
     st->tail_ns = start + duration_ns;
     st->seq++;
     st->vc[s] = st->seq;
@@ -331,14 +331,14 @@ static tp_status queue_work(sim_device *sim, uint32_t s, uint64_t duration_ns, c
 
 static void sim_close(tp_device *device) {
     sim_device *sim = sim_of(device);
-    const tp_host *host = &device->host;
+    const tpi_host *host = &device->host;
     for (size_t i = 0; i < sim->kernel_count; i++)
-        tp_host_free(host, sim->kernels[i].ranges, sim->kernels[i].range_count * sizeof(tp_range));
-    tp_host_free(host, sim->kernels, sim->kernel_capacity * sizeof *sim->kernels);
-    tp_host_free(host, sim->resident, sim->resident_capacity * sizeof *sim->resident);
-    tp_host_free(host, sim->reservations, sim->reservation_capacity * sizeof *sim->reservations);
+        tpi_host_free(host, sim->kernels[i].ranges, sim->kernels[i].range_count * sizeof(tp_range));
+    tpi_host_free(host, sim->kernels, sim->kernel_capacity * sizeof *sim->kernels);
+    tpi_host_free(host, sim->resident, sim->resident_capacity * sizeof *sim->resident);
+    tpi_host_free(host, sim->reservations, sim->reservation_capacity * sizeof *sim->reservations);
     pthread_mutex_destroy(&sim->lock);
-    tp_host_free(host, sim, sizeof *sim);
+    tpi_host_free(host, sim, sizeof *sim);
 }
 
 static tp_status sim_mem_info(tp_device *device, uint64_t *out_free, uint64_t *out_total) {
@@ -356,12 +356,12 @@ static tp_status sim_va_reserve(tp_device *device, uint64_t bytes, uint64_t alig
     SIM_LOCKED(sim, {
         st = sim_enter(sim, TP_SIM_OP_VA_RESERVE);
         if (st == TP_OK && (!sim->vmm || bytes == 0 || bytes % sim->granularity_bytes)) st = TP_ERR_INVALID_ARGUMENT;
-        if (st == TP_OK && !tp_host_grow(&device->host, (void **)&sim->reservations, sizeof *sim->reservations,
+        if (st == TP_OK && !tpi_host_grow(&device->host, (void **)&sim->reservations, sizeof *sim->reservations,
                                          &sim->reservation_capacity, sim->reservation_count + 1))
             st = TP_ERR_HOST_OUT_OF_MEMORY;
         if (st == TP_OK) {
-            uint64_t align = TP_MAX(alignment, sim->granularity_bytes);
-            uint64_t va = tp_align_up(sim->next_va, align);
+            uint64_t align = TPI_MAX(alignment, sim->granularity_bytes);
+            uint64_t va = tpi_align_up(sim->next_va, align);
             sim->next_va = va + bytes + sim->granularity_bytes; /* a guard gap between reservations */
             sim->reservations[sim->reservation_count++] = (sim_reservation){va, bytes};
             *out_va = va;
@@ -470,7 +470,7 @@ static tp_status sim_mem_alloc(tp_device *device, uint64_t bytes, uint64_t *out_
             uint64_t address = sim->next_malloc;
             /* Like cudaMalloc: 512-byte aligned, and never adjacent to the
              * previous allocation, so segments cannot silently merge. */
-            sim->next_malloc = tp_align_up(address + bytes, 2 * TP_MiB) + 2 * TP_MiB;
+            sim->next_malloc = tpi_align_up(address + bytes, 2 * TPI_MiB) + 2 * TPI_MiB;
             st = resident_insert(sim, (sim_resident){address, bytes, RESIDENT_ALLOC});
             if (st == TP_OK) {
                 sim->allocated_bytes += bytes;
@@ -537,7 +537,7 @@ static tp_status sim_stream_synchronize(tp_device *device, tp_stream stream) {
         uint32_t s;
         st = sim_enter(sim, TP_SIM_OP_SYNC);
         if (st == TP_OK && !stream_index(sim, stream, &s)) st = TP_ERR_INVALID_ARGUMENT;
-        if (st == TP_OK) sim->now_ns = TP_MAX(sim->now_ns, sim->streams[s].tail_ns);
+        if (st == TP_OK) sim->now_ns = TPI_MAX(sim->now_ns, sim->streams[s].tail_ns);
     });
     return st;
 }
@@ -553,8 +553,8 @@ static tp_status sim_stream_wait_event(tp_device *device, tp_stream stream, tp_e
             const sim_event *e = (const sim_event *)event;
             if (e->recorded) {
                 sim_stream *target = &sim->streams[s];
-                target->wait_floor_ns = TP_MAX(target->wait_floor_ns, e->time_ns);
-                for (int i = 0; i < SIM_MAX_STREAMS; i++) target->vc[i] = TP_MAX(target->vc[i], e->vc[i]);
+                target->wait_floor_ns = TPI_MAX(target->wait_floor_ns, e->time_ns);
+                for (int i = 0; i < SIM_MAX_STREAMS; i++) target->vc[i] = TPI_MAX(target->vc[i], e->vc[i]);
             }
         }
     });
@@ -566,14 +566,14 @@ static tp_status sim_event_create(tp_device *device, tp_event *out_event) {
     tp_status st;
     SIM_LOCKED(sim, { st = sim_enter(sim, TP_SIM_OP_EVENT); });
     if (st != TP_OK) return st;
-    sim_event *e = tp_host_calloc(&device->host, 1, sizeof *e);
+    sim_event *e = tpi_host_calloc(&device->host, 1, sizeof *e);
     if (!e) return TP_ERR_HOST_OUT_OF_MEMORY;
     *out_event = (tp_event)e;
     return TP_OK;
 }
 
 static tp_status sim_event_destroy(tp_device *device, tp_event event) {
-    tp_host_free(&device->host, event, sizeof(sim_event));
+    tpi_host_free(&device->host, event, sizeof(sim_event));
     return TP_OK;
 }
 
@@ -588,7 +588,7 @@ static tp_status sim_event_record(tp_device *device, tp_event event, tp_stream s
             sim_event *e = (sim_event *)event;
             const sim_stream *src = &sim->streams[s];
             e->recorded = true;
-            e->time_ns = TP_MAX(src->tail_ns, src->wait_floor_ns);
+            e->time_ns = TPI_MAX(src->tail_ns, src->wait_floor_ns);
             memcpy(e->vc, src->vc, sizeof e->vc);
         }
     });
@@ -612,7 +612,7 @@ static tp_status sim_event_synchronize(tp_device *device, tp_event event) {
     SIM_LOCKED(sim, {
         const sim_event *e = (const sim_event *)event;
         st = sim_enter(sim, TP_SIM_OP_SYNC);
-        if (st == TP_OK && e->recorded) sim->now_ns = TP_MAX(sim->now_ns, e->time_ns);
+        if (st == TP_OK && e->recorded) sim->now_ns = TPI_MAX(sim->now_ns, e->time_ns);
     });
     return st;
 }
@@ -624,7 +624,7 @@ static tp_status sim_device_synchronize(tp_device *device) {
         st = sim_enter(sim, TP_SIM_OP_SYNC);
         if (st == TP_OK) {
             for (int i = 0; i < SIM_MAX_STREAMS; i++)
-                if (sim->streams[i].in_use) sim->now_ns = TP_MAX(sim->now_ns, sim->streams[i].tail_ns);
+                if (sim->streams[i].in_use) sim->now_ns = TPI_MAX(sim->now_ns, sim->streams[i].tail_ns);
         }
     });
     return st;
@@ -650,16 +650,16 @@ static uint64_t sim_check_handout(tp_device *device, uint64_t address, uint64_t 
 
 /* ----------------------------------------------------------------- graphs */
 
-static void free_graph_shape(const tp_host *host, sim_graph *g) {
-    tp_host_free(host, g->ranges, g->range_count * sizeof *g->ranges);
+static void free_graph_shape(const tpi_host *host, sim_graph *g) {
+    tpi_host_free(host, g->ranges, g->range_count * sizeof *g->ranges);
     g->ranges = NULL;
     g->range_count = 0;
 }
 
-static tp_status copy_graph_shape(const tp_host *host, sim_graph *dst, const sim_graph *src) {
+static tp_status copy_graph_shape(const tpi_host *host, sim_graph *dst, const sim_graph *src) {
     tp_range *ranges = NULL;
     if (src->range_count) {
-        ranges = tp_host_alloc(host, src->range_count * sizeof *ranges);
+        ranges = tpi_host_alloc(host, src->range_count * sizeof *ranges);
         if (!ranges) return TP_ERR_HOST_OUT_OF_MEMORY;
         memcpy(ranges, src->ranges, src->range_count * sizeof *ranges);
     }
@@ -668,15 +668,15 @@ static tp_status copy_graph_shape(const tp_host *host, sim_graph *dst, const sim
     return TP_OK;
 }
 
-static tp_status sim_graph_instantiate(tp_device *device, tp_graph graph, tp_graph_exec *out_exec,
+static tp_status sim_graph_instantiate(tp_device *device, tp_graph graph, tpi_graph_exec *out_exec,
                                        uint64_t *out_bytes) {
     sim_device *sim = sim_of(device);
     const sim_graph *g = (const sim_graph *)graph;
-    sim_exec *exec = tp_host_calloc(&device->host, 1, sizeof *exec);
+    sim_exec *exec = tpi_host_calloc(&device->host, 1, sizeof *exec);
     if (!exec) return TP_ERR_HOST_OUT_OF_MEMORY;
     tp_status st = copy_graph_shape(&device->host, &exec->shape, g);
     if (st != TP_OK) {
-        tp_host_free(&device->host, exec, sizeof *exec);
+        tpi_host_free(&device->host, exec, sizeof *exec);
         return st;
     }
     exec->bytes = (uint64_t)g->node_count * sim->graph_node_bytes + sim->graph_exec_bytes;
@@ -699,15 +699,15 @@ static tp_status sim_graph_instantiate(tp_device *device, tp_graph graph, tp_gra
     });
     if (st != TP_OK) {
         free_graph_shape(&device->host, &exec->shape);
-        tp_host_free(&device->host, exec, sizeof *exec);
+        tpi_host_free(&device->host, exec, sizeof *exec);
         return st;
     }
-    *out_exec = (tp_graph_exec)exec;
+    *out_exec = (tpi_graph_exec)exec;
     *out_bytes = sim->graph_pool ? 0 : exec->bytes;
     return TP_OK;
 }
 
-static tp_status sim_graph_update(tp_device *device, tp_graph_exec exec_handle, tp_graph graph) {
+static tp_status sim_graph_update(tp_device *device, tpi_graph_exec exec_handle, tp_graph graph) {
     sim_device *sim = sim_of(device);
     sim_exec *exec = (sim_exec *)exec_handle;
     const sim_graph *g = (const sim_graph *)graph;
@@ -724,7 +724,7 @@ static tp_status sim_graph_update(tp_device *device, tp_graph_exec exec_handle, 
     return TP_OK;
 }
 
-static tp_status sim_graph_launch(tp_device *device, tp_graph_exec exec_handle, tp_stream stream) {
+static tp_status sim_graph_launch(tp_device *device, tpi_graph_exec exec_handle, tp_stream stream) {
     sim_device *sim = sim_of(device);
     const sim_exec *exec = (const sim_exec *)exec_handle;
     tp_status st;
@@ -737,7 +737,7 @@ static tp_status sim_graph_launch(tp_device *device, tp_graph_exec exec_handle, 
     return st;
 }
 
-static tp_status sim_graph_destroy(tp_device *device, tp_graph_exec exec_handle) {
+static tp_status sim_graph_destroy(tp_device *device, tpi_graph_exec exec_handle) {
     sim_device *sim = sim_of(device);
     sim_exec *exec = (sim_exec *)exec_handle;
     SIM_LOCKED(sim, {
@@ -747,7 +747,7 @@ static tp_status sim_graph_destroy(tp_device *device, tp_graph_exec exec_handle)
         note_physical(sim);
     });
     free_graph_shape(&device->host, &exec->shape);
-    tp_host_free(&device->host, exec, sizeof *exec);
+    tpi_host_free(&device->host, exec, sizeof *exec);
     return TP_OK;
 }
 
@@ -756,7 +756,7 @@ static uint64_t sim_graph_node_count(tp_device *device, tp_graph graph) {
     return graph ? ((const sim_graph *)graph)->node_count : 0;
 }
 
-static const tp_device_ops sim_ops = {
+static const tpi_device_ops sim_ops = {
     .backend = "sim",
     .close = sim_close,
     .mem_info = sim_mem_info,
@@ -785,17 +785,17 @@ static const tp_device_ops sim_ops = {
     .graph_node_count = sim_graph_node_count,
 };
 
-tp_status tp_sim_device_create(tp_device *device, const tp_device_options *options) {
-    sim_device *sim = tp_host_calloc(&device->host, 1, sizeof *sim);
+tp_status tpi_sim_device_create(tp_device *device, const tpi_device_options *options) {
+    sim_device *sim = tpi_host_calloc(&device->host, 1, sizeof *sim);
     if (!sim) return TP_ERR_HOST_OUT_OF_MEMORY;
     if (pthread_mutex_init(&sim->lock, NULL) != 0) {
-        tp_host_free(&device->host, sim, sizeof *sim);
+        tpi_host_free(&device->host, sim, sizeof *sim);
         return TP_ERR_HOST_OUT_OF_MEMORY;
     }
     sim->device = device;
-    sim->capacity_bytes = options->capacity_bytes ? options->capacity_bytes : 16 * TP_GiB;
-    sim->granularity_bytes = options->granularity_bytes ? options->granularity_bytes : 2 * TP_MiB;
-    sim->graph_node_bytes = options->graph_node_bytes ? options->graph_node_bytes : 10 * TP_KiB;
+    sim->capacity_bytes = options->capacity_bytes ? options->capacity_bytes : 16 * TPI_GiB;
+    sim->granularity_bytes = options->granularity_bytes ? options->granularity_bytes : 2 * TPI_MiB;
+    sim->graph_node_bytes = options->graph_node_bytes ? options->graph_node_bytes : 10 * TPI_KiB;
     sim->graph_exec_bytes = options->graph_exec_bytes;
     sim->vmm = !options->novmm;
     sim->check = !options->nocheck;
@@ -902,13 +902,13 @@ tp_status tp_sim_graph_create(tp_device *device, const tp_sim_graph_desc *desc, 
     if (!is_sim(device)) return device ? TP_ERR_UNSUPPORTED : TP_ERR_INVALID_ARGUMENT;
     if (!desc || !out_graph || desc->node_count == 0 || (desc->range_count && !desc->ranges))
         return TP_ERR_INVALID_ARGUMENT;
-    sim_graph *g = tp_host_calloc(&device->host, 1, sizeof *g);
+    sim_graph *g = tpi_host_calloc(&device->host, 1, sizeof *g);
     if (!g) return TP_ERR_HOST_OUT_OF_MEMORY;
     sim_graph shape = {desc->node_count, desc->topology_id, desc->duration_ns, desc->range_count,
                        (tp_range *)desc->ranges};
     tp_status st = copy_graph_shape(&device->host, g, &shape);
     if (st != TP_OK) {
-        tp_host_free(&device->host, g, sizeof *g);
+        tpi_host_free(&device->host, g, sizeof *g);
         return st;
     }
     *out_graph = (tp_graph)g;
@@ -920,6 +920,6 @@ tp_status tp_sim_graph_destroy(tp_device *device, tp_graph graph) {
     if (!graph) return TP_ERR_INVALID_ARGUMENT;
     sim_graph *g = (sim_graph *)graph;
     free_graph_shape(&device->host, g);
-    tp_host_free(&device->host, g, sizeof *g);
+    tpi_host_free(&device->host, g, sizeof *g);
     return TP_OK;
 }

@@ -25,7 +25,7 @@ tp_status tpi_order_init(tpi_order *o, tp_device *device, tpi_stats *stats) {
     o->stats = stats;
     o->multi_epoch = 1;
     o->stream_count = 1; /* slot 0 means "no stream" */
-    if (!tp_host_grow(o->host, (void **)&o->streams, sizeof *o->streams, &o->stream_capacity, 4))
+    if (!tpi_host_grow(o->host, (void **)&o->streams, sizeof *o->streams, &o->stream_capacity, 4))
         return TP_ERR_HOST_OUT_OF_MEMORY;
     memset(&o->streams[0], 0, sizeof o->streams[0]);
     return TP_OK;
@@ -36,13 +36,13 @@ void tpi_order_destroy(tpi_order *o) {
         tpi_stream *s = &o->streams[slot];
         for (uint32_t i = 0; i < s->ring_count; i++)
             o->ops->event_destroy(o->device, s->ring_events[(s->ring_head + i) % s->ring_capacity]);
-        tp_host_free(o->host, s->ring_events, s->ring_capacity * sizeof *s->ring_events);
-        tp_host_free(o->host, s->ring_epochs, s->ring_capacity * sizeof *s->ring_epochs);
-        tp_host_free(o->host, s->captured, s->captured_capacity * sizeof *s->captured);
+        tpi_host_free(o->host, s->ring_events, s->ring_capacity * sizeof *s->ring_events);
+        tpi_host_free(o->host, s->ring_epochs, s->ring_capacity * sizeof *s->ring_epochs);
+        tpi_host_free(o->host, s->captured, s->captured_capacity * sizeof *s->captured);
     }
     for (size_t i = 0; i < o->spare_count; i++) o->ops->event_destroy(o->device, o->spare_events[i]);
-    tp_host_free(o->host, o->spare_events, o->spare_capacity * sizeof *o->spare_events);
-    tp_host_free(o->host, o->streams, o->stream_capacity * sizeof *o->streams);
+    tpi_host_free(o->host, o->spare_events, o->spare_capacity * sizeof *o->spare_events);
+    tpi_host_free(o->host, o->streams, o->stream_capacity * sizeof *o->streams);
     memset(o, 0, sizeof *o);
 }
 
@@ -70,7 +70,7 @@ tp_status tpi_order_slot_lookup(tpi_order *o, tp_stream handle, uint32_t *out_sl
         o->stats->pub.streams++;
     } else if (!slot) {
         if (o->stream_count > TPI_MAX_SLOTS) return TP_ERR_BUSY;
-        if (!tp_host_grow(o->host, (void **)&o->streams, sizeof *o->streams, &o->stream_capacity, o->stream_count + 1))
+        if (!tpi_host_grow(o->host, (void **)&o->streams, sizeof *o->streams, &o->stream_capacity, o->stream_count + 1))
             return TP_ERR_HOST_OUT_OF_MEMORY;
         slot = (uint32_t)o->stream_count++;
         memset(&o->streams[slot], 0, sizeof o->streams[slot]);
@@ -103,7 +103,7 @@ static tp_status event_get(tpi_order *o, tp_event *out) {
 }
 
 static void event_put(tpi_order *o, tp_event event) {
-    if (tp_host_grow(o->host, (void **)&o->spare_events, sizeof *o->spare_events, &o->spare_capacity,
+    if (tpi_host_grow(o->host, (void **)&o->spare_events, sizeof *o->spare_events, &o->spare_capacity,
                      o->spare_count + 1))
         o->spare_events[o->spare_count++] = event;
     else
@@ -139,19 +139,19 @@ static tp_status event_wait(tpi_order *o, tp_event event) {
 
 static bool ring_grow(tpi_order *o, tpi_stream *s) {
     uint32_t cap = s->ring_capacity ? s->ring_capacity * 2 : 8;
-    tp_event *events = tp_host_alloc(o->host, cap * sizeof *events);
-    uint64_t *epochs = tp_host_alloc(o->host, cap * sizeof *epochs);
+    tp_event *events = tpi_host_alloc(o->host, cap * sizeof *events);
+    uint64_t *epochs = tpi_host_alloc(o->host, cap * sizeof *epochs);
     if (!events || !epochs) {
-        tp_host_free(o->host, events, cap * sizeof *events);
-        tp_host_free(o->host, epochs, cap * sizeof *epochs);
+        tpi_host_free(o->host, events, cap * sizeof *events);
+        tpi_host_free(o->host, epochs, cap * sizeof *epochs);
         return false;
     }
     for (uint32_t i = 0; i < s->ring_count; i++) {
         events[i] = s->ring_events[(s->ring_head + i) % s->ring_capacity];
         epochs[i] = s->ring_epochs[(s->ring_head + i) % s->ring_capacity];
     }
-    tp_host_free(o->host, s->ring_events, s->ring_capacity * sizeof *events);
-    tp_host_free(o->host, s->ring_epochs, s->ring_capacity * sizeof *epochs);
+    tpi_host_free(o->host, s->ring_events, s->ring_capacity * sizeof *events);
+    tpi_host_free(o->host, s->ring_epochs, s->ring_capacity * sizeof *epochs);
     s->ring_events = events;
     s->ring_epochs = epochs;
     s->ring_head = 0;
@@ -256,10 +256,10 @@ tpi_tag tpi_order_merge(const tpi_order *o, tpi_tag a, tpi_tag b) {
     if (a == TPI_TAG_CLEAN) return b;
     if (b == TPI_TAG_CLEAN) return a;
     uint32_t slot_a = tpi_tag_slot(a), slot_b = tpi_tag_slot(b);
-    if (slot_a == slot_b) return tpi_tag_make(slot_a, TP_MAX(tpi_tag_epoch(a), tpi_tag_epoch(b)));
+    if (slot_a == slot_b) return tpi_tag_make(slot_a, TPI_MAX(tpi_tag_epoch(a), tpi_tag_epoch(b)));
     uint64_t epoch = o->multi_epoch;
-    if (slot_a == TPI_SLOT_MULTI) epoch = TP_MAX(epoch, tpi_tag_epoch(a));
-    if (slot_b == TPI_SLOT_MULTI) epoch = TP_MAX(epoch, tpi_tag_epoch(b));
+    if (slot_a == TPI_SLOT_MULTI) epoch = TPI_MAX(epoch, tpi_tag_epoch(a));
+    if (slot_b == TPI_SLOT_MULTI) epoch = TPI_MAX(epoch, tpi_tag_epoch(b));
     return tpi_tag_make(TPI_SLOT_MULTI, epoch);
 }
 

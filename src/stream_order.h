@@ -79,8 +79,8 @@ typedef struct tpi_stream {
 
 typedef struct tpi_order {
     tp_device *device;
-    const tp_device_ops *ops;
-    const tp_host *host;
+    const tpi_device_ops *ops;
+    const tpi_host *host;
     tpi_stats *stats;
     tpi_stream *streams; /* index = slot; slot 0 unused */
     size_t stream_count, stream_capacity;

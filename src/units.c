@@ -40,7 +40,7 @@ tp_status tpi_units_init(tpi_units *u, const tpi_units_config *config, tp_device
         u->page_shift = (uint32_t)__builtin_ctzll(config->page_bytes);
         if (config->pages >= TPI_UNIT_NONE) return TP_ERR_INVALID_ARGUMENT;
         /* Zeroed lazily by the host allocator: untouched pages cost nothing. */
-        u->units = tp_host_calloc(u->host, config->pages, sizeof *u->units);
+        u->units = tpi_host_calloc(u->host, config->pages, sizeof *u->units);
         if (!u->units) return TP_ERR_HOST_OUT_OF_MEMORY;
         u->capacity = config->pages;
     }
@@ -48,7 +48,7 @@ tp_status tpi_units_init(tpi_units *u, const tpi_units_config *config, tp_device
 }
 
 void tpi_units_destroy(tpi_units *u) {
-    tp_host_free(u->host, u->units, u->capacity * sizeof *u->units);
+    tpi_host_free(u->host, u->units, u->capacity * sizeof *u->units);
     u->units = NULL;
     u->capacity = 0;
 }
@@ -58,7 +58,7 @@ void tpi_units_destroy(tpi_units *u) {
 uint32_t tpi_units_new(tpi_units *u) {
     if (u->unused_head == TPI_UNIT_NONE) {
         size_t old = u->capacity;
-        if (!tp_host_grow(u->host, (void **)&u->units, sizeof *u->units, &u->capacity, old + 1)) return TPI_UNIT_NONE;
+        if (!tpi_host_grow(u->host, (void **)&u->units, sizeof *u->units, &u->capacity, old + 1)) return TPI_UNIT_NONE;
         for (size_t i = u->capacity; i-- > old;) {
             u->units[i].state = TPI_UNIT_UNUSED;
             u->units[i].lru_next = u->unused_head;
@@ -155,7 +155,7 @@ static bool page_joins_release(tpi_units *u, uint64_t p, uint64_t idle_before_ns
  * neighbours idle since idle_before_ns at the latest, in one call of at
  * most max_bytes. */
 static tp_status release_pages(tpi_units *u, uint32_t id, uint64_t idle_before_ns, uint64_t max_bytes) {
-    uint64_t max_run = TP_MAX(TP_MIN(u->max_release_bytes, max_bytes) >> u->page_shift, 1);
+    uint64_t max_run = TPI_MAX(TPI_MIN(u->max_release_bytes, max_bytes) >> u->page_shift, 1);
     uint64_t first = id, last = id;
     while (last - first + 1 < max_run && first > 0 && page_joins_release(u, first - 1, idle_before_ns))
         lru_unlink(u, (uint32_t)--first);
@@ -207,7 +207,7 @@ static tp_status release_unit(tpi_units *u, uint32_t id, bool blocking, uint64_t
     lru_unlink(u, id);
     tp_status st = u->kind == TPI_UNITS_PAGES ? release_pages(u, id, idle_before_ns, max_bytes) : release_segment(u, id);
     if (st != TP_OK) {
-        tp_logf(u->logger, TP_LOG_WARN, "pool: giving %llu bytes back to the device failed: %s",
+        tpi_logf(u->logger, TP_LOG_WARN, "pool: giving %llu bytes back to the device failed: %s",
                 (unsigned long long)bytes, tp_status_name(st));
         lru_append(u, id, tpi_units_now(u)); /* keep it; try again later */
     }
@@ -226,7 +226,7 @@ uint64_t tpi_units_release_idle(tpi_units *u, uint64_t want_bytes, bool blocking
         uint64_t reserved = u->stats->pub.reserved_bytes.current;
         uint64_t excess = u->idle_bytes - keep_bytes;
         release_unit(u, id, blocking, min_idle_ns ? now - min_idle_ns : UINT64_MAX,
-                     TP_MIN(want_bytes - released, excess));
+                     TPI_MIN(want_bytes - released, excess));
         released += reserved - u->stats->pub.reserved_bytes.current;
         /* Neighbouring pages may have gone along, next among them. */
         if (next != TPI_UNIT_NONE && u->units[next].state != TPI_UNIT_IDLE) next = u->lru_head;
@@ -275,7 +275,7 @@ void tpi_units_release_aged(tpi_units *u, bool force) {
     if (head != TPI_UNIT_NONE && now - u->units[head].idle_since_ns < delay)
         u->next_aged_check_ns = u->units[head].idle_since_ns + delay;
     else
-        u->next_aged_check_ns = now + TP_MAX(delay / 16, 1);
+        u->next_aged_check_ns = now + TPI_MAX(delay / 16, 1);
 }
 
 /* ----------------------------------------------------------------- check */

@@ -46,9 +46,9 @@ typedef struct tpi_unit {
 typedef struct tpi_units {
     tpi_units_kind kind;
     tp_device *device;
-    const tp_device_ops *ops;
-    const tp_host *host;
-    const tp_logger *logger;
+    const tpi_device_ops *ops;
+    const tpi_host *host;
+    const tpi_logger *logger;
     tpi_ra *ra;
     tpi_order *order;
     tpi_stats *stats;

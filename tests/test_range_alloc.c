@@ -6,7 +6,7 @@
 
 #include <string.h>
 
-static tp_host host;
+static tpi_host host;
 
 /* The owner word in these tests: bit flags, merged by OR. */
 static uint64_t merge_or(void *ctx, uint64_t a, uint64_t b) {
@@ -247,7 +247,7 @@ static void test_checker_catches_corruption(void) {
 }
 
 int main(void) {
-    tp_host_init(&host, NULL);
+    tpi_host_init(&host, NULL);
     test_bins();
     test_split_coalesce();
     test_regions_do_not_merge();

@@ -70,7 +70,7 @@ static void test_status_names(void) {
 static void test_memory(void) {
     test_log log = {0};
     tp_device *dev = open_sim("sim:64MiB", &log);
-    const tp_device_ops *ops = dev->ops;
+    const tpi_device_ops *ops = dev->ops;
     uint64_t va = 0, free_bytes, total;
     CHECK_OK(ops->va_reserve(dev, 256 * TEST_MiB, 0, &va)); /* address space may exceed capacity */
     CHECK(va % (2 * TEST_MiB) == 0);
@@ -118,7 +118,7 @@ static void test_memory(void) {
 static void test_clock_events_hazards(void) {
     test_log log = {0};
     tp_device *dev = open_sim("sim:1GiB,novmm", &log);
-    const tp_device_ops *ops = dev->ops;
+    const tpi_device_ops *ops = dev->ops;
     tp_stream s1, s2;
     CHECK_OK(tp_stream_create(dev, &s1));
     CHECK_OK(tp_stream_create(dev, &s2));
@@ -244,11 +244,11 @@ static void test_occupy_and_graphs(void) {
     tp_sim_graph_desc desc = {.node_count = 100, .topology_id = 7, .duration_ns = 10};
     tp_graph g;
     CHECK_OK(tp_sim_graph_create(dev, &desc, &g));
-    tp_graph_exec x;
+    tpi_graph_exec x;
     uint64_t bytes;
     CHECK_OK(dev->ops->graph_instantiate(dev, g, &x, &bytes));
     CHECK(bytes == 100 * TEST_MiB);
-    tp_graph_exec y;
+    tpi_graph_exec y;
     CHECK_STATUS(dev->ops->graph_instantiate(dev, g, &y, &bytes), TP_ERR_OUT_OF_MEMORY); /* 24 MiB left */
     desc.topology_id = 8;
     tp_graph other;

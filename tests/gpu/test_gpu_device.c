@@ -43,7 +43,7 @@ static void test_open_and_info(void) {
     CHECK(info.name[0] != '\0');
     CHECK(info.ordinal == gpu.ordinal);
     CHECK(info.capacity_bytes > 0);
-    CHECK(tp_is_pow2(info.granularity_bytes));
+    CHECK(tpi_is_pow2(info.granularity_bytes));
     CHECK(info.vmm_enabled == info.vmm_supported);
     CHECK(dev->ops->check_handout == NULL && !dev->hazard_checker);
     uint64_t free_bytes = 0, total = 0;
@@ -220,7 +220,7 @@ static void test_graphs(void) {
     GPU_OK(gpu.MemAlloc(&dst, (size_t)nodes * 4096));
 
     gpu_graph g1 = gpu_memset_graph(dst, nodes, 0x21, 1);
-    tp_graph_exec exec = NULL;
+    tpi_graph_exec exec = NULL;
     uint64_t bytes = 0;
     CHECK_OK(dev->ops->graph_instantiate(dev, (tp_graph)g1, &exec, &bytes));
     printf("  graph of %d memset nodes: instantiation measured at %llu KiB\n", nodes,
@@ -242,7 +242,7 @@ static void test_graphs(void) {
 
     /* Many instantiations from several threads at once would race on the
      * measurement; here, sequentially, each is measured or 0. */
-    tp_graph_exec more[8];
+    tpi_graph_exec more[8];
     uint64_t more_bytes = 0;
     for (int i = 0; i < 8; i++) {
         uint64_t b = 0;

@@ -38,7 +38,7 @@ static uint64_t check_pages(uint64_t va, uint64_t first, uint64_t count, unsigne
 }
 
 static void test_semantics(tp_device *dev) {
-    const tp_device_ops *ops = dev->ops;
+    const tpi_device_ops *ops = dev->ops;
     const uint64_t pages = 256;
     uint64_t va = 0;
     CHECK_OK(ops->va_reserve(dev, pages * G, G, &va));
@@ -104,7 +104,7 @@ static void test_semantics(tp_device *dev) {
 /* Thousands of single pages, unmapped one by one in random order: the page
  * table grows, deletes with backward shifts, and shrinks. */
 static void test_many_pages(tp_device *dev) {
-    const tp_device_ops *ops = dev->ops;
+    const tpi_device_ops *ops = dev->ops;
     const uint64_t pages = gpu_quick() ? 600 : 3000;
     uint64_t va = 0;
     CHECK_OK(ops->va_reserve(dev, pages * G, 0, &va));
@@ -144,7 +144,7 @@ static void test_device_oom(void) {
     snprintf(spec, sizeof spec, "%s,gran=1GiB", gpu_spec());
     test_log log = {0};
     tp_device *dev = gpu_open(spec, &log);
-    const tp_device_ops *ops = dev->ops;
+    const tpi_device_ops *ops = dev->ops;
     uint64_t gib = TEST_GiB;
     uint64_t free0 = gpu_free_bytes();
     uint64_t pages = free0 / gib + 4;

@@ -631,8 +631,8 @@ static void test_stats_json(void) {
 
 /* A backend that does not report an executable's size (and one that cannot
  * even report free memory): the cache measures or estimates. */
-static tp_status (*real_instantiate)(tp_device *, tp_graph, tp_graph_exec *, uint64_t *);
-static tp_status instantiate_unreported(tp_device *device, tp_graph graph, tp_graph_exec *out_exec,
+static tp_status (*real_instantiate)(tp_device *, tp_graph, tpi_graph_exec *, uint64_t *);
+static tp_status instantiate_unreported(tp_device *device, tp_graph graph, tpi_graph_exec *out_exec,
                                         uint64_t *out_bytes) {
     tp_status st = real_instantiate(device, graph, out_exec, out_bytes);
     if (st == TP_OK) *out_bytes = 0;
@@ -648,9 +648,9 @@ static tp_status mem_info_broken(tp_device *device, uint64_t *out_free, uint64_t
 /* Points dev at a copy of its operations whose instantiate is fn (which
  * calls real_instantiate); returns the copy, for further changes. Undo by
  * restoring dev->ops. */
-static tp_device_ops *wrap_instantiate(tp_device *dev,
-                                       tp_status (*fn)(tp_device *, tp_graph, tp_graph_exec *, uint64_t *)) {
-    static tp_device_ops wrapped;
+static tpi_device_ops *wrap_instantiate(tp_device *dev,
+                                       tp_status (*fn)(tp_device *, tp_graph, tpi_graph_exec *, uint64_t *)) {
+    static tpi_device_ops wrapped;
     wrapped = *dev->ops;
     real_instantiate = dev->ops->graph_instantiate;
     wrapped.graph_instantiate = fn;
@@ -661,8 +661,8 @@ static tp_device_ops *wrap_instantiate(tp_device *dev,
 static void test_byte_estimate(void) {
     test_log log = {0};
     tp_device *dev = gt_open("sim:1GiB,graph_node_bytes=1MiB", &log);
-    const tp_device_ops *real_ops = dev->ops;
-    tp_device_ops *wrapped = wrap_instantiate(dev, instantiate_unreported);
+    const tpi_device_ops *real_ops = dev->ops;
+    tpi_device_ops *wrapped = wrap_instantiate(dev, instantiate_unreported);
 
     /* measured: the drop of free device memory across the instantiation */
     tp_graph_cache *cache =
@@ -769,7 +769,7 @@ static void test_byte_model_fixed_cost(void) {
 }
 
 static int inflated_left;
-static tp_status instantiate_inflated(tp_device *device, tp_graph graph, tp_graph_exec *out_exec,
+static tp_status instantiate_inflated(tp_device *device, tp_graph graph, tpi_graph_exec *out_exec,
                                       uint64_t *out_bytes) {
     tp_status st = real_instantiate(device, graph, out_exec, out_bytes);
     if (st == TP_OK && inflated_left > 0) {
@@ -785,10 +785,10 @@ static void test_byte_model_outlier(void) {
      * measurements: the cache holds several executables again. */
     test_log log = {0};
     tp_device *dev = gt_open("sim:8GiB,graph_node_bytes=64KiB", &log);
-    const tp_device_ops *real_ops = dev->ops;
+    const tpi_device_ops *real_ops = dev->ops;
     wrap_instantiate(dev, instantiate_inflated);
     inflated_left = 1;
-    tp_graph_cache *cache = make_cache(dev, (tp_graph_cache_config){.max_bytes = TP_GiB, .idle_evict_ns = TP_NS_NEVER});
+    tp_graph_cache *cache = make_cache(dev, (tp_graph_cache_config){.max_bytes = TPI_GiB, .idle_evict_ns = TP_NS_NEVER});
     uint64_t held = 0;
     churn_new_keys(dev, cache, 60, &held);
     /* 64 KiB/node, 50..250 nodes: 3..16 MiB each, about 100 fit in 1 GiB.
