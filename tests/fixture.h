@@ -47,16 +47,24 @@ static inline void fixture_open_device(fixture *f, const char *spec) {
 }
 
 /* Opens spec and a pool of the given kind on it, configured by extra (when
- * given), always with TP_POOL_FLAG_CHECK_INVARIANTS. */
-static inline void fixture_open(fixture *f, const char *spec, tp_pool_kind kind, const tp_pool_config *extra) {
+ * given); check_invariants adds TP_POOL_FLAG_CHECK_INVARIANTS (which makes
+ * every operation walk the whole pool: too slow for the long scenarios,
+ * which keep their own flags). */
+static inline void fixture_open_with(fixture *f, const char *spec, tp_pool_kind kind, const tp_pool_config *extra,
+                                     bool check_invariants) {
     fixture_open_device(f, spec);
     f->kind = kind;
     tp_pool_config pc = extra ? *extra : (tp_pool_config){0};
     pc.kind = kind;
-    pc.flags |= TP_POOL_FLAG_CHECK_INVARIANTS;
+    if (check_invariants) pc.flags |= TP_POOL_FLAG_CHECK_INVARIANTS;
     tp_status st = tp_pool_create(f->dev, &pc, &f->pool);
     if (st != TP_OK) fprintf(stderr, "fixture: tp_pool_create(%s): %s\n", kind_name(kind), tp_status_name(st));
     REQUIRE(st == TP_OK);
+}
+
+/* The usual fixture: the pool checks its invariants after every operation. */
+static inline void fixture_open(fixture *f, const char *spec, tp_pool_kind kind, const tp_pool_config *extra) {
+    fixture_open_with(f, spec, kind, extra, true);
 }
 
 /* Checks the pool, destroys it, checks the device for leaks and hazards and
