@@ -39,7 +39,7 @@ static run_result run_once(tp_pool_kind kind, uint64_t fail_at, uint64_t fail_co
         tp_sim_counters c;
         CHECK_OK(tp_sim_get_counters(dev, &c));
         result.faults_fired = (int)c.faults_injected;
-        CHECK(c.physical_used_bytes == 0);
+        CHECK_EQ_U64(c.physical_used_bytes, 0);
         CHECK_OK(tp_stream_destroy(dev, s2));
         CHECK_OK(tp_device_close(dev));
         return result;
@@ -57,7 +57,7 @@ static run_result run_once(tp_pool_kind kind, uint64_t fail_at, uint64_t fail_co
             CHECK_MSG(allowed(st), "alloc: %s", tp_status_name(st));
             if (st != TP_OK) {
                 result.failed_ops++;
-                CHECK(live[k] == NULL);
+                CHECK_EQ_PTR(live[k], NULL);
                 continue;
             }
             live_stream[k] = s;
@@ -109,30 +109,40 @@ static run_result run_once(tp_pool_kind kind, uint64_t fail_at, uint64_t fail_co
     return result;
 }
 
-int main(void) {
-    tp_pool_kind kinds[] = {TP_POOL_VMM, TP_POOL_SEGMENT};
-    for (int k = 0; k < 2; k++) {
-        for (uint64_t count = 1; count <= 3; count += 2) {
-            /* Without faults the workload may meet its pool limit (the big
-             * allocation): that count is the baseline. */
-            run_result clean = run_once(kinds[k], 0, 0);
-            CHECK(clean.faults_fired == 0);
-            uint64_t n = 1;
-            int runs = 0, failing_runs = 0;
-            for (;; n++) {
-                run_result r = run_once(kinds[k], n, count);
-                runs++;
-                failing_runs += r.failed_ops > clean.failed_ops;
-                if (r.faults_fired == 0) break; /* the workload made fewer than n calls */
-                if (check_failures > 20 || n > 5000) break;
-            }
-            printf("  %s, %llu failing call(s): %d runs (faults at calls 1..%llu), %d saw more operations fail "
-                   "cleanly than without faults\n",
-                   kinds[k] == TP_POOL_VMM ? "vmm" : "segment", (unsigned long long)count, runs,
-                   (unsigned long long)(n - 1), failing_runs);
-            CHECK(runs > 20);          /* the workload really makes device calls */
-            CHECK(failing_runs > 0);   /* and some injected faults really surfaced */
-        }
+/* Faults at call n, for n = 1, 2, ... until the workload makes fewer than n
+ * calls, each failing `count` calls in a row. */
+static void fault_loop(tp_pool_kind kind, uint64_t count) {
+    /* Without faults the workload may meet its pool limit (the big
+     * allocation): that count is the baseline. */
+    run_result clean = run_once(kind, 0, 0);
+    CHECK_EQ_U64(clean.faults_fired, 0);
+    uint64_t n = 1;
+    int runs = 0, failing_runs = 0;
+    for (;; n++) {
+        run_result r = run_once(kind, n, count);
+        runs++;
+        failing_runs += r.failed_ops > clean.failed_ops;
+        if (r.faults_fired == 0) break; /* the workload made fewer than n calls */
+        if (check_failures > 20 || n > 5000) break;
     }
-    return check_report("test_fault_loop");
+    printf("  %s, %llu failing call(s): %d runs (faults at calls 1..%llu), %d saw more operations fail "
+           "cleanly than without faults\n",
+           kind == TP_POOL_VMM ? "vmm" : "segment", (unsigned long long)count, runs, (unsigned long long)(n - 1),
+           failing_runs);
+    CHECK_GT_I64(runs, 20);         /* the workload really makes device calls */
+    CHECK_GT_I64(failing_runs, 0);  /* and some injected faults really surfaced */
 }
+
+static void one_failing_call_vmm(void) { fault_loop(TP_POOL_VMM, 1); }
+static void three_failing_calls_vmm(void) { fault_loop(TP_POOL_VMM, 3); }
+static void one_failing_call_segment(void) { fault_loop(TP_POOL_SEGMENT, 1); }
+static void three_failing_calls_segment(void) { fault_loop(TP_POOL_SEGMENT, 3); }
+
+static const test_case tests[] = {
+    TEST_CASE(one_failing_call_vmm),
+    TEST_CASE(three_failing_calls_vmm),
+    TEST_CASE(one_failing_call_segment),
+    TEST_CASE(three_failing_calls_segment),
+};
+
+int main(int argc, char **argv) { return TEST_MAIN("test_fault_loop", tests, argc, argv); }

@@ -32,8 +32,8 @@ static void test_map_matches_a_reference_model(void) {
         } else {
             uint64_t got = 0;
             bool removed = tpi_map_remove(&m, key_of(i), &got);
-            CHECK(removed == present[i]);
-            if (present[i]) CHECK(got == model[i]);
+            CHECK_EQ_U64(removed, present[i]);
+            if (present[i]) CHECK_EQ_U64(got, model[i]);
             if (present[i]) count--;
             present[i] = false;
         }
@@ -41,10 +41,10 @@ static void test_map_matches_a_reference_model(void) {
             for (unsigned k = 0; k < KEYS; k++) {
                 uint64_t v = 0;
                 bool found = tpi_map_get(&m, key_of(k), &v);
-                CHECK(found == present[k]);
-                if (found && present[k]) CHECK(v == model[k]);
+                CHECK_EQ_U64(found, present[k]);
+                if (found && present[k]) CHECK_EQ_U64(v, model[k]);
             }
-            CHECK(m.count == count);
+            CHECK_EQ_U64(m.count, count);
             CHECK(m.capacity == 0 || m.count * 2 <= m.capacity);
         }
     }
@@ -52,10 +52,14 @@ static void test_map_matches_a_reference_model(void) {
     uint64_t key, value;
     while (tpi_map_next(&m, &cursor, &key, &value)) {
         unsigned i = key == TPI_MAP_EMPTY ? 0 : (unsigned)(key >> 21);
-        CHECK(i < KEYS && present[i] && model[i] == value);
+        CHECK_LT_U64(i, KEYS);
+        if (i < KEYS) {
+            CHECK(present[i]);
+            if (present[i]) CHECK_EQ_U64(model[i], value);
+        }
         seen++;
     }
-    CHECK(seen == count);
+    CHECK_EQ_U64(seen, count);
     tpi_map_destroy(&m);
 }
 
@@ -64,10 +68,10 @@ static void test_map_shrinks_when_emptied(void) {
     tpi_map_init(&m, NULL);
     for (uint64_t k = 1; k <= 100000; k++) CHECK(tpi_map_put(&m, k * 256, k));
     size_t grown = m.capacity;
-    CHECK(grown >= 200000);
+    CHECK_GE_U64(grown, 200000);
     for (uint64_t k = 1; k <= 100000; k++) CHECK(tpi_map_remove(&m, k * 256, NULL));
-    CHECK(m.count == 0);
-    CHECK(m.capacity <= TPI_MAP_MIN_CAPACITY * 2);
+    CHECK_EQ_U64(m.count, 0);
+    CHECK_LE_U64(m.capacity, TPI_MAP_MIN_CAPACITY * 2);
     CHECK(!tpi_map_remove(&m, 256, NULL));
     tpi_map_destroy(&m);
 }
@@ -88,11 +92,12 @@ static void test_map_survives_host_out_of_memory(void) {
     size_t stored = 0;
     for (uint64_t k = 1; k <= 1000; k++)
         if (tpi_map_put(&m, k, k)) stored++;
-    CHECK(stored == TPI_MAP_MIN_CAPACITY / 2); /* the first table, then no room */
-    CHECK(m.count == stored);
+    CHECK_EQ_U64(stored, TPI_MAP_MIN_CAPACITY / 2); /* the first table, then no room */
+    CHECK_EQ_U64(m.count, stored);
     for (uint64_t k = 1; k <= stored; k++) {
-        uint64_t v;
-        CHECK(tpi_map_get(&m, k, &v) && v == k);
+        uint64_t v = 0;
+        CHECK(tpi_map_get(&m, k, &v));
+        CHECK_EQ_U64(v, k);
     }
     tpi_map_destroy(&m);
 }
@@ -107,14 +112,15 @@ static void test_map_spreads_keys_aligned_to_large_powers_of_two(void) {
         run = m.entries[i].key == TPI_MAP_EMPTY ? 0 : run + 1;
         if (run > longest) longest = run;
     }
-    CHECK_MSG(longest < 64, "a probe run of %zu slots", longest);
+    CHECK_LT_U64(longest, 64);
     tpi_map_destroy(&m);
 }
 
-int main(void) {
-    test_map_matches_a_reference_model();
-    test_map_shrinks_when_emptied();
-    test_map_survives_host_out_of_memory();
-    test_map_spreads_keys_aligned_to_large_powers_of_two();
-    return check_report("test_map");
-}
+static const test_case tests[] = {
+    TEST_CASE(test_map_matches_a_reference_model),
+    TEST_CASE(test_map_shrinks_when_emptied),
+    TEST_CASE(test_map_survives_host_out_of_memory),
+    TEST_CASE(test_map_spreads_keys_aligned_to_large_powers_of_two),
+};
+
+int main(int argc, char **argv) { return TEST_MAIN("test_map", tests, argc, argv); }

@@ -1,69 +1,46 @@
 /* Pools, both kinds: alloc/free, statistics and JSON, trim, idle release,
  * bad input, pins and capture. */
-#include "check.h"
+#include "fixture.h"
 
 #include <stdint.h>
 #include <string.h>
 
-typedef struct fixture {
-    tp_device *dev;
-    tp_pool *pool;
-    test_log log;
-} fixture;
-
-static void fixture_open(fixture *f, const char *spec, tp_pool_kind kind, const tp_pool_config *extra) {
-    memset(f, 0, sizeof *f);
-    tp_device_config cfg = {.log = test_log_fn, .log_user = &f->log};
-    REQUIRE(tp_device_open(spec, &cfg, &f->dev) == TP_OK);
-    tp_pool_config pc = extra ? *extra : (tp_pool_config){0};
-    pc.kind = kind;
-    pc.flags |= TP_POOL_FLAG_CHECK_INVARIANTS;
-    REQUIRE(tp_pool_create(f->dev, &pc, &f->pool) == TP_OK);
-}
-
-static void fixture_close(fixture *f) {
-    char msg[256] = "";
-    tp_status st = tp_pool_check(f->pool, msg, sizeof msg);
-    CHECK_MSG(st == TP_OK, "%s", msg);
-    CHECK(f->log.errors == 0);
-    CHECK_OK(tp_pool_destroy(f->pool));
-    tp_sim_counters c;
-    CHECK_OK(tp_sim_get_counters(f->dev, &c));
-    CHECK_MSG(c.physical_used_bytes == 0, "device memory leaked: %llu", (unsigned long long)c.physical_used_bytes);
-    CHECK(c.hazards == 0);
-    CHECK_OK(tp_device_close(f->dev));
-}
-
-static const char *kind_name(tp_pool_kind k) { return k == TP_POOL_VMM ? "vmm" : "segment"; }
-
-static void test_alloc_free(tp_pool_kind kind) {
+static void alloc_free(tp_pool_kind kind) {
     fixture f;
     fixture_open(&f, "sim:1GiB", kind, NULL);
     void *a = NULL, *b = NULL, *c = NULL;
     CHECK_OK(tp_pool_alloc(f.pool, 1000, TP_STREAM_DEFAULT, &a));
     CHECK_OK(tp_pool_alloc(f.pool, 3 * TEST_MiB, TP_STREAM_DEFAULT, &b));
     CHECK_OK(tp_pool_alloc(f.pool, 40 * TEST_MiB, TP_STREAM_DEFAULT, &c));
-    CHECK(a && b && c && a != b && b != c);
-    CHECK((uintptr_t)a % 256 == 0 && (uintptr_t)b % 256 == 0 && (uintptr_t)c % 256 == 0);
+    CHECK_NE_PTR(a, NULL);
+    CHECK_NE_PTR(b, NULL);
+    CHECK_NE_PTR(c, NULL);
+    CHECK_NE_PTR(a, b);
+    CHECK_NE_PTR(b, c);
+    CHECK_EQ_U64((uintptr_t)a % 256, 0);
+    CHECK_EQ_U64((uintptr_t)b % 256, 0);
+    CHECK_EQ_U64((uintptr_t)c % 256, 0);
     size_t size = 0;
     CHECK_OK(tp_pool_block_size(f.pool, b, &size));
-    CHECK(size == 3 * TEST_MiB);
+    CHECK_EQ_U64(size, 3 * TEST_MiB);
     tp_pool_stats s;
     CHECK_OK(tp_pool_get_stats(f.pool, &s));
-    CHECK(s.requested_bytes.current == 1000 + 43 * TEST_MiB);
-    CHECK(s.allocated_bytes.current == 1024 + 43 * TEST_MiB);
-    CHECK(s.reserved_bytes.current >= s.allocated_bytes.current);
-    CHECK(s.cached_bytes.current == s.reserved_bytes.current - s.allocated_bytes.current);
-    CHECK(s.allocs == 3 && s.device_allocs >= 1);
-    CHECK(s.kind == kind);
+    CHECK_EQ_U64(s.requested_bytes.current, 1000 + 43 * TEST_MiB);
+    CHECK_EQ_U64(s.allocated_bytes.current, 1024 + 43 * TEST_MiB);
+    CHECK_GE_U64(s.reserved_bytes.current, s.allocated_bytes.current);
+    CHECK_EQ_U64(s.cached_bytes.current, s.reserved_bytes.current - s.allocated_bytes.current);
+    CHECK_EQ_U64(s.allocs, 3);
+    CHECK_GE_U64(s.device_allocs, 1);
+    CHECK_EQ_U64(s.kind, kind);
     /* Free out of order (no LIFO rule). */
     CHECK_OK(tp_pool_free(f.pool, b, TP_STREAM_DEFAULT));
     CHECK_OK(tp_pool_free(f.pool, a, TP_STREAM_DEFAULT));
     CHECK_OK(tp_pool_free(f.pool, c, TP_STREAM_DEFAULT));
     CHECK_OK(tp_pool_get_stats(f.pool, &s));
-    CHECK(s.requested_bytes.current == 0 && s.allocated_bytes.current == 0);
-    CHECK(s.requested_bytes.peak == 1000 + 43 * TEST_MiB);
-    CHECK(s.frees == 3);
+    CHECK_EQ_U64(s.requested_bytes.current, 0);
+    CHECK_EQ_U64(s.allocated_bytes.current, 0);
+    CHECK_EQ_U64(s.requested_bytes.peak, 1000 + 43 * TEST_MiB);
+    CHECK_EQ_U64(s.frees, 3);
     /* A second round reuses cached memory: no new device allocation. */
     uint64_t device_allocs = s.device_allocs;
     CHECK_OK(tp_pool_alloc(f.pool, 3 * TEST_MiB, TP_STREAM_DEFAULT, &b));
@@ -71,22 +48,24 @@ static void test_alloc_free(tp_pool_kind kind) {
     CHECK_OK(tp_pool_get_stats(f.pool, &s));
     CHECK_MSG(s.device_allocs == device_allocs, "%s: %llu -> %llu", kind_name(kind),
               (unsigned long long)device_allocs, (unsigned long long)s.device_allocs);
-    CHECK(s.cache_hits >= 2);
+    CHECK_GE_U64(s.cache_hits, 2);
     CHECK_OK(tp_pool_free(f.pool, b, TP_STREAM_DEFAULT));
     CHECK_OK(tp_pool_free(f.pool, c, TP_STREAM_DEFAULT));
     /* Trim gives everything idle back. */
     uint64_t released = 0;
     CHECK_OK(tp_pool_trim(f.pool, 0, &released));
     CHECK_OK(tp_pool_get_stats(f.pool, &s));
-    CHECK(s.reserved_bytes.current == 0 && released > 0);
-    CHECK(s.reserved_bytes.peak >= 43 * TEST_MiB);
+    CHECK_EQ_U64(s.reserved_bytes.current, 0);
+    CHECK_GT_U64(released, 0);
+    CHECK_GE_U64(s.reserved_bytes.peak, 43 * TEST_MiB);
     CHECK_OK(tp_pool_reset_peaks(f.pool));
     CHECK_OK(tp_pool_get_stats(f.pool, &s));
-    CHECK(s.reserved_bytes.peak == 0 && s.requested_bytes.peak == 0);
+    CHECK_EQ_U64(s.reserved_bytes.peak, 0);
+    CHECK_EQ_U64(s.requested_bytes.peak, 0);
     fixture_close(&f);
 }
 
-static void test_json(tp_pool_kind kind) {
+static void stats_json(tp_pool_kind kind) {
     fixture f;
     fixture_open(&f, "sim:1GiB", kind, NULL);
     void *a;
@@ -94,37 +73,45 @@ static void test_json(tp_pool_kind kind) {
     char buf[2048];
     size_t len = 0;
     CHECK_OK(tp_pool_stats_json(f.pool, buf, sizeof buf, &len));
-    CHECK(len == strlen(buf));
-    CHECK(buf[0] == '{' && buf[len - 1] == '}');
-    CHECK(strstr(buf, "\"requested_bytes\":{\"current\":12345,\"peak\":12345,\"total\":12345}") != NULL);
-    CHECK(strstr(buf, kind == TP_POOL_VMM ? "\"kind\":\"vmm\"" : "\"kind\":\"segment\"") != NULL);
-    CHECK(strstr(buf, "\"fragmentation\":") != NULL);
+    CHECK_EQ_U64(len, strlen(buf));
+    CHECK_EQ_U64(buf[0], '{');
+    CHECK_EQ_U64(buf[len - 1], '}');
+    CHECK_CONTAINS(buf, "\"requested_bytes\":{\"current\":12345,\"peak\":12345,\"total\":12345}");
+    CHECK_CONTAINS(buf, kind == TP_POOL_VMM ? "\"kind\":\"vmm\"" : "\"kind\":\"segment\"");
+    CHECK_CONTAINS(buf, "\"fragmentation\":");
     char tiny[16];
     size_t needed = 0;
     CHECK_STATUS(tp_pool_stats_json(f.pool, tiny, sizeof tiny, &needed), TP_ERR_BUFFER_TOO_SMALL);
-    CHECK(needed == len && strlen(tiny) == sizeof tiny - 1);
+    CHECK_EQ_U64(needed, len);
+    CHECK_EQ_U64(strlen(tiny), sizeof tiny - 1);
     CHECK_OK(tp_pool_free(f.pool, a, TP_STREAM_DEFAULT));
     fixture_close(&f);
 }
 
-static void test_bad_input(tp_pool_kind kind) {
+static void bad_alloc_arguments_are_refused(tp_pool_kind kind) {
+    fixture f;
+    fixture_open(&f, "sim:1GiB", kind, NULL);
+    void *p = (void *)1;
+    CHECK_STATUS(tp_pool_alloc(f.pool, 0, TP_STREAM_DEFAULT, &p), TP_ERR_INVALID_ARGUMENT);
+    CHECK_EQ_PTR(p, NULL);
+    CHECK_STATUS(tp_pool_alloc(f.pool, SIZE_MAX, TP_STREAM_DEFAULT, &p), TP_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(tp_pool_alloc(f.pool, SIZE_MAX / 2, TP_STREAM_DEFAULT, &p), TP_ERR_OUT_OF_MEMORY);
+    tp_oom_report r;
+    CHECK_OK(tp_pool_last_oom_report(f.pool, &r));
+    CHECK_EQ_U64(r.request_bytes, SIZE_MAX / 2);
+    CHECK_CONTAINS(r.message, "out of memory");
+    CHECK_STATUS(tp_pool_alloc(f.pool, 2 * TEST_GiB, TP_STREAM_DEFAULT, &p), TP_ERR_OUT_OF_MEMORY);
+    CHECK_STATUS(tp_pool_alloc(NULL, 16, TP_STREAM_DEFAULT, &p), TP_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(tp_pool_alloc(f.pool, 16, TP_STREAM_DEFAULT, NULL), TP_ERR_INVALID_ARGUMENT);
+    fixture_close(&f);
+}
+
+static void bad_frees_are_reported(tp_pool_kind kind) {
     fixture f;
     fixture_open(&f, "sim:1GiB", kind, NULL);
     tp_pool *other_pool;
     tp_pool_config other_config = {.kind = kind};
     REQUIRE(tp_pool_create(f.dev, &other_config, &other_pool) == TP_OK);
-    void *p = (void *)1;
-    CHECK_STATUS(tp_pool_alloc(f.pool, 0, TP_STREAM_DEFAULT, &p), TP_ERR_INVALID_ARGUMENT);
-    CHECK(p == NULL);
-    CHECK_STATUS(tp_pool_alloc(f.pool, SIZE_MAX, TP_STREAM_DEFAULT, &p), TP_ERR_INVALID_ARGUMENT);
-    CHECK_STATUS(tp_pool_alloc(f.pool, SIZE_MAX / 2, TP_STREAM_DEFAULT, &p), TP_ERR_OUT_OF_MEMORY);
-    tp_oom_report r;
-    CHECK_OK(tp_pool_last_oom_report(f.pool, &r));
-    CHECK(r.request_bytes == SIZE_MAX / 2 && strstr(r.message, "out of memory") != NULL);
-    CHECK_STATUS(tp_pool_alloc(f.pool, 2 * TEST_GiB, TP_STREAM_DEFAULT, &p), TP_ERR_OUT_OF_MEMORY);
-    CHECK_STATUS(tp_pool_alloc(NULL, 16, TP_STREAM_DEFAULT, &p), TP_ERR_INVALID_ARGUMENT);
-    CHECK_STATUS(tp_pool_alloc(f.pool, 16, TP_STREAM_DEFAULT, NULL), TP_ERR_INVALID_ARGUMENT);
-
     void *a, *b;
     CHECK_OK(tp_pool_alloc(f.pool, 4096, TP_STREAM_DEFAULT, &a));
     CHECK_OK(tp_pool_alloc(f.pool, 4096, TP_STREAM_DEFAULT, &b));
@@ -145,17 +132,31 @@ static void test_bad_input(tp_pool_kind kind) {
     size_t size;
     CHECK_STATUS(tp_pool_block_size(f.pool, big, &size), TP_ERR_NOT_OWNED);
     CHECK_OK(tp_pool_free(other_pool, foreign, TP_STREAM_DEFAULT));
-    CHECK(f.log.errors == 5);
+    CHECK_EQ_U64(f.log.errors, 5);
     f.log.errors = 0;
-    /* Bad configs. */
+    CHECK_OK(tp_pool_destroy(other_pool));
+    fixture_close(&f);
+}
+
+static void bad_pool_configs_are_refused(tp_pool_kind kind) {
+    fixture f;
+    fixture_open(&f, "sim:1GiB", kind, NULL);
     tp_pool *bad = NULL;
     tp_pool_config pc = {.kind = kind, .alignment_bytes = 100};
     CHECK_STATUS(tp_pool_create(f.dev, &pc, &bad), TP_ERR_INVALID_ARGUMENT);
     pc = (tp_pool_config){.kind = (tp_pool_kind)9};
     CHECK_STATUS(tp_pool_create(f.dev, &pc, &bad), TP_ERR_INVALID_ARGUMENT);
-    CHECK(bad == NULL);
+    CHECK_EQ_PTR(bad, NULL);
     f.log.errors = 0;
-    /* A device with open pools does not close. */
+    fixture_close(&f);
+}
+
+static void device_with_open_pools_does_not_close(tp_pool_kind kind) {
+    fixture f;
+    fixture_open(&f, "sim:1GiB", kind, NULL);
+    tp_pool *other_pool;
+    tp_pool_config other_config = {.kind = kind};
+    REQUIRE(tp_pool_create(f.dev, &other_config, &other_pool) == TP_OK);
     CHECK_STATUS(tp_device_close(f.dev), TP_ERR_BUSY);
     f.log.errors = 0;
     CHECK_OK(tp_pool_destroy(other_pool));
@@ -172,12 +173,12 @@ static void test_novmm_refuses_vmm_pool(void) {
     CHECK_OK(tp_pool_create(dev, &pc, &pool));
     tp_pool_stats s;
     CHECK_OK(tp_pool_get_stats(pool, &s));
-    CHECK(s.kind == TP_POOL_SEGMENT);
+    CHECK_EQ_U64(s.kind, TP_POOL_SEGMENT);
     CHECK_OK(tp_pool_destroy(pool));
     CHECK_OK(tp_device_close(dev));
 }
 
-static void test_idle_release(tp_pool_kind kind) {
+static void idle_memory_is_released_without_host_waits(tp_pool_kind kind) {
     /* Idle memory above the threshold goes back once it has been idle long
      * enough, on a later free or on tick, without waiting on the host. */
     tp_pool_config pc = {.release_threshold_bytes = 8 * TEST_MiB, .idle_release_ns = 1000000};
@@ -188,7 +189,7 @@ static void test_idle_release(tp_pool_kind kind) {
     CHECK_OK(tp_pool_free(f.pool, big, TP_STREAM_DEFAULT));
     tp_pool_stats s;
     CHECK_OK(tp_pool_get_stats(f.pool, &s));
-    CHECK(s.reserved_bytes.current >= 200 * TEST_MiB); /* too fresh to release */
+    CHECK_GE_U64(s.reserved_bytes.current, 200 * TEST_MiB); /* too fresh to release */
     CHECK_OK(tp_sim_advance(f.dev, 2000000));
     CHECK_OK(tp_pool_alloc(f.pool, TEST_MiB, TP_STREAM_DEFAULT, &small));
     CHECK_OK(tp_pool_free(f.pool, small, TP_STREAM_DEFAULT));
@@ -196,12 +197,12 @@ static void test_idle_release(tp_pool_kind kind) {
     CHECK_OK(tp_pool_get_stats(f.pool, &s));
     CHECK_MSG(s.reserved_bytes.current <= 8 * TEST_MiB + 64 * TEST_MiB, "%s reserved %llu", kind_name(kind),
               (unsigned long long)s.reserved_bytes.current);
-    CHECK(s.synchronizations == 0);
-    CHECK(s.device_frees >= 1);
+    CHECK_EQ_U64(s.synchronizations, 0);
+    CHECK_GE_U64(s.device_frees, 1);
     fixture_close(&f);
 }
 
-static void test_last_freed_slot(tp_pool_kind kind) {
+static void last_freed_slot(tp_pool_kind kind) {
     /* A freed block above the tcache's bound is parked until the next
      * allocation: reused in place by a same-size request on its stream when
      * good-fit placement would pick the same address, released otherwise. */
@@ -220,15 +221,16 @@ static void test_last_freed_slot(tp_pool_kind kind) {
     /* b sits between live blocks: freeing and asking again hands it back. */
     CHECK_OK(tp_pool_free(f.pool, b, TP_STREAM_DEFAULT));
     CHECK_OK(tp_pool_get_stats(f.pool, &after));
-    CHECK(after.cached_bytes.current >= kb256);
+    CHECK_GE_U64(after.cached_bytes.current, kb256);
     CHECK_OK(tp_pool_alloc(f.pool, kb256, TP_STREAM_DEFAULT, &x));
-    CHECK(x == b);
+    CHECK_EQ_PTR(x, b);
     CHECK_OK(tp_pool_get_stats(f.pool, &after));
-    CHECK(after.cache_hits == before.cache_hits + 1 && after.device_calls == before.device_calls);
+    CHECK_EQ_U64(after.cache_hits, before.cache_hits + 1);
+    CHECK_EQ_U64(after.device_calls, before.device_calls);
     /* Another size releases the parked block first: it is reused by good fit. */
     CHECK_OK(tp_pool_free(f.pool, b, TP_STREAM_DEFAULT));
     CHECK_OK(tp_pool_alloc(f.pool, kb256 / 2, TP_STREAM_DEFAULT, &x));
-    CHECK(x == b);
+    CHECK_EQ_PTR(x, b);
     CHECK_OK(tp_pool_free(f.pool, x, TP_STREAM_DEFAULT));
     /* a is free (released by the next free); c parked has a free range
      * before it, so a same-size request must not get c in place: good fit
@@ -243,7 +245,7 @@ static void test_last_freed_slot(tp_pool_kind kind) {
     CHECK_OK(tp_pool_free(f.pool, d, TP_STREAM_DEFAULT));
     void *y;
     CHECK_OK(tp_pool_alloc(f.pool, kb256, other, &y));
-    CHECK(y != d);
+    CHECK_NE_PTR(y, d);
     CHECK_OK(tp_pool_free(f.pool, x, TP_STREAM_DEFAULT));
     CHECK_OK(tp_pool_free(f.pool, y, other));
     CHECK_OK(tp_pool_forget_stream(f.pool, other));
@@ -251,7 +253,7 @@ static void test_last_freed_slot(tp_pool_kind kind) {
     fixture_close(&f);
 }
 
-static void test_tick_flushes_only_when_quiet(tp_pool_kind kind) {
+static void tick_flushes_only_when_quiet(tp_pool_kind kind) {
     /* tp_pool_tick leaves parked blocks alone while the pool is busy (they
      * are about to be reused) and returns them once a tick finds no alloc or
      * free since the previous one; idle release then gives the memory back. */
@@ -274,7 +276,7 @@ static void test_tick_flushes_only_when_quiet(tp_pool_kind kind) {
                   kind_name(kind), busy_tick);
         void *q;
         CHECK_OK(tp_pool_alloc(f.pool, 32 * 1024, TP_STREAM_DEFAULT, &q));
-        CHECK(q == p); /* reused from the cache */
+        CHECK_EQ_PTR(q, p); /* reused from the cache */
         CHECK_OK(tp_pool_free(f.pool, q, TP_STREAM_DEFAULT));
     }
     CHECK_OK(tp_pool_tick(f.pool));            /* sees the last free: kept */
@@ -287,7 +289,7 @@ static void test_tick_flushes_only_when_quiet(tp_pool_kind kind) {
     fixture_close(&f);
 }
 
-static void test_tick_releases_a_block_parked_past_idle_release(tp_pool_kind kind) {
+static void tick_releases_a_block_parked_past_idle_release(tp_pool_kind kind) {
     /* A large block freed and then left alone is cold once idle_release_ns
      * has passed since its free: the next tick gives it back even when that
      * tick is the first to see the free (found on the H200: a 1 GiB block
@@ -307,10 +309,10 @@ static void test_tick_releases_a_block_parked_past_idle_release(tp_pool_kind kin
     fixture_close(&f);
 }
 
-static void test_pins_and_capture(tp_pool_kind kind) {
+static void pinned_block_is_held_until_unpinned(tp_pool_kind kind) {
     fixture f;
     fixture_open(&f, "sim:1GiB", kind, NULL);
-    void *a, *b, *c;
+    void *a, *b;
     CHECK_OK(tp_pool_alloc(f.pool, 64 * TEST_MiB, TP_STREAM_DEFAULT, &a));
     CHECK_OK(tp_pool_pin(f.pool, a, 64 * TEST_MiB));
     CHECK_OK(tp_pool_free(f.pool, a, TP_STREAM_DEFAULT)); /* stays held by the pin */
@@ -320,18 +322,27 @@ static void test_pins_and_capture(tp_pool_kind kind) {
     CHECK_OK(tp_pool_trim(f.pool, 0, &released));
     tp_pool_stats s;
     CHECK_OK(tp_pool_get_stats(f.pool, &s));
-    CHECK(s.reserved_bytes.current >= 64 * TEST_MiB && s.pinned_bytes.current == 64 * TEST_MiB);
+    CHECK_GE_U64(s.reserved_bytes.current, 64 * TEST_MiB);
+    CHECK_EQ_U64(s.pinned_bytes.current, 64 * TEST_MiB);
     /* The pinned range is not handed out again. */
     CHECK_OK(tp_pool_alloc(f.pool, 64 * TEST_MiB, TP_STREAM_DEFAULT, &b));
-    CHECK(b != a);
+    CHECK_NE_PTR(b, a);
     CHECK_OK(tp_pool_free(f.pool, b, TP_STREAM_DEFAULT));
     CHECK_OK(tp_pool_unpin(f.pool, a, 64 * TEST_MiB));
     CHECK_STATUS(tp_pool_unpin(f.pool, a, 64 * TEST_MiB), TP_ERR_INVALID_ARGUMENT); /* now free */
     CHECK_OK(tp_pool_trim(f.pool, 0, &released));
     CHECK_OK(tp_pool_get_stats(f.pool, &s));
-    CHECK(s.reserved_bytes.current == 0 && s.pinned_bytes.current == 0);
+    CHECK_EQ_U64(s.reserved_bytes.current, 0);
+    CHECK_EQ_U64(s.pinned_bytes.current, 0);
+    fixture_close(&f);
+}
 
+static void capture_pins_the_capturing_streams_blocks(tp_pool_kind kind) {
     /* Capture: blocks allocated on the capturing stream come back pinned. */
+    fixture f;
+    fixture_open(&f, "sim:1GiB", kind, NULL);
+    void *c;
+    tp_pool_stats s;
     tp_stream cs;
     CHECK_OK(tp_stream_create(f.dev, &cs));
     CHECK_OK(tp_pool_alloc(f.pool, 4096, cs, &c)); /* before capture */
@@ -345,23 +356,25 @@ static void test_pins_and_capture(tp_pool_kind kind) {
     tp_range *ranges = NULL;
     size_t count = 0;
     CHECK_OK(tp_pool_capture_end(f.pool, cs, &ranges, &count));
-    CHECK(count == 2);
-    CHECK(ranges[0].address == (uint64_t)(uintptr_t)t1 && ranges[0].bytes == TEST_MiB);
-    CHECK(ranges[1].address == (uint64_t)(uintptr_t)t2);
+    CHECK_EQ_U64(count, 2);
+    CHECK_EQ_U64(ranges[0].address, (uint64_t)(uintptr_t)t1);
+    CHECK_EQ_U64(ranges[0].bytes, TEST_MiB);
+    CHECK_EQ_U64(ranges[1].address, (uint64_t)(uintptr_t)t2);
     tp_pool_free_ranges(f.pool, ranges);
     CHECK_STATUS(tp_pool_capture_end(f.pool, cs, &ranges, &count), TP_ERR_CAPTURE);
-    CHECK(ranges == NULL && count == 0);
+    CHECK_EQ_PTR(ranges, NULL);
+    CHECK_EQ_U64(count, 0);
     void *again;
     CHECK_OK(tp_pool_alloc(f.pool, 5000, cs, &again));
-    CHECK(again != t2);
+    CHECK_NE_PTR(again, t2);
     CHECK_OK(tp_pool_get_stats(f.pool, &s));
-    CHECK(s.pinned_bytes.current == TEST_MiB + 5120);
+    CHECK_EQ_U64(s.pinned_bytes.current, TEST_MiB + 5120);
     /* The caller owns one pin per captured block; an empty capture hands
      * over nothing. */
     tp_range *owned = NULL;
     CHECK_OK(tp_pool_capture_begin(f.pool, cs));
     CHECK_OK(tp_pool_capture_end(f.pool, cs, &owned, &count));
-    CHECK(count == 0);
+    CHECK_EQ_U64(count, 0);
     tp_pool_free_ranges(f.pool, owned);
     CHECK_OK(tp_pool_unpin(f.pool, t1, TEST_MiB));
     CHECK_OK(tp_pool_unpin(f.pool, t2, 5000));
@@ -370,7 +383,8 @@ static void test_pins_and_capture(tp_pool_kind kind) {
     CHECK_OK(tp_pool_free(f.pool, again, cs));
     CHECK_OK(tp_pool_free(f.pool, other, TP_STREAM_DEFAULT));
     CHECK_OK(tp_pool_get_stats(f.pool, &s));
-    CHECK(s.pinned_bytes.current == 0 && s.allocated_bytes.current == 0);
+    CHECK_EQ_U64(s.pinned_bytes.current, 0);
+    CHECK_EQ_U64(s.allocated_bytes.current, 0);
     /* Pinning a range that is not live is refused. */
     CHECK_STATUS(tp_pool_pin(f.pool, t1, 16), TP_ERR_INVALID_ARGUMENT);
     CHECK_STATUS(tp_pool_pin(f.pool, (void *)0x1000, 16), TP_ERR_NOT_OWNED);
@@ -400,9 +414,10 @@ static uint64_t reclaim_free_pinned(void *user, tp_pool *pool, uint64_t need) {
     return 0;
 }
 
-static void test_reclaim_callback(tp_pool_kind kind) {
+static void reclaim_callback_drops_a_pin(tp_pool_kind kind) {
     /* The ladder's last resort: a callback that drops a pin. */
     tp_pool_config pc = {.limit_bytes = 256 * TEST_MiB};
+    reclaim_calls = 0;
     fixture f;
     fixture_open(&f, "sim:1GiB", kind, &pc);
     void *held;
@@ -413,30 +428,47 @@ static void test_reclaim_callback(tp_pool_kind kind) {
     CHECK_OK(tp_pool_add_reclaim_callback(f.pool, reclaim_free_pinned, &pinned_block));
     void *p;
     CHECK_OK(tp_pool_alloc(f.pool, 150 * TEST_MiB, TP_STREAM_DEFAULT, &p));
-    CHECK(reclaim_calls == 1 && pinned_block == NULL);
+    CHECK_EQ_U64(reclaim_calls, 1);
+    CHECK_EQ_PTR(pinned_block, NULL);
     tp_pool_stats s;
     CHECK_OK(tp_pool_get_stats(f.pool, &s));
-    CHECK(s.reclaim_calls == 1 && s.oom_retries >= 1);
+    CHECK_EQ_U64(s.reclaim_calls, 1);
+    CHECK_GE_U64(s.oom_retries, 1);
     CHECK_OK(tp_pool_remove_reclaim_callback(f.pool, reclaim_free_pinned, &pinned_block));
     CHECK_STATUS(tp_pool_remove_reclaim_callback(f.pool, reclaim_free_pinned, &pinned_block), TP_ERR_NOT_FOUND);
     CHECK_OK(tp_pool_free(f.pool, p, TP_STREAM_DEFAULT));
     fixture_close(&f);
 }
 
-int main(void) {
-    tp_pool_kind kinds[] = {TP_POOL_VMM, TP_POOL_SEGMENT};
-    for (int i = 0; i < 2; i++) {
-        test_alloc_free(kinds[i]);
-        test_json(kinds[i]);
-        test_bad_input(kinds[i]);
-        test_idle_release(kinds[i]);
-        test_last_freed_slot(kinds[i]);
-        test_tick_flushes_only_when_quiet(kinds[i]);
-        test_tick_releases_a_block_parked_past_idle_release(kinds[i]);
-        test_pins_and_capture(kinds[i]);
-        reclaim_calls = 0;
-        test_reclaim_callback(kinds[i]);
-    }
-    test_novmm_refuses_vmm_pool();
-    return check_report("test_pool_basic");
-}
+KIND_TEST(alloc_free)
+KIND_TEST(stats_json)
+KIND_TEST(bad_alloc_arguments_are_refused)
+KIND_TEST(bad_frees_are_reported)
+KIND_TEST(bad_pool_configs_are_refused)
+KIND_TEST(device_with_open_pools_does_not_close)
+KIND_TEST(idle_memory_is_released_without_host_waits)
+KIND_TEST(last_freed_slot)
+KIND_TEST(tick_flushes_only_when_quiet)
+KIND_TEST(tick_releases_a_block_parked_past_idle_release)
+KIND_TEST(pinned_block_is_held_until_unpinned)
+KIND_TEST(capture_pins_the_capturing_streams_blocks)
+KIND_TEST(reclaim_callback_drops_a_pin)
+
+static const test_case tests[] = {
+    KIND_CASES(alloc_free),
+    KIND_CASES(stats_json),
+    KIND_CASES(bad_alloc_arguments_are_refused),
+    KIND_CASES(bad_frees_are_reported),
+    KIND_CASES(bad_pool_configs_are_refused),
+    KIND_CASES(device_with_open_pools_does_not_close),
+    KIND_CASES(idle_memory_is_released_without_host_waits),
+    KIND_CASES(last_freed_slot),
+    KIND_CASES(tick_flushes_only_when_quiet),
+    KIND_CASES(tick_releases_a_block_parked_past_idle_release),
+    KIND_CASES(pinned_block_is_held_until_unpinned),
+    KIND_CASES(capture_pins_the_capturing_streams_blocks),
+    KIND_CASES(reclaim_callback_drops_a_pin),
+    {"novmm_refuses_vmm_pool", test_novmm_refuses_vmm_pool},
+};
+
+int main(int argc, char **argv) { return TEST_MAIN("test_pool_basic", tests, argc, argv); }

@@ -6,7 +6,7 @@
  * free. Invariants: zero hazards, zero invariant violations, no two live
  * blocks overlap, statistics equal the model's sums, no leak at the end.
  * TP_STRESS_OPS overrides the operation count. */
-#include "check.h"
+#include "fixture.h"
 
 #include <stdint.h>
 #include <string.h>
@@ -33,17 +33,15 @@ static bool overlaps_live(const model *m, uint64_t address, uint64_t bytes) {
 }
 
 static void run(tp_pool_kind kind, unsigned long long seed, int ops) {
-    test_log log = {0};
-    tp_device_config dc = {.log = test_log_fn, .log_user = &log};
-    tp_device *dev;
-    REQUIRE(tp_device_open(kind == TP_POOL_VMM ? "sim:4GiB" : "sim:4GiB,novmm", &dc, &dev) == TP_OK);
     tp_pool_config pc = {.kind = kind,
                          .limit_bytes = 1536 * TEST_MiB,
                          .release_threshold_bytes = 32 * TEST_MiB,
                          .idle_release_ns = 500000,
                          .flags = TP_POOL_FLAG_CHECK_INVARIANTS};
-    tp_pool *pool;
-    REQUIRE(tp_pool_create(dev, &pc, &pool) == TP_OK);
+    fixture f;
+    fixture_open(&f, kind == TP_POOL_VMM ? "sim:4GiB" : "sim:4GiB,novmm", kind, &pc);
+    tp_device *dev = f.dev;
+    tp_pool *pool = f.pool;
     tp_stream streams[STREAMS] = {TP_STREAM_DEFAULT};
     for (int i = 1; i < STREAMS; i++) REQUIRE(tp_stream_create(dev, &streams[i]) == TP_OK);
     tp_event event;
@@ -106,8 +104,8 @@ static void run(tp_pool_kind kind, unsigned long long seed, int ops) {
         }
         tp_pool_stats st;
         CHECK_OK(tp_pool_get_stats(pool, &st));
-        CHECK(st.requested_bytes.current == m.requested);
-        CHECK(st.reserved_bytes.current <= pc.limit_bytes);
+        CHECK_EQ_U64(st.requested_bytes.current, m.requested);
+        CHECK_LE_U64(st.reserved_bytes.current, pc.limit_bytes);
     }
     while (m.count) {
         model_block b = m.live[--m.count];
@@ -116,7 +114,7 @@ static void run(tp_pool_kind kind, unsigned long long seed, int ops) {
     char msg[256] = "";
     tp_status cst = tp_pool_check(pool, msg, sizeof msg);
     CHECK_MSG(cst == TP_OK, "%s", msg);
-    CHECK(log.errors == 0);
+    CHECK_EQ_U64(f.log.errors, 0);
     tp_pool_stats st;
     CHECK_OK(tp_pool_get_stats(pool, &st));
     tp_sim_counters c;
@@ -124,29 +122,35 @@ static void run(tp_pool_kind kind, unsigned long long seed, int ops) {
     CHECK_MSG(c.hazards == 0, "%llu hazards (handout %llu unmap %llu free %llu)", (unsigned long long)c.hazards,
               (unsigned long long)c.hazards_handout, (unsigned long long)c.hazards_unmap,
               (unsigned long long)c.hazards_free);
-    CHECK(c.invalid_accesses == 0);
-    CHECK(st.hazards == 0);
+    CHECK_EQ_U64(c.invalid_accesses, 0);
+    CHECK_EQ_U64(st.hazards, 0);
     printf("  %s seed %llu: %d ops, %d allocs, %d OOMs, %d cross-stream uses; device calls %llu, "
            "cross-stream waits %llu, syncs %llu, events %llu, peak reserved %.1f MiB\n",
            kind == TP_POOL_VMM ? "vmm" : "segment", seed, ops, allocs, ooms, cross,
            (unsigned long long)st.device_calls, (unsigned long long)st.cross_stream_waits,
            (unsigned long long)st.synchronizations, (unsigned long long)st.events_recorded,
            st.reserved_bytes.peak / (double)TEST_MiB);
-    CHECK(allocs > ops / 4);
+    CHECK_GT_I64(allocs, ops / 4);
     CHECK_OK(tp_event_destroy(dev, event));
     for (int i = 1; i < STREAMS; i++) CHECK_OK(tp_pool_forget_stream(pool, streams[i]));
-    CHECK_OK(tp_pool_destroy(pool));
-    CHECK_OK(tp_sim_get_counters(dev, &c));
-    CHECK(c.physical_used_bytes == 0 && c.hazards == 0);
     for (int i = 1; i < STREAMS; i++) CHECK_OK(tp_stream_destroy(dev, streams[i]));
-    CHECK_OK(tp_device_close(dev));
+    fixture_close(&f); /* no leak, no hazard once the pool is gone */
 }
 
-int main(void) {
-    int ops = getenv("TP_STRESS_OPS") ? atoi(getenv("TP_STRESS_OPS")) : 30000;
-    for (unsigned long long seed = 1; seed <= 3; seed++) {
-        run(TP_POOL_VMM, seed, ops);
-        run(TP_POOL_SEGMENT, seed, ops);
-    }
-    return check_report("test_pool_stress");
-}
+static int stress_ops(void) { return getenv("TP_STRESS_OPS") ? atoi(getenv("TP_STRESS_OPS")) : 30000; }
+
+#define STRESS_TEST(kind, name, seed) \
+    static void stress_##name##_seed##seed(void) { run(kind, seed, stress_ops()); }
+STRESS_TEST(TP_POOL_VMM, vmm, 1)
+STRESS_TEST(TP_POOL_SEGMENT, segment, 1)
+STRESS_TEST(TP_POOL_VMM, vmm, 2)
+STRESS_TEST(TP_POOL_SEGMENT, segment, 2)
+STRESS_TEST(TP_POOL_VMM, vmm, 3)
+STRESS_TEST(TP_POOL_SEGMENT, segment, 3)
+
+static const test_case tests[] = {
+    TEST_CASE(stress_vmm_seed1), TEST_CASE(stress_segment_seed1), TEST_CASE(stress_vmm_seed2),
+    TEST_CASE(stress_segment_seed2), TEST_CASE(stress_vmm_seed3), TEST_CASE(stress_segment_seed3),
+};
+
+int main(int argc, char **argv) { return TEST_MAIN("test_pool_stress", tests, argc, argv); }

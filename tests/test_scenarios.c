@@ -3,44 +3,21 @@
  *   1 monotonic growth, 2 more sizes than slots, 3 OOM with reclaimable
  *   cache, 5 high-water mark, 6 out-of-order frees across streams,
  *   11 cross-stream reuse. */
-#include "check.h"
+#include "fixture.h"
 
 #include <math.h>
 #include <string.h>
 
-static const char *kind_name(tp_pool_kind k) { return k == TP_POOL_VMM ? "vmm" : "segment"; }
-
-typedef struct env {
-    tp_device *dev;
-    tp_pool *pool;
-    test_log log;
-} env;
-
-static void env_open(env *e, const char *capacity, tp_pool_kind kind, tp_pool_config pc) {
-    memset(e, 0, sizeof *e);
+/* The fixture on a device of the given capacity, without VMM for segment
+ * pools; the pool checks its invariants only where pc asks (the long
+ * scenarios would take minutes). */
+static void env_open(fixture *e, const char *capacity, tp_pool_kind kind, tp_pool_config pc) {
     char spec[64];
     snprintf(spec, sizeof spec, "sim:%s%s", capacity, kind == TP_POOL_SEGMENT ? ",novmm" : "");
-    tp_device_config dc = {.log = test_log_fn, .log_user = &e->log};
-    REQUIRE(tp_device_open(spec, &dc, &e->dev) == TP_OK);
-    pc.kind = kind;
-    REQUIRE(tp_pool_create(e->dev, &pc, &e->pool) == TP_OK);
+    fixture_open_with(e, spec, kind, &pc, false);
 }
 
-static void env_close(env *e) {
-    char msg[256] = "";
-    tp_status st = tp_pool_check(e->pool, msg, sizeof msg);
-    CHECK_MSG(st == TP_OK, "%s", msg);
-    tp_sim_counters c;
-    CHECK_OK(tp_sim_get_counters(e->dev, &c));
-    CHECK_MSG(c.hazards == 0 && c.invalid_accesses == 0, "hazards %llu invalid %llu", (unsigned long long)c.hazards,
-              (unsigned long long)c.invalid_accesses);
-    CHECK_OK(tp_pool_destroy(e->pool));
-    CHECK_OK(tp_sim_get_counters(e->dev, &c));
-    CHECK(c.physical_used_bytes == 0);
-    CHECK_OK(tp_device_close(e->dev));
-}
-
-static void *alloc_use(env *e, uint64_t bytes, tp_stream s, uint64_t kernel_ns) {
+static void *alloc_use(fixture *e, uint64_t bytes, tp_stream s, uint64_t kernel_ns) {
     void *p = NULL;
     tp_status st = tp_pool_alloc(e->pool, bytes, s, &p);
     CHECK_STATUS(st, TP_OK);
@@ -55,7 +32,7 @@ static void *alloc_use(env *e, uint64_t bytes, tp_stream s, uint64_t kernel_ns) 
  * temporaries, all freed in reverse each step. Memory held <= 1.1x peak live;
  * device allocations grow logarithmically with the step count. */
 static void fm1_growth(tp_pool_kind kind) {
-    env e;
+    fixture e;
     env_open(&e, "16GiB", kind, (tp_pool_config){0});
     const uint64_t small_sizes[20] = {4096, 8192, 16384, 65536, 131072, 262144, 1 << 20, 2048, 512, 98304,
                                       4096, 8192, 16384, 65536, 131072, 262144, 1 << 20, 2048, 512, 98304};
@@ -94,14 +71,14 @@ static void fm1_growth(tp_pool_kind kind) {
      * 1024 calls here: K and V at each of 512 sizes). */
     CHECK_MSG(last_doubling <= previous_doubling + previous_doubling / 2 + 4, "%llu calls in the last doubling, %llu in the one before",
               (unsigned long long)last_doubling, (unsigned long long)previous_doubling);
-    CHECK(s.device_allocs < 200);
-    env_close(&e);
+    CHECK_LT_U64(s.device_allocs, 200);
+    fixture_close(&e);
 }
 
 /* 2. 300 distinct sizes, 1..300 MiB, in rotation. The cache stays bounded
  * and, after the first round, no device call or host wait happens. */
 static void fm2_rotation(tp_pool_kind kind) {
-    env e;
+    fixture e;
     env_open(&e, "8GiB", kind, (tp_pool_config){0});
     uint64_t calls_after_first = 0, syncs_after_first = 0;
     for (int round = 0; round < 4; round++) {
@@ -122,17 +99,18 @@ static void fm2_rotation(tp_pool_kind kind) {
     printf("  fm2 %s: peak held %.1f MiB, device calls %llu after round 1, %llu after round 4, syncs %llu\n",
            kind_name(kind), s.reserved_bytes.peak / (double)TEST_MiB, (unsigned long long)calls_after_first,
            (unsigned long long)s.device_calls, (unsigned long long)s.synchronizations);
-    CHECK(s.device_calls == calls_after_first);
-    CHECK(s.synchronizations == syncs_after_first && s.synchronizations == 0);
-    CHECK(s.reserved_bytes.peak <= 330 * TEST_MiB + 64 * TEST_MiB);
-    env_close(&e);
+    CHECK_EQ_U64(s.device_calls, calls_after_first);
+    CHECK_EQ_U64(s.synchronizations, syncs_after_first);
+    CHECK_EQ_U64(s.synchronizations, 0);
+    CHECK_LE_U64(s.reserved_bytes.peak, 330 * TEST_MiB + 64 * TEST_MiB);
+    fixture_close(&e);
 }
 
 /* 3. 8 GiB device, 6 GiB live, 40 x 45 MiB idle, then 1.5 GiB. It succeeds
  * by releasing just enough idle cache, oldest first, never memory whose
  * last kernel is still running, and without waiting on the host. */
 static void fm3_oom_reclaimable(tp_pool_kind kind) {
-    env e;
+    fixture e;
     env_open(&e, "8GiB", kind, (tp_pool_config){.release_threshold_bytes = TP_BYTES_UNLIMITED});
     tp_stream s2, slow;
     CHECK_OK(tp_stream_create(e.dev, &s2));
@@ -154,37 +132,39 @@ static void fm3_oom_reclaimable(tp_pool_kind kind) {
     tp_pool_stats before;
     CHECK_OK(tp_pool_get_stats(e.pool, &before));
     void *big = alloc_use(&e, 1536 * TEST_MiB, s2, 0);
-    CHECK(big != NULL);
+    CHECK_NE_PTR(big, NULL);
     tp_pool_stats after;
     CHECK_OK(tp_pool_get_stats(e.pool, &after));
     uint64_t freed_segments = after.device_frees - before.device_frees;
     printf("  fm3 %s: held %.0f MiB before, %.0f MiB after; %llu device frees; syncs %llu\n", kind_name(kind),
            before.reserved_bytes.current / (double)TEST_MiB, after.reserved_bytes.current / (double)TEST_MiB,
            (unsigned long long)freed_segments, (unsigned long long)after.synchronizations);
-    CHECK(after.synchronizations == 0);
+    CHECK_EQ_U64(after.synchronizations, 0);
     if (kind == TP_POOL_SEGMENT) {
         /* Just enough: not all 40, and never the busy oldest one. */
-        CHECK(freed_segments >= 20 && freed_segments < 39);
-        CHECK(after.reserved_bytes.current >= 6 * TEST_GiB + 1536 * TEST_MiB + 45 * TEST_MiB);
+        CHECK_GE_U64(freed_segments, 20);
+        CHECK_LT_U64(freed_segments, 39);
+        CHECK_GE_U64(after.reserved_bytes.current, 6 * TEST_GiB + 1536 * TEST_MiB + 45 * TEST_MiB);
     }
     /* The slow buffer's memory is still held (its kernel runs). */
     tp_sim_counters c;
     CHECK_OK(tp_sim_get_counters(e.dev, &c));
-    CHECK(c.hazards == 0 && c.pending_kernels >= 1);
+    CHECK_EQ_U64(c.hazards, 0);
+    CHECK_GE_U64(c.pending_kernels, 1);
     CHECK_OK(tp_pool_free(e.pool, big, s2));
     for (int i = 0; i < 6; i++) CHECK_OK(tp_pool_free(e.pool, live[i], TP_STREAM_DEFAULT));
     CHECK_OK(tp_pool_forget_stream(e.pool, s2));
     CHECK_OK(tp_pool_forget_stream(e.pool, slow));
     CHECK_OK(tp_stream_destroy(e.dev, s2));
     CHECK_OK(tp_stream_destroy(e.dev, slow));
-    env_close(&e);
+    fixture_close(&e);
 }
 
 /* 5. One 3 GiB temporary, an hour of 10 MiB temporaries, then 500 MiB
  * with only 100 MiB free on the device. The 3 GiB went back long ago; the
  * request that cannot fit returns an error; the pool keeps working. */
 static void fm5_high_water(tp_pool_kind kind) {
-    env e;
+    fixture e;
     env_open(&e, "8GiB", kind, (tp_pool_config){0});
     void *huge = alloc_use(&e, 3 * TEST_GiB, TP_STREAM_DEFAULT, 5000000);
     CHECK_OK(tp_pool_free(e.pool, huge, TP_STREAM_DEFAULT));
@@ -204,33 +184,34 @@ static void fm5_high_water(tp_pool_kind kind) {
            max_reserved_late / (double)TEST_MiB);
     /* The 3 GiB went back; what stays is at most the release threshold of
      * cold memory plus the working set. */
-    CHECK(max_reserved_late <= 128 * TEST_MiB);
+    CHECK_LE_U64(max_reserved_late, 128 * TEST_MiB);
     /* Another tenant takes all but 100 MiB. */
     uint64_t free_bytes, total;
     CHECK_OK(tp_device_mem_info(e.dev, &free_bytes, &total));
     CHECK_OK(tp_sim_occupy(e.dev, free_bytes - 100 * TEST_MiB));
     void *p = (void *)1;
     CHECK_STATUS(tp_pool_alloc(e.pool, 500 * TEST_MiB, TP_STREAM_DEFAULT, &p), TP_ERR_OUT_OF_MEMORY);
-    CHECK(p == NULL);
+    CHECK_EQ_PTR(p, NULL);
     tp_oom_report rep;
     CHECK_OK(tp_pool_last_oom_report(e.pool, &rep));
     /* It truly could not fit: even after the ladder gave back the pool's
      * idle memory the device had less free than asked. */
-    CHECK(rep.request_bytes == 500 * TEST_MiB && rep.device_free_bytes < 500 * TEST_MiB);
-    CHECK(strstr(rep.message, "request 500.00 MiB") != NULL);
+    CHECK_EQ_U64(rep.request_bytes, 500 * TEST_MiB);
+    CHECK_LT_U64(rep.device_free_bytes, 500 * TEST_MiB);
+    CHECK_CONTAINS(rep.message, "request 500.00 MiB");
     tp_pool_stats s;
     CHECK_OK(tp_pool_get_stats(e.pool, &s));
-    CHECK(s.ooms == 1);
+    CHECK_EQ_U64(s.ooms, 1);
     /* Still usable. */
     p = alloc_use(&e, 10 * TEST_MiB, TP_STREAM_DEFAULT, 0);
     CHECK_OK(tp_pool_free(e.pool, p, TP_STREAM_DEFAULT));
     CHECK_OK(tp_sim_occupy(e.dev, 0));
-    env_close(&e);
+    fixture_close(&e);
 }
 
 /* 6. alloc A, alloc B, free A, free B on two streams, many times. */
 static void fm6_out_of_order(tp_pool_kind kind) {
-    env e;
+    fixture e;
     env_open(&e, "4GiB", kind, (tp_pool_config){.flags = TP_POOL_FLAG_CHECK_INVARIANTS});
     tp_stream s1, s2;
     CHECK_OK(tp_stream_create(e.dev, &s1));
@@ -241,25 +222,27 @@ static void fm6_out_of_order(tp_pool_kind kind) {
         uint64_t b_bytes = rng_log_uniform(&rng, 256, 64 * TEST_MiB);
         void *a = alloc_use(&e, a_bytes, s1, rng_below(&rng, 50000));
         void *b = alloc_use(&e, b_bytes, s2, rng_below(&rng, 50000));
-        CHECK(a != b);
+        CHECK_NE_PTR(a, b);
         CHECK_OK(tp_pool_free(e.pool, a, s1));
         CHECK_OK(tp_pool_free(e.pool, b, s2));
         CHECK_OK(tp_sim_advance(e.dev, rng_below(&rng, 40000)));
     }
     tp_pool_stats s;
     CHECK_OK(tp_pool_get_stats(e.pool, &s));
-    CHECK(s.allocated_bytes.current == 0 && s.allocs == 4000 && s.frees == 4000);
+    CHECK_EQ_U64(s.allocated_bytes.current, 0);
+    CHECK_EQ_U64(s.allocs, 4000);
+    CHECK_EQ_U64(s.frees, 4000);
     CHECK_OK(tp_pool_forget_stream(e.pool, s1));
     CHECK_OK(tp_pool_forget_stream(e.pool, s2));
     CHECK_OK(tp_stream_destroy(e.dev, s1));
     CHECK_OK(tp_stream_destroy(e.dev, s2));
-    env_close(&e);
+    fixture_close(&e);
 }
 
 /* 11. Alloc on stream 1 with a pending kernel, free, alloc the same size on
  * stream 2: never the same memory unless stream 2 was made to wait. */
 static void fm11_cross_stream(tp_pool_kind kind) {
-    env e;
+    fixture e;
     env_open(&e, "4GiB", kind, (tp_pool_config){.flags = TP_POOL_FLAG_CHECK_INVARIANTS});
     tp_stream s1, s2, s3;
     CHECK_OK(tp_stream_create(e.dev, &s1));
@@ -274,7 +257,7 @@ static void fm11_cross_stream(tp_pool_kind kind) {
         CHECK_OK(tp_pool_get_stats(e.pool, &before));
         void *b = alloc_use(&e, bytes, s2, 10);
         CHECK_OK(tp_pool_get_stats(e.pool, &after));
-        if (b == a) CHECK(after.cross_stream_waits > before.cross_stream_waits);
+        if (b == a) CHECK_GT_U64(after.cross_stream_waits, before.cross_stream_waits);
         /* The same block again on the original stream reuses it at once. */
         CHECK_OK(tp_pool_free(e.pool, b, s2));
         void *c = alloc_use(&e, bytes, s1, 10);
@@ -291,18 +274,23 @@ static void fm11_cross_stream(tp_pool_kind kind) {
         CHECK_OK(tp_pool_forget_stream(e.pool, all[i]));
         CHECK_OK(tp_stream_destroy(e.dev, all[i]));
     }
-    env_close(&e);
+    fixture_close(&e);
 }
 
-int main(void) {
-    tp_pool_kind kinds[] = {TP_POOL_VMM, TP_POOL_SEGMENT};
-    for (int i = 0; i < 2; i++) {
-        fm1_growth(kinds[i]);
-        fm2_rotation(kinds[i]);
-        fm3_oom_reclaimable(kinds[i]);
-        fm5_high_water(kinds[i]);
-        fm6_out_of_order(kinds[i]);
-        fm11_cross_stream(kinds[i]);
-    }
-    return check_report("test_scenarios");
-}
+KIND_TEST(fm1_growth)
+KIND_TEST(fm2_rotation)
+KIND_TEST(fm3_oom_reclaimable)
+KIND_TEST(fm5_high_water)
+KIND_TEST(fm6_out_of_order)
+KIND_TEST(fm11_cross_stream)
+
+static const test_case tests[] = {
+    KIND_CASES(fm1_growth),
+    KIND_CASES(fm2_rotation),
+    KIND_CASES(fm3_oom_reclaimable),
+    KIND_CASES(fm5_high_water),
+    KIND_CASES(fm6_out_of_order),
+    KIND_CASES(fm11_cross_stream),
+};
+
+int main(int argc, char **argv) { return TEST_MAIN("test_scenarios", tests, argc, argv); }

@@ -15,75 +15,99 @@ static tp_device *open_sim(const char *spec, test_log *log) {
     return dev;
 }
 
-static void test_specs(void) {
+static void test_default_spec_is_16gib_with_vmm(void) {
     tp_device *dev = NULL;
-    test_log log = {0};
-    tp_device_config cfg = {.log = test_log_fn, .log_user = &log};
     CHECK_OK(tp_device_open("sim", NULL, &dev));
     tp_device_info info;
     CHECK_OK(tp_device_get_info(dev, &info));
-    CHECK(info.capacity_bytes == 16 * TEST_GiB && info.vmm_enabled && info.granularity_bytes == 2 * TEST_MiB);
-    CHECK(strcmp(info.backend, "sim") == 0);
+    CHECK_EQ_U64(info.capacity_bytes, 16 * TEST_GiB);
+    CHECK(info.vmm_enabled);
+    CHECK_EQ_U64(info.granularity_bytes, 2 * TEST_MiB);
+    CHECK_EQ_STR(info.backend, "sim");
     CHECK_OK(tp_device_close(dev));
+}
 
+static void test_spec_options_set_capacity_vmm_and_granularity(void) {
+    tp_device *dev = NULL;
+    tp_device_info info;
     CHECK_OK(tp_device_open("sim:6GiB,novmm,gran=4MiB", NULL, &dev));
     CHECK_OK(tp_device_get_info(dev, &info));
-    CHECK(info.capacity_bytes == 6 * TEST_GiB && !info.vmm_enabled && info.granularity_bytes == 4 * TEST_MiB);
+    CHECK_EQ_U64(info.capacity_bytes, 6 * TEST_GiB);
+    CHECK(!info.vmm_enabled);
+    CHECK_EQ_U64(info.granularity_bytes, 4 * TEST_MiB);
     CHECK_OK(tp_device_close(dev));
+}
 
+static void test_spec_capacity_may_be_fractional(void) {
+    tp_device *dev = NULL;
+    tp_device_info info;
     CHECK_OK(tp_device_open("sim:1.5GiB", NULL, &dev));
     CHECK_OK(tp_device_get_info(dev, &info));
-    CHECK(info.capacity_bytes == 3 * TEST_GiB / 2);
+    CHECK_EQ_U64(info.capacity_bytes, 3 * TEST_GiB / 2);
     CHECK_OK(tp_device_close(dev));
+}
 
+static void test_bad_specs_are_refused_and_explained(void) {
+    tp_device *dev = NULL;
+    test_log log = {0};
+    tp_device_config cfg = {.log = test_log_fn, .log_user = &log};
     const char *bad[] = {"", "simx", "sim:", "sim:lots", "sim:6GiB,turbo", "sim:6GiB,gran=3MiB", "gpu:0",
                          "cuda:x", "sim:0"};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         dev = (tp_device *)0x1;
         CHECK_STATUS(tp_device_open(bad[i], &cfg, &dev), TP_ERR_BAD_SPEC);
-        CHECK(dev == NULL);
+        CHECK_EQ_PTR(dev, NULL);
     }
-    CHECK(log.errors >= (int)(sizeof bad / sizeof *bad)); /* each one explained */
+    CHECK_GE_U64(log.errors, (int)(sizeof bad / sizeof *bad)); /* each one explained */
     CHECK_STATUS(tp_device_open("sim", NULL, NULL), TP_ERR_INVALID_ARGUMENT);
 }
 
 static void test_status_names(void) {
-    CHECK(strcmp(tp_status_name(TP_OK), "TP_OK") == 0);
-    CHECK(strcmp(tp_status_name(TP_ERR_OUT_OF_MEMORY), "TP_ERR_OUT_OF_MEMORY") == 0);
-    CHECK(strcmp(tp_status_name((tp_status)999), "TP_UNKNOWN_STATUS") == 0);
+    CHECK_EQ_STR(tp_status_name(TP_OK), "TP_OK");
+    CHECK_EQ_STR(tp_status_name(TP_ERR_OUT_OF_MEMORY), "TP_ERR_OUT_OF_MEMORY");
+    CHECK_EQ_STR(tp_status_name((tp_status)999), "TP_UNKNOWN_STATUS");
     for (int s = 0; s < TP_STATUS_COUNT_; s++) {
         CHECK(strncmp(tp_status_name((tp_status)s), "TP_", 3) == 0);
-        CHECK(strlen(tp_status_describe((tp_status)s)) > 3);
+        CHECK_GT_U64(strlen(tp_status_describe((tp_status)s)), 3);
     }
-    uint64_t v;
-    CHECK(tp_parse_bytes("6GiB", &v) && v == 6 * TEST_GiB);
-    CHECK(tp_parse_bytes("512 MiB", &v) && v == 512 * TEST_MiB);
-    CHECK(tp_parse_bytes("10KB", &v) && v == 10000);
-    CHECK(tp_parse_bytes("4096", &v) && v == 4096);
-    CHECK(tp_parse_bytes("2g", &v) && v == 2 * TEST_GiB);
+}
+
+static void test_parse_bytes(void) {
+    uint64_t v = 0;
+    CHECK(tp_parse_bytes("6GiB", &v));
+    CHECK_EQ_U64(v, 6 * TEST_GiB);
+    CHECK(tp_parse_bytes("512 MiB", &v));
+    CHECK_EQ_U64(v, 512 * TEST_MiB);
+    CHECK(tp_parse_bytes("10KB", &v));
+    CHECK_EQ_U64(v, 10000);
+    CHECK(tp_parse_bytes("4096", &v));
+    CHECK_EQ_U64(v, 4096);
+    CHECK(tp_parse_bytes("2g", &v));
+    CHECK_EQ_U64(v, 2 * TEST_GiB);
     CHECK(!tp_parse_bytes("-1", &v));
     CHECK(!tp_parse_bytes("12 parsecs", &v));
     CHECK(!tp_parse_bytes("", &v));
     CHECK(!tp_parse_bytes("1e30 TiB", &v));
 }
 
-static void test_memory(void) {
+static void test_vmm_memory_map_unmap_and_plain_allocations(void) {
     test_log log = {0};
     tp_device *dev = open_sim("sim:64MiB", &log);
     const tpi_device_ops *ops = dev->ops;
     uint64_t va = 0, free_bytes, total;
     CHECK_OK(ops->va_reserve(dev, 256 * TEST_MiB, 0, &va)); /* address space may exceed capacity */
-    CHECK(va % (2 * TEST_MiB) == 0);
+    CHECK_EQ_U64(va % (2 * TEST_MiB), 0);
     CHECK_OK(ops->map(dev, va, 32 * TEST_MiB));
     CHECK_STATUS(ops->map(dev, va, 2 * TEST_MiB), TP_ERR_INVALID_ARGUMENT);            /* overlap */
     CHECK_STATUS(ops->map(dev, va + TEST_MiB, 2 * TEST_MiB), TP_ERR_INVALID_ARGUMENT); /* unaligned */
     CHECK_STATUS(ops->map(dev, va + 32 * TEST_MiB, 34 * TEST_MiB), TP_ERR_OUT_OF_MEMORY);
     CHECK_STATUS(ops->map(dev, va + 255 * TEST_MiB, 4 * TEST_MiB), TP_ERR_INVALID_ARGUMENT); /* past end */
     CHECK_OK(tp_device_mem_info(dev, &free_bytes, &total));
-    CHECK(total == 64 * TEST_MiB && free_bytes == 32 * TEST_MiB);
+    CHECK_EQ_U64(total, 64 * TEST_MiB);
+    CHECK_EQ_U64(free_bytes, 32 * TEST_MiB);
     uint64_t ptr = 0;
     CHECK_OK(ops->mem_alloc(dev, 1000, &ptr));
-    CHECK(ptr % 512 == 0);
+    CHECK_EQ_U64(ptr % 512, 0);
     CHECK_STATUS(ops->mem_free(dev, ptr + 256, 1000), TP_ERR_INVALID_ARGUMENT);
     CHECK_OK(ops->mem_free(dev, ptr, 1000));
     CHECK_STATUS(ops->mem_free(dev, ptr, 1000), TP_ERR_INVALID_ARGUMENT); /* double free */
@@ -94,21 +118,28 @@ static void test_memory(void) {
     CHECK_STATUS(ops->unmap(dev, va + 4 * TEST_MiB, 2 * TEST_MiB), TP_ERR_INVALID_ARGUMENT);
     CHECK_OK(ops->map(dev, va + 6 * TEST_MiB, 2 * TEST_MiB));
     CHECK_OK(tp_device_mem_info(dev, &free_bytes, &total));
-    CHECK(free_bytes == 38 * TEST_MiB);
+    CHECK_EQ_U64(free_bytes, 38 * TEST_MiB);
     CHECK_OK(ops->unmap(dev, va, 4 * TEST_MiB));
     CHECK_OK(ops->unmap(dev, va + 6 * TEST_MiB, 2 * TEST_MiB));
     CHECK_OK(ops->unmap(dev, va + 12 * TEST_MiB, 20 * TEST_MiB));
     CHECK_OK(ops->va_release(dev, va, 256 * TEST_MiB));
     tp_sim_counters c;
     CHECK_OK(tp_sim_get_counters(dev, &c));
-    CHECK(c.physical_used_bytes == 0 && c.physical_peak_bytes == 32 * TEST_MiB + 1000);
-    CHECK(c.calls[TP_SIM_OP_MAP] == 6 && c.calls[TP_SIM_OP_MALLOC] == 1 && c.calls[TP_SIM_OP_UNMAP] == 6);
+    CHECK_EQ_U64(c.physical_used_bytes, 0);
+    CHECK_EQ_U64(c.physical_peak_bytes, 32 * TEST_MiB + 1000);
+    CHECK_EQ_U64(c.calls[TP_SIM_OP_MAP], 6);
+    CHECK_EQ_U64(c.calls[TP_SIM_OP_MALLOC], 1);
+    CHECK_EQ_U64(c.calls[TP_SIM_OP_UNMAP], 6);
     CHECK_OK(tp_device_close(dev));
+}
 
+static void test_novmm_refuses_reservations_and_allocates_without_host_memory(void) {
     /* No VMM: reservations are refused; host memory does not scale with
      * the device (a 140 GiB device opens and runs). */
-    dev = open_sim("sim:140GiB,novmm", &log);
-    CHECK(dev->ops->va_reserve(dev, 2 * TEST_MiB, 0, &va) != TP_OK);
+    test_log log = {0};
+    tp_device *dev = open_sim("sim:140GiB,novmm", &log);
+    uint64_t va = 0;
+    CHECK_NE_U64(dev->ops->va_reserve(dev, 2 * TEST_MiB, 0, &va), TP_OK);
     uint64_t big;
     CHECK_OK(dev->ops->mem_alloc(dev, 100 * TEST_GiB, &big));
     CHECK_OK(dev->ops->mem_free(dev, big, 100 * TEST_GiB));
@@ -132,11 +163,11 @@ static void test_clock_events_hazards(void) {
     CHECK_OK(tp_event_record(dev, e, s1));
     CHECK_STATUS(tp_event_query(dev, e), TP_NOT_READY);
     /* Handing the buffer out on s1 is fine (same stream), on s2 a hazard. */
-    CHECK(ops->check_handout(dev, buf, TEST_MiB, s1) == 0);
-    CHECK(ops->check_handout(dev, buf, TEST_MiB, s2) == 2);
+    CHECK_EQ_U64(ops->check_handout(dev, buf, TEST_MiB, s1), 0);
+    CHECK_EQ_U64(ops->check_handout(dev, buf, TEST_MiB, s2), 2);
     /* After s2 waits on the event, it is ordered after both kernels. */
     CHECK_OK(tp_stream_wait_event(dev, s2, e));
-    CHECK(ops->check_handout(dev, buf, TEST_MiB, s2) == 0);
+    CHECK_EQ_U64(ops->check_handout(dev, buf, TEST_MiB, s2), 0);
     /* s2's own work now starts after 1500. */
     CHECK_OK(tp_sim_launch(dev, s2, 100, &r, 1));
     tp_event e2;
@@ -145,25 +176,27 @@ static void test_clock_events_hazards(void) {
     CHECK_OK(tp_event_synchronize(dev, e2));
     uint64_t now;
     CHECK_OK(tp_sim_now(dev, &now));
-    CHECK(now == 1600);
+    CHECK_EQ_U64(now, 1600);
     CHECK_OK(tp_event_query(dev, e));
     /* Everything has completed: no hazards anywhere. */
-    CHECK(ops->check_handout(dev, buf, TEST_MiB, TP_STREAM_DEFAULT) == 0);
+    CHECK_EQ_U64(ops->check_handout(dev, buf, TEST_MiB, TP_STREAM_DEFAULT), 0);
     /* Freeing memory a pending kernel uses is a hazard. */
     CHECK_OK(tp_sim_launch(dev, TP_STREAM_DEFAULT, 50, &r, 1));
     CHECK_OK(ops->mem_free(dev, buf, TEST_MiB));
     tp_sim_counters c;
     CHECK_OK(tp_sim_get_counters(dev, &c));
-    CHECK(c.hazards_handout == 2 && c.hazards_free == 1 && c.hazards == 3);
-    CHECK(c.pending_kernels == 1);
+    CHECK_EQ_U64(c.hazards_handout, 2);
+    CHECK_EQ_U64(c.hazards_free, 1);
+    CHECK_EQ_U64(c.hazards, 3);
+    CHECK_EQ_U64(c.pending_kernels, 1);
     /* Work on memory that is not there. */
     CHECK_OK(tp_sim_launch(dev, s1, 10, &r, 1));
     CHECK_OK(tp_sim_get_counters(dev, &c));
-    CHECK(c.invalid_accesses == 1);
-    CHECK(log.warnings >= 4);
+    CHECK_EQ_U64(c.invalid_accesses, 1);
+    CHECK_GE_U64(log.warnings, 4);
     CHECK_OK(tp_sim_advance(dev, 1000000));
     CHECK_OK(tp_sim_get_counters(dev, &c));
-    CHECK(c.pending_kernels == 0);
+    CHECK_EQ_U64(c.pending_kernels, 0);
     CHECK_OK(tp_device_synchronize(dev));
     CHECK_OK(tp_event_destroy(dev, e));
     CHECK_OK(tp_event_destroy(dev, e2));
@@ -192,9 +225,9 @@ static void test_transitive_order(void) {
     CHECK_OK(tp_event_record(dev, a, s1));
     CHECK_OK(tp_stream_wait_event(dev, s2, a));
     CHECK_OK(tp_event_record(dev, b, s2));
-    CHECK(dev->ops->check_handout(dev, buf, 4096, s3) == 1);
+    CHECK_EQ_U64(dev->ops->check_handout(dev, buf, 4096, s3), 1);
     CHECK_OK(tp_stream_wait_event(dev, s3, b));
-    CHECK(dev->ops->check_handout(dev, buf, 4096, s3) == 0);
+    CHECK_EQ_U64(dev->ops->check_handout(dev, buf, 4096, s3), 0);
     CHECK_OK(tp_event_destroy(dev, a));
     CHECK_OK(tp_event_destroy(dev, b));
     CHECK_OK(tp_device_synchronize(dev));
@@ -227,7 +260,7 @@ static void test_faults(void) {
     CHECK_OK(dev->ops->mem_free(dev, p, 4096));
     tp_sim_counters c;
     CHECK_OK(tp_sim_get_counters(dev, &c));
-    CHECK(c.faults_injected == 4);
+    CHECK_EQ_U64(c.faults_injected, 4);
     CHECK_STATUS(tp_sim_inject_fault(dev, TP_SIM_OP_COUNT_, 0, 1, TP_OK), TP_ERR_INVALID_ARGUMENT);
     CHECK_OK(tp_event_destroy(dev, e));
     CHECK_OK(tp_device_close(dev));
@@ -239,7 +272,7 @@ static void test_occupy_and_graphs(void) {
     uint64_t free_bytes, total;
     CHECK_OK(tp_sim_occupy(dev, 900 * TEST_MiB));
     CHECK_OK(tp_device_mem_info(dev, &free_bytes, &total));
-    CHECK(free_bytes == 124 * TEST_MiB);
+    CHECK_EQ_U64(free_bytes, 124 * TEST_MiB);
     CHECK_STATUS(tp_sim_occupy(dev, 200 * TEST_MiB), TP_ERR_OUT_OF_MEMORY);
     tp_sim_graph_desc desc = {.node_count = 100, .topology_id = 7, .duration_ns = 10};
     tp_graph g;
@@ -247,7 +280,7 @@ static void test_occupy_and_graphs(void) {
     tpi_graph_exec x;
     uint64_t bytes;
     CHECK_OK(dev->ops->graph_instantiate(dev, g, &x, &bytes));
-    CHECK(bytes == 100 * TEST_MiB);
+    CHECK_EQ_U64(bytes, 100 * TEST_MiB);
     tpi_graph_exec y;
     CHECK_STATUS(dev->ops->graph_instantiate(dev, g, &y, &bytes), TP_ERR_OUT_OF_MEMORY); /* 24 MiB left */
     desc.topology_id = 8;
@@ -258,23 +291,31 @@ static void test_occupy_and_graphs(void) {
     CHECK_OK(dev->ops->graph_launch(dev, x, TP_STREAM_DEFAULT));
     tp_sim_counters c;
     CHECK_OK(tp_sim_get_counters(dev, &c));
-    CHECK(c.graph_execs == 1 && c.graph_exec_bytes == 100 * TEST_MiB && c.pending_kernels == 1);
+    CHECK_EQ_U64(c.graph_execs, 1);
+    CHECK_EQ_U64(c.graph_exec_bytes, 100 * TEST_MiB);
+    CHECK_EQ_U64(c.pending_kernels, 1);
     CHECK_OK(dev->ops->graph_destroy(dev, x));
     CHECK_OK(tp_sim_occupy(dev, 0));
     CHECK_OK(tp_device_mem_info(dev, &free_bytes, &total));
-    CHECK(free_bytes == TEST_GiB);
+    CHECK_EQ_U64(free_bytes, TEST_GiB);
     CHECK_OK(tp_sim_graph_destroy(dev, g));
     CHECK_OK(tp_sim_graph_destroy(dev, other));
     CHECK_OK(tp_device_close(dev));
 }
 
-int main(void) {
-    test_specs();
-    test_status_names();
-    test_memory();
-    test_clock_events_hazards();
-    test_transitive_order();
-    test_faults();
-    test_occupy_and_graphs();
-    return check_report("test_sim_device");
-}
+static const test_case tests[] = {
+    TEST_CASE(test_default_spec_is_16gib_with_vmm),
+    TEST_CASE(test_spec_options_set_capacity_vmm_and_granularity),
+    TEST_CASE(test_spec_capacity_may_be_fractional),
+    TEST_CASE(test_bad_specs_are_refused_and_explained),
+    TEST_CASE(test_status_names),
+    TEST_CASE(test_parse_bytes),
+    TEST_CASE(test_vmm_memory_map_unmap_and_plain_allocations),
+    TEST_CASE(test_novmm_refuses_reservations_and_allocates_without_host_memory),
+    TEST_CASE(test_clock_events_hazards),
+    TEST_CASE(test_transitive_order),
+    TEST_CASE(test_faults),
+    TEST_CASE(test_occupy_and_graphs),
+};
+
+int main(int argc, char **argv) { return TEST_MAIN("test_sim_device", tests, argc, argv); }

@@ -130,14 +130,16 @@ static void run(tp_pool_kind kind) {
         CHECK_OK(tp_pool_free(sh.pool, sh.mailbox[i].ptr, workers[0].stream));
         CHECK_OK(tp_event_destroy(sh.dev, sh.mailbox[i].ready));
     }
-    CHECK(sh.errors == 0);
+    CHECK_EQ_U64(sh.errors, 0);
     char msg[256] = "";
     tp_status st = tp_pool_check(sh.pool, msg, sizeof msg);
     CHECK_MSG(st == TP_OK, "%s", msg);
     tp_pool_stats s;
     CHECK_OK(tp_pool_get_stats(sh.pool, &s));
-    CHECK(s.allocated_bytes.current == 0 && s.requested_bytes.current == 0);
-    CHECK(s.allocs == s.frees && s.allocs > THREADS * OPS_PER_THREAD / 4);
+    CHECK_EQ_U64(s.allocated_bytes.current, 0);
+    CHECK_EQ_U64(s.requested_bytes.current, 0);
+    CHECK_EQ_U64(s.allocs, s.frees);
+    CHECK_GT_U64(s.allocs, THREADS * OPS_PER_THREAD / 4);
     tp_sim_counters c;
     CHECK_OK(tp_sim_get_counters(sh.dev, &c));
     CHECK_MSG(c.hazards == 0, "%llu hazards", (unsigned long long)c.hazards);
@@ -147,14 +149,18 @@ static void run(tp_pool_kind kind) {
     for (int i = 0; i < THREADS; i++) CHECK_OK(tp_pool_forget_stream(sh.pool, workers[i].stream));
     CHECK_OK(tp_pool_destroy(sh.pool));
     CHECK_OK(tp_sim_get_counters(sh.dev, &c));
-    CHECK(c.physical_used_bytes == 0);
+    CHECK_EQ_U64(c.physical_used_bytes, 0);
     for (int i = 0; i < THREADS; i++) CHECK_OK(tp_stream_destroy(sh.dev, workers[i].stream));
     CHECK_OK(tp_device_close(sh.dev));
     pthread_mutex_destroy(&sh.lock);
 }
 
-int main(void) {
-    run(TP_POOL_VMM);
-    run(TP_POOL_SEGMENT);
-    return check_report("test_threads");
-}
+static void four_threads_share_a_vmm_pool(void) { run(TP_POOL_VMM); }
+static void four_threads_share_a_segment_pool(void) { run(TP_POOL_SEGMENT); }
+
+static const test_case tests[] = {
+    TEST_CASE(four_threads_share_a_vmm_pool),
+    TEST_CASE(four_threads_share_a_segment_pool),
+};
+
+int main(int argc, char **argv) { return TEST_MAIN("test_threads", tests, argc, argv); }

@@ -155,7 +155,7 @@ static inline void gpu_fini(void) {
     do {                                                                                                   \
         gpu_result gpu_r_ = (expr);                                                                        \
         if (gpu_r_ != 0) {                                                                                 \
-            check_failures++;                                                                              \
+            check_count_failure_();                                                                        \
             fprintf(stderr, "%s:%d: %s failed: %s (%d)\n", __FILE__, __LINE__, #expr, gpu_error_name(gpu_r_), \
                     gpu_r_);                                                                               \
         }                                                                                                  \
@@ -210,15 +210,14 @@ static inline void gpu_warmup(void) {
     GPU_OK(gpu.MemFree(p));
 }
 
-/* Opens spec (the library's view of the same device) or fails the test. */
+/* Opens spec (the library's view of the same device) or ends the test
+ * (the process, outside the runner). */
 static inline tp_device *gpu_open(const char *spec, test_log *log) {
     tp_device_config dc = {.log = test_log_fn, .log_user = log, .log_level = TP_LOG_INFO};
     tp_device *dev = NULL;
     tp_status st = tp_device_open(spec, &dc, &dev);
-    if (st != TP_OK) {
-        fprintf(stderr, "tp_device_open(\"%s\") failed: %s\n", spec, tp_status_name(st));
-        exit(1);
-    }
+    if (st != TP_OK) fprintf(stderr, "tp_device_open(\"%s\") failed: %s\n", spec, tp_status_name(st));
+    REQUIRE(st == TP_OK);
     return dev;
 }
 

@@ -181,24 +181,36 @@ static void run(bool vmm) {
            (unsigned long long)s.cross_stream_waits, (unsigned long long)s.synchronizations, ooms);
     CHECK_MSG(bad == 0, "%llu bytes in %llu blocks held another stream's data: aliasing", (unsigned long long)bad,
               (unsigned long long)bad_blocks);
-    CHECK(allocs == frees && s.allocated_bytes.current == 0);
-    CHECK(s.device_errors == 0 && ooms == 0);
+    CHECK_EQ_U64(allocs, frees);
+    CHECK_EQ_U64(s.allocated_bytes.current, 0);
+    CHECK_EQ_U64(s.device_errors, 0);
+    CHECK_EQ_U64(ooms, 0);
     char msg[256] = "";
     CHECK_MSG(tp_pool_check(pool, msg, sizeof msg) == TP_OK, "%s", msg);
     CHECK_OK(tp_pool_destroy(pool));
-    CHECK(log.errors == 0);
+    CHECK_EQ_U64(log.errors, 0);
     CHECK_OK(tp_device_close(dev));
 }
 
-int main(void) {
-    gpu_init();
+static void data_survives_reuse_vmm(void) { run(true); }
+static void data_survives_reuse_segment(void) { run(false); }
+
+/* The vmm test first; left out where the device has no VMM. */
+static const test_case tests[] = {
+    TEST_CASE(data_survives_reuse_vmm),
+    TEST_CASE(data_survives_reuse_segment),
+};
+
+int main(int argc, char **argv) {
+    gpu_init(); /* exits 77 without a device */
     test_log log = {0};
     tp_device *dev = gpu_open(gpu_spec(), &log);
     tp_device_info info;
     CHECK_OK(tp_device_get_info(dev, &info));
     CHECK_OK(tp_device_close(dev));
-    if (info.vmm_enabled) run(true);
-    run(false);
+    if (check_failures) return 1;
+    size_t first = info.vmm_enabled ? 0 : 1;
+    int rc = test_main("test_gpu_data", tests + first, TEST_COUNT(tests) - first, argc, argv);
     gpu_fini();
-    return check_report("test_gpu_data");
+    return rc;
 }

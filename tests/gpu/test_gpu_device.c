@@ -39,16 +39,19 @@ static void test_open_and_info(void) {
     printf("  %s: \"%s\" %.1f GiB, granularity %llu KiB, vmm supported %d enabled %d\n", gpu_spec(), info.name,
            info.capacity_bytes / (double)TEST_GiB, (unsigned long long)(info.granularity_bytes >> 10),
            info.vmm_supported, info.vmm_enabled);
-    CHECK(strcmp(info.backend, "cuda") == 0);
-    CHECK(info.name[0] != '\0');
-    CHECK(info.ordinal == gpu.ordinal);
-    CHECK(info.capacity_bytes > 0);
+    CHECK_EQ_STR(info.backend, "cuda");
+    CHECK_NE_U64(info.name[0], '\0');
+    CHECK_EQ_U64(info.ordinal, gpu.ordinal);
+    CHECK_GT_U64(info.capacity_bytes, 0);
     CHECK(tpi_is_pow2(info.granularity_bytes));
-    CHECK(info.vmm_enabled == info.vmm_supported);
-    CHECK(dev->ops->check_handout == NULL && !dev->hazard_checker);
+    CHECK_EQ_U64(info.vmm_enabled, info.vmm_supported);
+    CHECK_EQ_PTR(dev->ops->check_handout, NULL);
+    CHECK(!dev->hazard_checker);
     uint64_t free_bytes = 0, total = 0;
     CHECK_OK(tp_device_mem_info(dev, &free_bytes, &total));
-    CHECK(total > 0 && free_bytes <= total && total <= info.capacity_bytes + TEST_GiB);
+    CHECK_GT_U64(total, 0);
+    CHECK_LE_U64(free_bytes, total);
+    CHECK_LE_U64(total, info.capacity_bytes + TEST_GiB);
     CHECK_OK(tp_device_synchronize(dev));
     CHECK_OK(tp_device_close(dev));
 
@@ -57,8 +60,9 @@ static void test_open_and_info(void) {
     dev = gpu_open(spec, &log);
     tp_device_info info2;
     CHECK_OK(tp_device_get_info(dev, &info2));
-    CHECK(!info2.vmm_enabled && info2.vmm_supported == info.vmm_supported);
-    CHECK(info2.capacity_bytes == info.capacity_bytes);
+    CHECK(!info2.vmm_enabled);
+    CHECK_EQ_U64(info2.vmm_supported, info.vmm_supported);
+    CHECK_EQ_U64(info2.capacity_bytes, info.capacity_bytes);
     uint64_t va = 0;
     CHECK_STATUS(dev->ops->va_reserve(dev, 64 * TEST_MiB, 0, &va), TP_ERR_UNSUPPORTED);
     CHECK_STATUS(dev->ops->map(dev, 1ull << 40, info2.granularity_bytes), TP_ERR_UNSUPPORTED);
@@ -71,8 +75,9 @@ static void test_open_and_info(void) {
     tp_device_config dc = {.log = text_log_fn, .log_user = &tl};
     tp_device *none = (tp_device *)1;
     CHECK_STATUS(tp_device_open("cuda:999", &dc, &none), TP_ERR_NO_DEVICE);
-    CHECK(none == NULL);
-    CHECK(tl.counts.errors >= 1 && strstr(tl.last, "cuda:999") != NULL);
+    CHECK_EQ_PTR(none, NULL);
+    CHECK_GE_U64(tl.counts.errors, 1);
+    CHECK_CONTAINS(tl.last, "cuda:999");
     snprintf(spec, sizeof spec, "cuda:%d,gran=4KiB", gpu.ordinal);
     CHECK_STATUS(tp_device_open(spec, &dc, &none), TP_ERR_BAD_SPEC);
     snprintf(spec, sizeof spec, "cuda:%d,bogus", gpu.ordinal);
@@ -96,7 +101,9 @@ static void test_streams_events(void) {
     tp_stream s1, s2;
     CHECK_OK(tp_stream_create(dev, &s1));
     CHECK_OK(tp_stream_create(dev, &s2));
-    CHECK(s1 != TP_STREAM_DEFAULT && s2 != TP_STREAM_DEFAULT && s1 != s2);
+    CHECK_NE_PTR(s1, TP_STREAM_DEFAULT);
+    CHECK_NE_PTR(s2, TP_STREAM_DEFAULT);
+    CHECK_NE_PTR(s1, s2);
     tp_event e;
     CHECK_OK(tp_event_create(dev, &e));
     CHECK_OK(tp_event_query(dev, e)); /* never recorded: complete */
@@ -114,7 +121,7 @@ static void test_streams_events(void) {
     if (q == TP_OK) printf("  note: 40 GiB of memsets finished before the query\n");
     CHECK_OK(tp_stream_wait_event(dev, s2, e));
     uint64_t bad = gpu_count_mismatch(target, 4096, 0xab, s2, NULL);
-    CHECK(bad == 0);
+    CHECK_EQ_U64(bad, 0);
     CHECK_OK(tp_event_synchronize(dev, e));
     CHECK_OK(tp_event_query(dev, e));
     /* The default stream passes through as NULL. */
@@ -129,7 +136,7 @@ static void test_streams_events(void) {
     CHECK_OK(tp_event_destroy(dev, e));
     CHECK_OK(tp_stream_destroy(dev, s1));
     CHECK_OK(tp_stream_destroy(dev, s2));
-    CHECK(log.errors == 0);
+    CHECK_EQ_U64(log.errors, 0);
     CHECK_OK(tp_device_close(dev));
 }
 
@@ -138,10 +145,10 @@ static void *contextless_thread(void *arg) {
     tp_device *dev = arg;
     gpu_context cur = (gpu_context)1;
     GPU_OK(gpu.CtxGetCurrent(&cur));
-    CHECK(cur == NULL);
+    CHECK_EQ_PTR(cur, NULL);
     uint64_t free_bytes = 0, total = 0;
     CHECK_OK(tp_device_mem_info(dev, &free_bytes, &total));
-    CHECK(free_bytes > 0);
+    CHECK_GT_U64(free_bytes, 0);
     tp_stream s;
     tp_event e;
     CHECK_OK(tp_stream_create(dev, &s));
@@ -173,7 +180,7 @@ static void test_context_restore(void) {
     CHECK_OK(tp_device_mem_info(dev, &free_bytes, &total));
     gpu_context cur = NULL;
     GPU_OK(gpu.CtxGetCurrent(&cur));
-    CHECK(cur == gpu.ctx);
+    CHECK_EQ_PTR(cur, gpu.ctx);
     CHECK_OK(tp_device_close(dev));
 }
 
@@ -186,19 +193,20 @@ static void test_plain_memory(void) {
     CHECK_OK(tp_device_mem_info(dev, &free0, &total));
     size_t drv_free = 0, drv_total = 0;
     GPU_OK(gpu.MemGetInfo(&drv_free, &drv_total));
-    CHECK(total == drv_total);
+    CHECK_EQ_U64(total, drv_total);
 
     uint64_t address = 0;
     CHECK_OK(dev->ops->mem_alloc(dev, 256 * TEST_MiB, &address));
-    CHECK(address != 0 && address % 256 == 0);
+    CHECK_NE_U64(address, 0);
+    CHECK_EQ_U64(address % 256, 0);
     GPU_OK(gpu.MemsetD8Async(address, 0x11, 256 * TEST_MiB, NULL));
-    CHECK(gpu_count_mismatch(address, 256 * TEST_MiB, 0x11, TP_STREAM_DEFAULT, NULL) == 0);
+    CHECK_EQ_U64(gpu_count_mismatch(address, 256 * TEST_MiB, 0x11, TP_STREAM_DEFAULT, NULL), 0);
     CHECK_OK(dev->ops->mem_free(dev, address, 256 * TEST_MiB));
 
     /* More than the card holds: a status and a log line, no abort. */
     address = 0;
     CHECK_STATUS(dev->ops->mem_alloc(dev, total + 8 * TEST_GiB, &address), TP_ERR_OUT_OF_MEMORY);
-    CHECK(strcmp(tl.needle_hit, "oom") == 0);
+    CHECK_EQ_STR(tl.needle_hit, "oom");
     /* Still usable afterwards. */
     CHECK_OK(dev->ops->mem_alloc(dev, 2 * TEST_MiB, &address));
     CHECK_OK(dev->ops->mem_free(dev, address, 2 * TEST_MiB));
@@ -226,19 +234,19 @@ static void test_graphs(void) {
     printf("  graph of %d memset nodes: instantiation measured at %llu KiB\n", nodes,
            (unsigned long long)(bytes >> 10));
     CHECK_OK(dev->ops->graph_launch(dev, exec, s));
-    CHECK(gpu_count_mismatch(dst, (uint64_t)nodes * 4096, 0x21, s, NULL) == 0);
+    CHECK_EQ_U64(gpu_count_mismatch(dst, (uint64_t)nodes * 4096, 0x21, s, NULL), 0);
 
     /* Same topology, other value: updated in place. */
     gpu_graph g2 = gpu_memset_graph(dst, nodes, 0x42, 1);
     CHECK_OK(dev->ops->graph_update(dev, exec, (tp_graph)g2));
     CHECK_OK(dev->ops->graph_launch(dev, exec, s));
-    CHECK(gpu_count_mismatch(dst, (uint64_t)nodes * 4096, 0x42, s, NULL) == 0);
+    CHECK_EQ_U64(gpu_count_mismatch(dst, (uint64_t)nodes * 4096, 0x42, s, NULL), 0);
 
     /* Other topology: refused, the executable still runs what it had. */
     gpu_graph g3 = gpu_memset_graph(dst, nodes / 2, 0x63, 0);
     CHECK_STATUS(dev->ops->graph_update(dev, exec, (tp_graph)g3), TP_ERR_TOPOLOGY_MISMATCH);
     CHECK_OK(dev->ops->graph_launch(dev, exec, s));
-    CHECK(gpu_count_mismatch(dst, (uint64_t)nodes * 4096, 0x42, s, NULL) == 0);
+    CHECK_EQ_U64(gpu_count_mismatch(dst, (uint64_t)nodes * 4096, 0x42, s, NULL), 0);
 
     /* Many instantiations from several threads at once would race on the
      * measurement; here, sequentially, each is measured or 0. */
@@ -260,17 +268,21 @@ static void test_graphs(void) {
     GPU_OK(gpu_graphs.Destroy(g3));
     GPU_OK(gpu.MemFree(dst));
     CHECK_OK(tp_stream_destroy(dev, s));
-    CHECK(log.errors == 0);
+    CHECK_EQ_U64(log.errors, 0);
     CHECK_OK(tp_device_close(dev));
 }
 
-int main(void) {
-    gpu_init();
-    test_open_and_info();
-    test_streams_events();
-    test_context_restore();
-    test_plain_memory();
-    test_graphs();
+static const test_case tests[] = {
+    TEST_CASE(test_open_and_info),
+    TEST_CASE(test_streams_events),
+    TEST_CASE(test_context_restore),
+    TEST_CASE(test_plain_memory),
+    TEST_CASE(test_graphs),
+};
+
+int main(int argc, char **argv) {
+    gpu_init(); /* exits 77 without a device */
+    int rc = TEST_MAIN("test_gpu_device", tests, argc, argv);
     gpu_fini();
-    return check_report("test_gpu_device");
+    return rc;
 }

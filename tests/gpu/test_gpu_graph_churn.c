@@ -87,7 +87,7 @@ static curve churn(tp_device *dev, gpu_ptr dst, uint64_t cap_bytes, int requests
     c.evictions = st.evictions_bytes + st.evictions_count;
     c.hot_instantiations = st.instantiations - (uint64_t)requests - 10;
     c.hot_instantiations_steady = st.instantiations - instantiations_warm - (uint64_t)(requests - WARM_REQUESTS);
-    CHECK(eager == 0);
+    CHECK_EQ_U64(eager, 0);
     char msg[256] = "";
     tp_status cs = tp_graph_cache_check(cache, msg, sizeof msg);
     CHECK_MSG(cs == TP_OK, "%s", msg);
@@ -98,11 +98,7 @@ static curve churn(tp_device *dev, gpu_ptr dst, uint64_t cap_bytes, int requests
     return c;
 }
 
-int main(void) {
-    gpu_init();
-    if (!gpu_graphs_load()) gpu_skip("driver has no cuGraphCreate");
-    if (getenv("TP_GPU_PROBE")) return 0;
-
+static void test_graph_churn_is_bounded_by_the_cap(void) {
     tp_device *dev = NULL;
     REQUIRE(tp_device_open(gpu_spec(), NULL, &dev) == TP_OK);
     gpu_ptr dst = 0;
@@ -139,9 +135,20 @@ int main(void) {
      * when the cache counts executables at a cautious learned size.) */
     CHECK_MSG(on.hot_instantiations_steady == 0, "hot keys re-instantiated %llu times after warm-up",
               (unsigned long long)on.hot_instantiations_steady);
-    CHECK(on.hot_instantiations <= 10);
-    CHECK(on.evictions > 0 && off.execs_end == (uint64_t)requests + 10);
+    CHECK_LE_U64(on.hot_instantiations, 10);
+    CHECK_GT_U64(on.evictions, 0);
+    CHECK_EQ_U64(off.execs_end, (uint64_t)requests + 10);
     GPU_OK(gpu.MemFree(dst));
     CHECK_OK(tp_device_close(dev));
-    return check_report("test_gpu_graph_churn");
+}
+
+static const test_case tests[] = {
+    TEST_CASE(test_graph_churn_is_bounded_by_the_cap),
+};
+
+int main(int argc, char **argv) {
+    gpu_init(); /* exits 77 without a device */
+    if (!gpu_graphs_load()) gpu_skip("driver has no cuGraphCreate");
+    if (getenv("TP_GPU_PROBE")) return 0;
+    return TEST_MAIN("test_gpu_graph_churn", tests, argc, argv);
 }

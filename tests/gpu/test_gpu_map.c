@@ -42,29 +42,32 @@ static void test_semantics(tp_device *dev) {
     const uint64_t pages = 256;
     uint64_t va = 0;
     CHECK_OK(ops->va_reserve(dev, pages * G, G, &va));
-    CHECK(va != 0 && va % G == 0);
+    CHECK_NE_U64(va, 0);
+    CHECK_EQ_U64(va % G, 0);
 
     uint64_t free0 = gpu_free_bytes();
     CHECK_OK(ops->map(dev, va, 64 * G));
     uint64_t free1 = gpu_free_bytes();
     printf("  mapping 64 pages took %.1f MiB of free memory\n", (double)(free0 - free1) / TEST_MiB);
-    CHECK(free0 >= free1 && free0 - free1 >= 60 * G);
+    CHECK_GE_U64(free0, free1);
+    CHECK_GE_U64(free0 - free1, 60 * G);
     fill_pages(va, 0, 64, 1);
-    CHECK(check_pages(va, 0, 64, 1) == 0);
+    CHECK_EQ_U64(check_pages(va, 0, 64, 1), 0);
 
     /* A sub-run goes back on its own. */
     CHECK_OK(ops->unmap(dev, page(va, 16), 32 * G));
     uint64_t free2 = gpu_free_bytes();
     printf("  unmapping 32 of them gave back %.1f MiB\n", (double)(free2 - free1) / TEST_MiB);
-    CHECK(free2 >= free1 && free2 - free1 >= 30 * G);
-    CHECK(check_pages(va, 0, 16, 1) == 0);
-    CHECK(check_pages(va, 48, 16, 1) == 0);
+    CHECK_GE_U64(free2, free1);
+    CHECK_GE_U64(free2 - free1, 30 * G);
+    CHECK_EQ_U64(check_pages(va, 0, 16, 1), 0);
+    CHECK_EQ_U64(check_pages(va, 48, 16, 1), 0);
 
     /* Remap part of the hole in other pieces. */
     CHECK_OK(ops->map(dev, page(va, 16), 4 * G));
     CHECK_OK(ops->map(dev, page(va, 20), 1 * G));
     fill_pages(va, 16, 5, 101);
-    CHECK(check_pages(va, 16, 5, 101) == 0);
+    CHECK_EQ_U64(check_pages(va, 16, 5, 101), 0);
 
     /* Refusals. */
     CHECK_STATUS(ops->map(dev, page(va, 20), 2 * G), TP_ERR_INVALID_ARGUMENT);   /* page 20 is mapped */
@@ -79,19 +82,19 @@ static void test_semantics(tp_device *dev) {
     CHECK_STATUS(ops->va_release(dev, va, pages * G), TP_ERR_INVALID_ARGUMENT); /* pages mapped */
     CHECK_STATUS(ops->va_release(dev, va + G, (pages - 1) * G), TP_ERR_INVALID_ARGUMENT);
     /* Nothing changed by the refusals. */
-    CHECK(check_pages(va, 19, 2, 101) == 0);
-    CHECK(check_pages(va, 0, 16, 1) == 0);
+    CHECK_EQ_U64(check_pages(va, 19, 2, 101), 0);
+    CHECK_EQ_U64(check_pages(va, 0, 16, 1), 0);
 
     /* A long run (more than the on-stack handle array) in one call. */
     CHECK_OK(ops->map(dev, page(va, 64), 150 * G));
     fill_pages(va, 64, 150, 7);
-    CHECK(check_pages(va, 64, 150, 7) == 0);
+    CHECK_EQ_U64(check_pages(va, 64, 150, 7), 0);
 
     /* Unmap everything in pieces unrelated to how it was mapped. */
     CHECK_OK(ops->unmap(dev, page(va, 0), 10 * G));
     CHECK_OK(ops->unmap(dev, page(va, 10), 11 * G)); /* 10..20: two map calls' pages */
     CHECK_OK(ops->unmap(dev, page(va, 48), 100 * G));
-    CHECK(check_pages(va, 148, 66, 7) == 0);
+    CHECK_EQ_U64(check_pages(va, 148, 66, 7), 0);
     CHECK_OK(ops->unmap(dev, page(va, 148), 66 * G));
     CHECK_STATUS(ops->unmap(dev, page(va, 148), G), TP_ERR_INVALID_ARGUMENT);
     CHECK_OK(ops->va_release(dev, va, pages * G));
@@ -135,7 +138,7 @@ static void test_many_pages(tp_device *dev) {
            (t1 - t0) / pages * 1e6, (t3 - t2) / pages * 1e6);
     free(order);
     CHECK_OK(ops->va_release(dev, va, pages * G));
-    CHECK(gpu_free_bytes() + 4 * G >= free0);
+    CHECK_GE_U64(gpu_free_bytes() + 4 * G, free0);
 }
 
 /* With 1 GiB pages, ask for more than the card has. */
@@ -157,12 +160,12 @@ static void test_device_oom(void) {
     printf("  map of %llu GiB with %llu GiB free: TP_ERR_OUT_OF_MEMORY after %.2f s; free %.1f GiB before, %.1f after\n",
            (unsigned long long)pages, (unsigned long long)(free0 / gib), t1 - t0, free0 / (double)gib,
            free1 / (double)gib);
-    CHECK(free1 + gib >= free0); /* everything undone */
-    CHECK(log.warnings >= 1);
+    CHECK_GE_U64(free1 + gib, free0); /* everything undone */
+    CHECK_GE_U64(log.warnings, 1);
     /* Nothing is left mapped: the whole run is still free to map in part. */
     CHECK_OK(ops->map(dev, va, 2 * gib));
     GPU_OK(gpu.MemsetD8Async(va, 0x5c, 2 * gib, NULL));
-    CHECK(gpu_count_mismatch(va + gib + 12345, 4096, 0x5c, TP_STREAM_DEFAULT, NULL) == 0);
+    CHECK_EQ_U64(gpu_count_mismatch(va + gib + 12345, 4096, 0x5c, TP_STREAM_DEFAULT, NULL), 0);
     CHECK_OK(ops->unmap(dev, va, gib));
     CHECK_OK(ops->unmap(dev, va + gib, gib));
     CHECK_OK(ops->va_release(dev, va, pages * gib));
@@ -240,25 +243,43 @@ static void test_threads(tp_device *dev) {
     CHECK_MSG(errors == 0, "%llu bytes wrong after concurrent map/unmap", (unsigned long long)errors);
 }
 
-int main(void) {
-    gpu_init();
-    test_log log = {0};
-    tp_device *dev = gpu_open(gpu_spec(), &log);
+/* semantics, many_pages and threads share one device (and its log), as
+ * they always did; refusals_were_logged looks at that log afterwards and
+ * closes the device. */
+static tp_device *shared_dev;
+static test_log shared_log;
+
+static void semantics(void) { test_semantics(shared_dev); }
+static void many_pages(void) { test_many_pages(shared_dev); }
+static void threads(void) { test_threads(shared_dev); }
+static void refusals_were_logged(void) {
+    CHECK_GT_U64(shared_log.errors, 0); /* the refusals are logged */
+    CHECK_OK(tp_device_close(shared_dev));
+    shared_dev = NULL;
+}
+
+static const test_case tests[] = {
+    TEST_CASE(semantics),
+    TEST_CASE(many_pages),
+    TEST_CASE(threads),
+    TEST_CASE(refusals_were_logged),
+    TEST_CASE(test_device_oom),
+};
+
+int main(int argc, char **argv) {
+    gpu_init(); /* exits 77 without a device */
+    shared_dev = gpu_open(gpu_spec(), &shared_log);
     tp_device_info info;
-    CHECK_OK(tp_device_get_info(dev, &info));
+    CHECK_OK(tp_device_get_info(shared_dev, &info));
     if (!info.vmm_enabled) {
-        CHECK_OK(tp_device_close(dev));
+        CHECK_OK(tp_device_close(shared_dev));
         gpu_fini();
         printf("SKIP: no CUDA device (device has no VMM support)\n");
         return 77;
     }
     G = info.granularity_bytes;
-    test_semantics(dev);
-    test_many_pages(dev);
-    test_threads(dev);
-    CHECK(log.errors > 0); /* the refusals are logged */
-    CHECK_OK(tp_device_close(dev));
-    test_device_oom();
+    int rc = TEST_MAIN("test_gpu_map", tests, argc, argv);
+    if (shared_dev) tp_device_close(shared_dev); /* refusals_were_logged was not selected */
     gpu_fini();
-    return check_report("test_gpu_map");
+    return rc;
 }

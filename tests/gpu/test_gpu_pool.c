@@ -83,23 +83,28 @@ static void scenario_basic_trim(bool vmm) {
                   "block %d (%llu bytes) lost its pattern", i, (unsigned long long)sizes[i]);
     tp_pool_stats s;
     CHECK_OK(tp_pool_get_stats(e.pool, &s));
-    CHECK(s.requested_bytes.current == requested);
-    CHECK(s.allocated_bytes.current >= requested && s.reserved_bytes.current >= s.allocated_bytes.current);
+    CHECK_EQ_U64(s.requested_bytes.current, requested);
+    CHECK_GE_U64(s.allocated_bytes.current, requested);
+    CHECK_GE_U64(s.reserved_bytes.current, s.allocated_bytes.current);
     uint64_t held = s.reserved_bytes.current;
     uint64_t free1 = gpu_free_bytes();
     printf("  %s: %d blocks, %.1f MiB requested, %.1f MiB held; device free dropped by %.1f MiB\n", e.kind, N,
            requested / (double)TEST_MiB, held / (double)TEST_MiB, (double)(free0 - free1) / TEST_MiB);
-    CHECK(free0 - free1 + 8 * TEST_MiB >= held);
+    CHECK_GE_U64(free0 - free1 + 8 * TEST_MiB, held);
     for (int i = N - 1; i >= 0; i -= 2) CHECK_OK(tp_pool_free(e.pool, blocks[i], TP_STREAM_DEFAULT));
     for (int i = 0; i < N; i += 2) CHECK_OK(tp_pool_free(e.pool, blocks[i], TP_STREAM_DEFAULT));
     CHECK_OK(tp_pool_get_stats(e.pool, &s));
-    CHECK(s.allocated_bytes.current == 0 && s.requested_bytes.current == 0);
-    CHECK(s.reserved_bytes.current == held); /* all of it cached */
-    CHECK(s.allocs == N && s.frees == N);
+    CHECK_EQ_U64(s.allocated_bytes.current, 0);
+    CHECK_EQ_U64(s.requested_bytes.current, 0);
+    CHECK_EQ_U64(s.reserved_bytes.current, held); /* all of it cached */
+    CHECK_EQ_U64(s.allocs, N);
+    CHECK_EQ_U64(s.frees, N);
     uint64_t released = 0;
     CHECK_OK(tp_pool_trim(e.pool, 0, &released));
     CHECK_OK(tp_pool_get_stats(e.pool, &s));
-    CHECK(released == held && s.reserved_bytes.current == 0 && s.cached_bytes.current == 0);
+    CHECK_EQ_U64(released, held);
+    CHECK_EQ_U64(s.reserved_bytes.current, 0);
+    CHECK_EQ_U64(s.cached_bytes.current, 0);
     uint64_t free2 = gpu_free_bytes();
     printf("  %s: trim released %.1f MiB; device free now %.1f MiB below the start\n", e.kind,
            released / (double)TEST_MiB, ((double)free0 - (double)free2) / TEST_MiB);
@@ -119,8 +124,8 @@ static void scenario_basic_trim(bool vmm) {
     uint64_t free4 = gpu_free_bytes();
     printf("  %s: 1 GiB idle for 120 ms: held %.1f MiB after tick, device free +%.1f MiB\n", e.kind,
            s.reserved_bytes.current / (double)TEST_MiB, ((double)free4 - (double)free3) / TEST_MiB);
-    CHECK(s.reserved_bytes.current <= 4 * TEST_MiB + 2 * TEST_MiB);
-    CHECK(free4 >= free3 + 1000 * TEST_MiB);
+    CHECK_LE_U64(s.reserved_bytes.current, 4 * TEST_MiB + 2 * TEST_MiB);
+    CHECK_GE_U64(free4, free3 + 1000 * TEST_MiB);
     env_close(&e);
 }
 
@@ -167,7 +172,7 @@ static void scenario_growth(bool vmm, bool synced) {
     if (!synced && !vmm && ratio > 1.1)
         printf("  note: segment pool held %.2fx its peak while the host ran ahead of the GPU\n", ratio);
     CHECK_MSG(ratio <= bound, "held %.3fx peak live", ratio);
-    CHECK(s.device_allocs < 300);
+    CHECK_LT_U64(s.device_allocs, 300);
     env_close(&e);
 }
 
@@ -184,13 +189,15 @@ static void scenario_out_of_order(bool vmm) {
         uint64_t b_bytes = rng_log_uniform(&rng, 256, 64 * TEST_MiB);
         void *a = alloc_fill(&e, a_bytes, s1, 0xa0);
         void *b = alloc_fill(&e, b_bytes, s2, 0xb0);
-        CHECK(a != b);
+        CHECK_NE_PTR(a, b);
         CHECK_OK(tp_pool_free(e.pool, a, s1));
         CHECK_OK(tp_pool_free(e.pool, b, s2));
     }
     tp_pool_stats s;
     CHECK_OK(tp_pool_get_stats(e.pool, &s));
-    CHECK(s.allocated_bytes.current == 0 && s.allocs == 2ull * rounds && s.frees == 2ull * rounds);
+    CHECK_EQ_U64(s.allocated_bytes.current, 0);
+    CHECK_EQ_U64(s.allocs, 2ull * rounds);
+    CHECK_EQ_U64(s.frees, 2ull * rounds);
     printf("  %s out-of-order: %llu device allocations, %llu cross-stream waits, %llu host syncs\n", e.kind,
            (unsigned long long)s.device_allocs, (unsigned long long)s.cross_stream_waits,
            (unsigned long long)s.synchronizations);
@@ -265,31 +272,32 @@ static void scenario_oom_limit(bool vmm) {
     CHECK_OK(tp_pool_get_stats(e.pool, &before));
     /* 384 MiB live, 384 MiB idle: 512 MiB fits only by releasing cache. */
     void *big = alloc_fill(&e, 512 * TEST_MiB, TP_STREAM_DEFAULT, 0x77);
-    CHECK(big != NULL);
+    CHECK_NE_PTR(big, NULL);
     CHECK_OK(tp_pool_get_stats(e.pool, &s));
     printf("  %s ladder: held %.0f MiB before, %.0f MiB after the 512 MiB request; %llu device frees, %llu retries\n",
            e.kind, before.reserved_bytes.current / (double)TEST_MiB, s.reserved_bytes.current / (double)TEST_MiB,
            (unsigned long long)(s.device_frees - before.device_frees), (unsigned long long)s.oom_retries);
-    CHECK(s.reserved_bytes.current <= TEST_GiB);
-    CHECK(s.device_frees > before.device_frees);
+    CHECK_LE_U64(s.reserved_bytes.current, TEST_GiB);
+    CHECK_GT_U64(s.device_frees, before.device_frees);
     /* 896 MiB live: another 512 MiB cannot fit. */
     void *p = (void *)1;
     CHECK_STATUS(tp_pool_alloc(e.pool, 512 * TEST_MiB, TP_STREAM_DEFAULT, &p), TP_ERR_OUT_OF_MEMORY);
-    CHECK(p == NULL);
+    CHECK_EQ_PTR(p, NULL);
     tp_oom_report rep;
     CHECK_OK(tp_pool_last_oom_report(e.pool, &rep));
-    CHECK(rep.request_bytes == 512 * TEST_MiB && rep.limit_bytes == TEST_GiB);
+    CHECK_EQ_U64(rep.request_bytes, 512 * TEST_MiB);
+    CHECK_EQ_U64(rep.limit_bytes, TEST_GiB);
     printf("  %s OOM report: %s\n", e.kind, rep.message);
     CHECK_OK(tp_pool_get_stats(e.pool, &s));
-    CHECK(s.ooms == 1);
+    CHECK_EQ_U64(s.ooms, 1);
     /* Live data untouched by the ladder. */
-    CHECK(gpu_count_mismatch(gpu_addr(big), 512 * TEST_MiB, 0x77, TP_STREAM_DEFAULT, NULL) == 0);
+    CHECK_EQ_U64(gpu_count_mismatch(gpu_addr(big), 512 * TEST_MiB, 0x77, TP_STREAM_DEFAULT, NULL), 0);
     for (int i = 1; i < 16; i += 2)
-        CHECK(gpu_count_mismatch(gpu_addr(blocks[i]), 48 * TEST_MiB, (unsigned char)i, TP_STREAM_DEFAULT, NULL) == 0);
+        CHECK_EQ_U64(gpu_count_mismatch(gpu_addr(blocks[i]), 48 * TEST_MiB, (unsigned char)i, TP_STREAM_DEFAULT, NULL), 0);
     /* Recovers once memory is freed. */
     CHECK_OK(tp_pool_free(e.pool, big, TP_STREAM_DEFAULT));
     p = alloc_fill(&e, 512 * TEST_MiB, TP_STREAM_DEFAULT, 0x78);
-    CHECK(p != NULL);
+    CHECK_NE_PTR(p, NULL);
     CHECK_OK(tp_pool_free(e.pool, p, TP_STREAM_DEFAULT));
     for (int i = 1; i < 16; i += 2) CHECK_OK(tp_pool_free(e.pool, blocks[i], TP_STREAM_DEFAULT));
     env_close(&e);
@@ -308,51 +316,70 @@ static void scenario_oom_device(bool vmm) {
     double t0 = gpu_seconds();
     CHECK_STATUS(tp_pool_alloc(e.pool, 4 * TEST_GiB, TP_STREAM_DEFAULT, &p), TP_ERR_OUT_OF_MEMORY);
     double t1 = gpu_seconds();
-    CHECK(p == NULL);
+    CHECK_EQ_PTR(p, NULL);
     tp_pool_stats s;
     CHECK_OK(tp_pool_get_stats(e.pool, &s));
     tp_oom_report rep;
     CHECK_OK(tp_pool_last_oom_report(e.pool, &rep));
     printf("  %s device OOM in %.2f s: %s\n", e.kind, t1 - t0, rep.message);
-    CHECK(rep.device_status == TP_ERR_OUT_OF_MEMORY);
-    CHECK(s.ooms == 1 && s.allocated_bytes.current == 0);
+    CHECK_STATUS(rep.device_status, TP_ERR_OUT_OF_MEMORY);
+    CHECK_EQ_U64(s.ooms, 1);
+    CHECK_EQ_U64(s.allocated_bytes.current, 0);
     /* Whatever the failed attempt mapped or allocated is idle, and trim
      * gives it all back. */
     CHECK_OK(tp_pool_trim(e.pool, 0, NULL));
     CHECK_OK(tp_pool_get_stats(e.pool, &s));
-    CHECK(s.reserved_bytes.current == 0);
-    CHECK(gpu_free_bytes() + 64 * TEST_MiB >= 2 * TEST_GiB);
+    CHECK_EQ_U64(s.reserved_bytes.current, 0);
+    CHECK_GE_U64(gpu_free_bytes() + 64 * TEST_MiB, 2 * TEST_GiB);
     /* What fits still works; after the tenant leaves, so does the 4 GiB. */
     p = alloc_fill(&e, TEST_GiB, TP_STREAM_DEFAULT, 1);
-    CHECK(p != NULL);
+    CHECK_NE_PTR(p, NULL);
     CHECK_OK(tp_pool_free(e.pool, p, TP_STREAM_DEFAULT));
     GPU_OK(gpu.MemFree(tenant));
     p = alloc_fill(&e, 4 * TEST_GiB, TP_STREAM_DEFAULT, 2);
-    CHECK(p != NULL);
-    if (p) CHECK(gpu_count_mismatch(gpu_addr(p) + 4 * TEST_GiB - 4096, 4096, 2, TP_STREAM_DEFAULT, NULL) == 0);
+    CHECK_NE_PTR(p, NULL);
+    if (p) CHECK_EQ_U64(gpu_count_mismatch(gpu_addr(p) + 4 * TEST_GiB - 4096, 4096, 2, TP_STREAM_DEFAULT, NULL), 0);
     CHECK_OK(tp_pool_free(e.pool, p, TP_STREAM_DEFAULT));
     env_close(&e);
 }
 
-int main(void) {
-    gpu_init();
+static void growth_synced(bool vmm) { scenario_growth(vmm, true); }
+static void growth_unsynced(bool vmm) { scenario_growth(vmm, false); }
+
+#define GPU_KIND_TEST(name)                              \
+    static void name##_vmm(void) { name(true); }        \
+    static void name##_segment(void) { name(false); }
+GPU_KIND_TEST(scenario_basic_trim)
+GPU_KIND_TEST(growth_synced)
+GPU_KIND_TEST(growth_unsynced)
+GPU_KIND_TEST(scenario_out_of_order)
+GPU_KIND_TEST(scenario_cross_stream)
+GPU_KIND_TEST(scenario_oom_limit)
+GPU_KIND_TEST(scenario_oom_device)
+
+/* The vmm tests first; left out where the device has no VMM. */
+static const test_case tests[] = {
+    TEST_CASE(scenario_basic_trim_vmm),     TEST_CASE(growth_synced_vmm),
+    TEST_CASE(growth_unsynced_vmm),         TEST_CASE(scenario_out_of_order_vmm),
+    TEST_CASE(scenario_cross_stream_vmm),   TEST_CASE(scenario_oom_limit_vmm),
+    TEST_CASE(scenario_oom_device_vmm),     TEST_CASE(scenario_basic_trim_segment),
+    TEST_CASE(growth_synced_segment),       TEST_CASE(growth_unsynced_segment),
+    TEST_CASE(scenario_out_of_order_segment), TEST_CASE(scenario_cross_stream_segment),
+    TEST_CASE(scenario_oom_limit_segment),  TEST_CASE(scenario_oom_device_segment),
+};
+enum { VMM_TESTS = 7 };
+
+int main(int argc, char **argv) {
+    gpu_init(); /* exits 77 without a device */
     test_log log = {0};
     tp_device *dev = gpu_open(gpu_spec(), &log);
     tp_device_info info;
     CHECK_OK(tp_device_get_info(dev, &info));
     CHECK_OK(tp_device_close(dev));
+    if (check_failures) return 1;
     if (!info.vmm_enabled) printf("  the device has no VMM: segment pool only\n");
-    for (int v = info.vmm_enabled ? 1 : 0; v >= 0; v--) {
-        bool vmm = v == 1;
-        scenario_basic_trim(vmm);
-        scenario_growth(vmm, true);
-        scenario_growth(vmm, false);
-        scenario_out_of_order(vmm);
-        scenario_cross_stream(vmm);
-        scenario_oom_limit(vmm);
-        scenario_oom_device(vmm);
-        if (check_failures) break;
-    }
+    size_t first = info.vmm_enabled ? 0 : VMM_TESTS;
+    int rc = test_main("test_gpu_pool", tests + first, TEST_COUNT(tests) - first, argc, argv);
     gpu_fini();
-    return check_report("test_gpu_pool");
+    return rc;
 }

@@ -1,10 +1,12 @@
 /*
- * gc_test.h -- helpers shared by the graph cache tests.
+ * gc_test.h -- helpers shared by the graph cache tests, on top of the
+ * shared harness (check.h, fixture.h). A failure to open the device or build
+ * a graph ends the current test (REQUIRE), not the whole suite.
  */
 #ifndef TIDEPOOL_GC_TEST_H
 #define TIDEPOOL_GC_TEST_H
 
-#include "check.h"
+#include "fixture.h"
 
 #include <string.h>
 
@@ -31,10 +33,8 @@ static inline tp_device *gt_open(const char *spec, test_log *log) {
     tp_device_config cfg = {.log = test_log_fn, .log_user = log, .log_level = TP_LOG_DEBUG};
     tp_device *dev = NULL;
     tp_status st = tp_device_open(spec, log ? &cfg : NULL, &dev);
-    if (st != TP_OK) {
-        fprintf(stderr, "tp_device_open(%s): %s\n", spec, tp_status_name(st));
-        exit(1);
-    }
+    if (st != TP_OK) fprintf(stderr, "tp_device_open(%s): %s\n", spec, tp_status_name(st));
+    REQUIRE(st == TP_OK);
     return dev;
 }
 
@@ -44,10 +44,8 @@ static inline tp_graph gt_graph_ranges(tp_device *dev, uint32_t nodes, uint64_t 
                               .ranges = ranges, .range_count = range_count};
     tp_graph g = NULL;
     tp_status st = tp_sim_graph_create(dev, &desc, &g);
-    if (st != TP_OK) {
-        fprintf(stderr, "tp_sim_graph_create: %s\n", tp_status_name(st));
-        exit(1);
-    }
+    if (st != TP_OK) fprintf(stderr, "tp_sim_graph_create: %s\n", tp_status_name(st));
+    REQUIRE(st == TP_OK);
     return g;
 }
 

@@ -17,26 +17,57 @@ static tp_graph_cache *make_cache(tp_device *dev, tp_graph_cache_config cfg) {
     return cache;
 }
 
-static void test_bad_input(void) {
+static void test_create_refuses_bad_arguments(void) {
     test_log log = {0};
     tp_device *dev = gt_open("sim:1GiB,graph_node_bytes=1MiB", &log);
     tp_graph_cache *cache = (tp_graph_cache *)&log;
     CHECK_STATUS(tp_graph_cache_create(NULL, NULL, &cache), TP_ERR_INVALID_ARGUMENT);
-    CHECK(cache == NULL);
+    CHECK_EQ_PTR(cache, NULL);
     CHECK_STATUS(tp_graph_cache_create(dev, NULL, NULL), TP_ERR_INVALID_ARGUMENT);
     tp_graph_cache_config bad = {.protected_percent = 101};
     CHECK_STATUS(tp_graph_cache_create(dev, &bad, &cache), TP_ERR_INVALID_ARGUMENT);
-    CHECK(cache == NULL);
-    CHECK_OK(tp_graph_cache_create(dev, NULL, &cache));
-    REQUIRE(cache);
-    tp_graph g = gt_graph(dev, 4, 1, 0);
-    tp_pool *pool = NULL;
-    CHECK_OK(tp_pool_create(dev, NULL, &pool));
+    CHECK_EQ_PTR(cache, NULL);
+    CHECK_OK(tp_device_close(dev));
+}
+
+/* The bad-input tests' setup: a default cache, a pool (not attached) and a
+ * 4-node graph on a 1 GiB device. */
+typedef struct bad_input_env {
+    test_log log;
+    tp_device *dev;
+    tp_graph_cache *cache;
+    tp_pool *pool;
+    tp_graph g;
+} bad_input_env;
+
+static void bad_input_open(bad_input_env *e) {
+    memset(e, 0, sizeof *e);
+    e->dev = gt_open("sim:1GiB,graph_node_bytes=1MiB", &e->log);
+    CHECK_OK(tp_graph_cache_create(e->dev, NULL, &e->cache));
+    REQUIRE(e->cache);
+    e->g = gt_graph(e->dev, 4, 1, 0);
+    CHECK_OK(tp_pool_create(e->dev, NULL, &e->pool));
+}
+
+static void bad_input_close(bad_input_env *e) {
+    if (e->cache) {
+        CHECK_CACHE(e->cache);
+        CHECK_OK(tp_graph_cache_destroy(e->cache));
+    }
+    CHECK_OK(tp_pool_destroy(e->pool));
+    CHECK_OK(tp_sim_graph_destroy(e->dev, e->g));
+    CHECK_OK(tp_device_close(e->dev));
+}
+
+static void test_null_handles_are_refused(void) {
+    bad_input_env e;
+    bad_input_open(&e);
+    tp_graph_cache *cache = e.cache;
+    tp_pool *pool = e.pool;
+    tp_graph g = e.g;
     tp_graph_cache_stats s;
     char buf[64];
     size_t len = 0;
-
-    /* NULL handles */
     CHECK_STATUS(tp_graph_cache_destroy(NULL), TP_ERR_INVALID_ARGUMENT);
     CHECK_STATUS(tp_graph_cache_attach_pool(NULL, pool), TP_ERR_INVALID_ARGUMENT);
     CHECK_STATUS(tp_graph_cache_detach_pool(NULL, pool), TP_ERR_INVALID_ARGUMENT);
@@ -50,11 +81,18 @@ static void test_bad_input(void) {
     CHECK_STATUS(tp_graph_cache_stats_json(NULL, buf, sizeof buf, &len), TP_ERR_INVALID_ARGUMENT);
     CHECK_STATUS(tp_graph_cache_stats_json(cache, NULL, 8, &len), TP_ERR_INVALID_ARGUMENT);
     CHECK_STATUS(tp_graph_cache_prepare(cache, 1, NULL, NULL), TP_ERR_INVALID_ARGUMENT);
+    bad_input_close(&e);
+}
 
-    /* malformed pins: nothing is instantiated, nothing pinned */
+static void test_malformed_pins_instantiate_and_pin_nothing(void) {
+    bad_input_env e;
+    bad_input_open(&e);
+    tp_device *dev = e.dev;
+    tp_graph_cache *cache = e.cache;
+    tp_graph g = e.g;
     tp_graph_pins pins = {.pool = NULL, .ranges = NULL, .count = 1};
     CHECK_STATUS(tp_graph_cache_prepare(cache, 1, g, &pins), TP_ERR_INVALID_ARGUMENT);
-    pins.pool = pool;
+    pins.pool = e.pool;
     CHECK_STATUS(tp_graph_cache_prepare(cache, 1, g, &pins), TP_ERR_INVALID_ARGUMENT);
     tp_range zero = {0x1000, 0};
     pins.ranges = &zero;
@@ -62,45 +100,72 @@ static void test_bad_input(void) {
     tp_range foreign = {0x1000, 4096}; /* not memory of this pool */
     pins.ranges = &foreign;
     tp_status st = tp_graph_cache_prepare(cache, 1, g, &pins);
-    CHECK(st != TP_OK);
-    s = gt_stats(cache);
-    CHECK(s.execs == 0 && s.instantiations == 0 && s.pinned_ranges == 0);
-    CHECK(gt_sim_execs(dev) == 0);
+    CHECK_NE_U64(st, TP_OK);
+    tp_graph_cache_stats s = gt_stats(cache);
+    CHECK_EQ_U64(s.execs, 0);
+    CHECK_EQ_U64(s.instantiations, 0);
+    CHECK_EQ_U64(s.pinned_ranges, 0);
+    CHECK_EQ_U64(gt_sim_execs(dev), 0);
+    bad_input_close(&e);
+}
 
-    /* unknown keys */
-    CHECK_STATUS(tp_graph_cache_launch(cache, 99, TP_STREAM_DEFAULT), TP_ERR_NOT_FOUND);
-    CHECK_STATUS(tp_graph_cache_evict(cache, 99), TP_ERR_NOT_FOUND);
-    CHECK(gt_counters(dev).calls[TP_SIM_OP_GRAPH_LAUNCH] == 0);
+static void test_unknown_keys_are_refused(void) {
+    bad_input_env e;
+    bad_input_open(&e);
+    CHECK_STATUS(tp_graph_cache_launch(e.cache, 99, TP_STREAM_DEFAULT), TP_ERR_NOT_FOUND);
+    CHECK_STATUS(tp_graph_cache_evict(e.cache, 99), TP_ERR_NOT_FOUND);
+    CHECK_EQ_U64(gt_counters(e.dev).calls[TP_SIM_OP_GRAPH_LAUNCH], 0);
+    bad_input_close(&e);
+}
 
-    /* attach / detach */
+static void test_attach_and_detach_pool_once(void) {
+    bad_input_env e;
+    bad_input_open(&e);
+    tp_graph_cache *cache = e.cache;
+    tp_pool *pool = e.pool;
     CHECK_STATUS(tp_graph_cache_attach_pool(cache, NULL), TP_ERR_INVALID_ARGUMENT);
     CHECK_OK(tp_graph_cache_attach_pool(cache, pool));
     CHECK_STATUS(tp_graph_cache_attach_pool(cache, pool), TP_ERR_INVALID_ARGUMENT);
     CHECK_OK(tp_graph_cache_detach_pool(cache, pool));
     CHECK_STATUS(tp_graph_cache_detach_pool(cache, pool), TP_ERR_NOT_FOUND);
     CHECK_OK(tp_graph_cache_attach_pool(cache, pool)); /* destroy detaches */
+    bad_input_close(&e);
+}
 
-    /* JSON sizing */
+static void test_stats_json_sizing(void) {
+    bad_input_env e;
+    bad_input_open(&e);
+    tp_graph_cache *cache = e.cache;
+    char buf[64];
+    size_t len = 0;
     CHECK_STATUS(tp_graph_cache_stats_json(cache, NULL, 0, &len), TP_ERR_BUFFER_TOO_SMALL);
-    CHECK(len > 100);
+    CHECK_GT_U64(len, 100);
     memset(buf, 'x', sizeof buf);
     CHECK_STATUS(tp_graph_cache_stats_json(cache, buf, sizeof buf, NULL), TP_ERR_BUFFER_TOO_SMALL);
-    CHECK(buf[sizeof buf - 1] == '\0');
+    CHECK_EQ_U64(buf[sizeof buf - 1], '\0');
+    bad_input_close(&e);
+}
 
+static void test_destroy_removes_the_reclaim_callback(void) {
+    bad_input_env e;
+    bad_input_open(&e);
+    tp_device *dev = e.dev;
+    tp_graph_cache *cache = e.cache;
+    tp_pool *pool = e.pool;
+    CHECK_OK(tp_graph_cache_attach_pool(cache, pool));
     CHECK_STATUS(tp_device_close(dev), TP_ERR_BUSY); /* cache and pool open */
     CHECK_CACHE(cache);
     CHECK_OK(tp_graph_cache_destroy(cache));
+    e.cache = NULL;
     /* destroy removed the reclaim callback: an out-of-memory allocation
      * calls no reclaimer (and does not touch the freed cache) */
     void *huge = NULL;
     CHECK_OK(tp_sim_occupy(dev, 900 * TEST_MiB));
     CHECK_STATUS(tp_pool_alloc(pool, 512 * TEST_MiB, TP_STREAM_DEFAULT, &huge), TP_ERR_OUT_OF_MEMORY);
     CHECK(gt_pool_stats(pool).oom_retries > 0 || gt_pool_stats(pool).ooms == 1);
-    CHECK(gt_pool_stats(pool).reclaim_calls == 0);
+    CHECK_EQ_U64(gt_pool_stats(pool).reclaim_calls, 0);
     CHECK_OK(tp_sim_occupy(dev, 0));
-    CHECK_OK(tp_pool_destroy(pool));
-    CHECK_OK(tp_sim_graph_destroy(dev, g));
-    CHECK_OK(tp_device_close(dev));
+    bad_input_close(&e);
 }
 
 static void test_prepare_launch_hit_update(void) {
@@ -116,19 +181,24 @@ static void test_prepare_launch_hit_update(void) {
 
     CHECK_OK(tp_graph_cache_prepare(cache, 42, g1, NULL));
     tp_graph_cache_stats st = gt_stats(cache);
-    CHECK(st.instantiations == 1 && st.execs == 1 && st.exec_bytes == 8 * TEST_MiB);
-    CHECK(gt_sim_exec_bytes(dev) == 8 * TEST_MiB);
+    CHECK_EQ_U64(st.instantiations, 1);
+    CHECK_EQ_U64(st.execs, 1);
+    CHECK_EQ_U64(st.exec_bytes, 8 * TEST_MiB);
+    CHECK_EQ_U64(gt_sim_exec_bytes(dev), 8 * TEST_MiB);
 
     uint64_t t0 = gt_now(dev);
     CHECK_OK(tp_graph_cache_launch(cache, 42, s));
-    CHECK(gt_counters(dev).pending_kernels == 1);
+    CHECK_EQ_U64(gt_counters(dev).pending_kernels, 1);
     CHECK_OK(tp_stream_synchronize(dev, s));
-    CHECK(gt_now(dev) - t0 == 1 * MS);
+    CHECK_EQ_U64(gt_now(dev) - t0, 1 * MS);
 
     CHECK_OK(tp_graph_cache_prepare(cache, 42, g1, NULL)); /* same handle: a hit */
     CHECK_OK(tp_graph_cache_prepare(cache, 42, g1b, NULL)); /* new handle, same topology: update */
     st = gt_stats(cache);
-    CHECK(st.hits == 1 && st.updates == 1 && st.instantiations == 1 && st.update_failures == 0);
+    CHECK_EQ_U64(st.hits, 1);
+    CHECK_EQ_U64(st.updates, 1);
+    CHECK_EQ_U64(st.instantiations, 1);
+    CHECK_EQ_U64(st.update_failures, 0);
     t0 = gt_now(dev);
     CHECK_OK(tp_graph_cache_launch(cache, 42, s));
     CHECK_OK(tp_stream_synchronize(dev, s));
@@ -137,21 +207,26 @@ static void test_prepare_launch_hit_update(void) {
 
     CHECK_OK(tp_graph_cache_run(cache, 7, g1, NULL, s));
     st = gt_stats(cache);
-    CHECK(st.instantiations == 2 && st.launches == 3 && st.execs == 2);
+    CHECK_EQ_U64(st.instantiations, 2);
+    CHECK_EQ_U64(st.launches, 3);
+    CHECK_EQ_U64(st.execs, 2);
     CHECK_OK(tp_graph_cache_evict(cache, 42));
     CHECK_STATUS(tp_graph_cache_launch(cache, 42, s), TP_ERR_NOT_FOUND);
     CHECK_OK(tp_graph_cache_tick(cache)); /* idle eviction off: nothing happens */
     st = gt_stats(cache);
-    CHECK(st.evictions_explicit == 1 && st.execs == 1 && st.evictions_idle == 0);
-    CHECK(gt_sim_execs(dev) == 1);
+    CHECK_EQ_U64(st.evictions_explicit, 1);
+    CHECK_EQ_U64(st.execs, 1);
+    CHECK_EQ_U64(st.evictions_idle, 0);
+    CHECK_EQ_U64(gt_sim_execs(dev), 1);
     CHECK_CACHE(cache);
     CHECK_OK(tp_graph_cache_destroy(cache));
-    CHECK(gt_sim_execs(dev) == 0 && gt_sim_exec_bytes(dev) == 0);
+    CHECK_EQ_U64(gt_sim_execs(dev), 0);
+    CHECK_EQ_U64(gt_sim_exec_bytes(dev), 0);
     CHECK_OK(tp_sim_graph_destroy(dev, g1));
     CHECK_OK(tp_sim_graph_destroy(dev, g1b));
     CHECK_OK(tp_device_synchronize(dev));
     CHECK_OK(tp_stream_destroy(dev, s));
-    CHECK(log.errors == 0);
+    CHECK_EQ_U64(log.errors, 0);
     CHECK_OK(tp_device_close(dev));
 }
 
@@ -164,11 +239,13 @@ static void test_count_bound(void) {
     tp_graph g = gt_graph(dev, 1, 1, 0);
     for (uint64_t k = 0; k < 20; k++) {
         CHECK_OK(tp_graph_cache_prepare(cache, k, g, NULL));
-        CHECK(gt_stats(cache).execs <= 8);
-        CHECK(gt_sim_execs(dev) <= 8);
+        CHECK_LE_U64(gt_stats(cache).execs, 8);
+        CHECK_LE_U64(gt_sim_execs(dev), 8);
     }
     tp_graph_cache_stats st = gt_stats(cache);
-    CHECK(st.execs == 8 && st.evictions_count == 12 && st.max_execs == 8);
+    CHECK_EQ_U64(st.execs, 8);
+    CHECK_EQ_U64(st.evictions_count, 12);
+    CHECK_EQ_U64(st.max_execs, 8);
     for (uint64_t k = 0; k < 20; k++) /* least recently used went first */
         CHECK_STATUS(tp_graph_cache_launch(cache, k, TP_STREAM_DEFAULT), k >= 12 ? TP_OK : TP_ERR_NOT_FOUND);
     CHECK_CACHE(cache);
@@ -181,10 +258,11 @@ static void test_count_bound(void) {
         CHECK_OK(tp_graph_cache_run(cache, k, g, NULL, TP_STREAM_DEFAULT));
         CHECK_OK(tp_graph_cache_run(cache, k, g, NULL, TP_STREAM_DEFAULT));
         CHECK_OK(tp_graph_cache_launch(cache, k, TP_STREAM_DEFAULT));
-        CHECK(gt_stats(cache).execs == 1);
+        CHECK_EQ_U64(gt_stats(cache).execs, 1);
         CHECK_CACHE(cache);
     }
-    CHECK(gt_stats(cache).evictions_count == 4 && gt_stats(cache).hits == 5);
+    CHECK_EQ_U64(gt_stats(cache).evictions_count, 4);
+    CHECK_EQ_U64(gt_stats(cache).hits, 5);
     CHECK_OK(tp_graph_cache_destroy(cache));
     CHECK_OK(tp_sim_graph_destroy(dev, g));
     CHECK_OK(tp_device_synchronize(dev));
@@ -199,20 +277,23 @@ static void test_byte_bound(void) {
     tp_graph g3 = gt_graph(dev, 3, 1, 0);
     for (uint64_t k = 0; k < 10; k++) {
         CHECK_OK(tp_graph_cache_prepare(cache, k, g3, NULL));
-        CHECK(gt_stats(cache).exec_bytes <= 10 * TEST_MiB);
-        CHECK(gt_sim_exec_bytes(dev) <= 10 * TEST_MiB);
+        CHECK_LE_U64(gt_stats(cache).exec_bytes, 10 * TEST_MiB);
+        CHECK_LE_U64(gt_sim_exec_bytes(dev), 10 * TEST_MiB);
     }
     tp_graph_cache_stats st = gt_stats(cache);
-    CHECK(st.execs == 3 && st.exec_bytes == 9 * TEST_MiB && st.evictions_bytes == 7);
+    CHECK_EQ_U64(st.execs, 3);
+    CHECK_EQ_U64(st.exec_bytes, 9 * TEST_MiB);
+    CHECK_EQ_U64(st.evictions_bytes, 7);
     CHECK_MSG(st.exec_bytes_peak <= 10 * TEST_MiB, "peak %llu", (unsigned long long)st.exec_bytes_peak);
-    CHECK(st.max_bytes == 10 * TEST_MiB);
+    CHECK_EQ_U64(st.max_bytes, 10 * TEST_MiB);
 
     /* bigger than the cap on its own: never cached */
     tp_graph g11 = gt_graph(dev, 11, 2, 0);
     CHECK_STATUS(tp_graph_cache_prepare(cache, 100, g11, NULL), TP_ERR_RUN_EAGER);
     st = gt_stats(cache);
-    CHECK(st.eager_fallbacks == 1 && st.exec_bytes <= 10 * TEST_MiB);
-    CHECK(gt_sim_exec_bytes(dev) == st.exec_bytes);
+    CHECK_EQ_U64(st.eager_fallbacks, 1);
+    CHECK_LE_U64(st.exec_bytes, 10 * TEST_MiB);
+    CHECK_EQ_U64(gt_sim_exec_bytes(dev), st.exec_bytes);
     CHECK_STATUS(tp_graph_cache_launch(cache, 100, TP_STREAM_DEFAULT), TP_ERR_NOT_FOUND);
     CHECK_CACHE(cache);
 
@@ -221,7 +302,9 @@ static void test_byte_bound(void) {
         make_cache(dev, (tp_graph_cache_config){.max_bytes = TP_BYTES_UNLIMITED, .idle_evict_ns = TP_NS_NEVER});
     for (uint64_t k = 0; k < 5; k++) CHECK_OK(tp_graph_cache_prepare(big, k, g11, NULL));
     st = gt_stats(big);
-    CHECK(st.execs == 5 && st.exec_bytes == 55 * TEST_MiB && st.max_bytes == TP_BYTES_UNLIMITED);
+    CHECK_EQ_U64(st.execs, 5);
+    CHECK_EQ_U64(st.exec_bytes, 55 * TEST_MiB);
+    CHECK_EQ_U64(st.max_bytes, TP_BYTES_UNLIMITED);
     CHECK_CACHE(big);
     CHECK_OK(tp_graph_cache_destroy(big));
     CHECK_OK(tp_graph_cache_destroy(cache));
@@ -250,11 +333,13 @@ static void test_segmented_lru(void) {
     /* a burst of 200 one-shot keys */
     for (uint64_t k = 1000; k < 1200; k++) {
         CHECK_OK(tp_graph_cache_run(cache, k, g, NULL, s));
-        CHECK(gt_stats(cache).execs <= 10);
+        CHECK_LE_U64(gt_stats(cache).execs, 10);
     }
     for (uint64_t k = 100; k < 105; k++) CHECK_OK(tp_graph_cache_launch(cache, k, s)); /* all survived */
     tp_graph_cache_stats st = gt_stats(cache);
-    CHECK(st.execs == 10 && st.evictions_count == 200 - 5 && st.instantiations == 205);
+    CHECK_EQ_U64(st.execs, 10);
+    CHECK_EQ_U64(st.evictions_count, 200 - 5);
+    CHECK_EQ_U64(st.instantiations, 205);
     CHECK_CACHE(cache);
 
     /* 7 more keys promoted: protected keeps its 5 most recent, the rest
@@ -298,25 +383,25 @@ static void test_pins(void) {
     tp_graph ga = gt_graph_ranges(dev, 10, 1, 100 * MS, &ra, 1);
     tp_graph_pins pa = {pool, &ra, 1, false};
     CHECK_OK(tp_graph_cache_prepare(cache, 1, ga, &pa));
-    CHECK(gt_pool_stats(pool).pinned_bytes.current == 8 * TEST_MiB);
-    CHECK(gt_stats(cache).pinned_ranges == 1);
+    CHECK_EQ_U64(gt_pool_stats(pool).pinned_bytes.current, 8 * TEST_MiB);
+    CHECK_EQ_U64(gt_stats(cache).pinned_ranges, 1);
     CHECK_OK(tp_pool_free(pool, a, s));
     CHECK_OK(tp_graph_cache_launch(cache, 1, s));
     CHECK_OK(tp_graph_cache_evict(cache, 1));
-    CHECK(gt_stats(cache).execs == 0);
+    CHECK_EQ_U64(gt_stats(cache).execs, 0);
     CHECK_MSG(gt_pool_stats(pool).pinned_bytes.current == 8 * TEST_MiB, "pin released before the launch completed");
     CHECK_OK(tp_graph_cache_tick(cache));
-    CHECK(gt_pool_stats(pool).pinned_bytes.current == 8 * TEST_MiB);
+    CHECK_EQ_U64(gt_pool_stats(pool).pinned_bytes.current, 8 * TEST_MiB);
     CHECK_OK(tp_sim_advance(dev, 50 * MS));
     CHECK_OK(tp_graph_cache_tick(cache));
-    CHECK(gt_pool_stats(pool).pinned_bytes.current == 8 * TEST_MiB);
+    CHECK_EQ_U64(gt_pool_stats(pool).pinned_bytes.current, 8 * TEST_MiB);
     CHECK_OK(tp_sim_advance(dev, 60 * MS));
     CHECK_OK(tp_graph_cache_tick(cache));
-    CHECK(gt_pool_stats(pool).pinned_bytes.current == 0);
-    CHECK(gt_stats(cache).pinned_ranges == 0);
+    CHECK_EQ_U64(gt_pool_stats(pool).pinned_bytes.current, 0);
+    CHECK_EQ_U64(gt_stats(cache).pinned_ranges, 0);
     uint64_t released = 0;
     CHECK_OK(tp_pool_trim(pool, 0, &released));
-    CHECK(gt_pool_stats(pool).reserved_bytes.current == 0);
+    CHECK_EQ_U64(gt_pool_stats(pool).reserved_bytes.current, 0);
     CHECK_POOL(pool);
     CHECK_CACHE(cache);
 
@@ -339,10 +424,10 @@ static void test_pins(void) {
               "pin released while the launch on the second stream still runs");
     CHECK_OK(tp_sim_advance(dev, 60 * MS));
     CHECK_OK(tp_graph_cache_tick(cache));
-    CHECK(gt_pool_stats(pool).pinned_bytes.current == 0);
-    CHECK(gt_now(dev) - t1 >= 200 * MS);
+    CHECK_EQ_U64(gt_pool_stats(pool).pinned_bytes.current, 0);
+    CHECK_GE_U64(gt_now(dev) - t1, 200 * MS);
     CHECK_OK(tp_pool_trim(pool, 0, NULL));
-    CHECK(gt_counters(dev).hazards == 0);
+    CHECK_EQ_U64(gt_counters(dev).hazards, 0);
 
     /* pins replaced by an update: the old set goes once the launch is done */
     void *b1 = alloc_or_die(pool, 4 * TEST_MiB, s), *b2 = alloc_or_die(pool, 4 * TEST_MiB, s);
@@ -353,17 +438,17 @@ static void test_pins(void) {
     CHECK_OK(tp_pool_free(pool, b1, s));
     CHECK_OK(tp_graph_cache_prepare(cache, 2, g2, &p2));
     CHECK_OK(tp_pool_free(pool, b2, s));
-    CHECK(gt_stats(cache).updates == 1);
-    CHECK(gt_pool_stats(pool).pinned_bytes.current == 8 * TEST_MiB); /* b1 still read by the pending launch */
-    CHECK(gt_stats(cache).pinned_ranges == 2);
+    CHECK_EQ_U64(gt_stats(cache).updates, 1);
+    CHECK_EQ_U64(gt_pool_stats(pool).pinned_bytes.current, 8 * TEST_MiB); /* b1 still read by the pending launch */
+    CHECK_EQ_U64(gt_stats(cache).pinned_ranges, 2);
     CHECK_OK(tp_sim_advance(dev, 200 * MS));
     CHECK_OK(tp_graph_cache_prepare(cache, 2, g2, NULL)); /* NULL keeps b2's pin; upkeep drops b1's */
-    CHECK(gt_pool_stats(pool).pinned_bytes.current == 4 * TEST_MiB);
-    CHECK(gt_stats(cache).hits == 1);
+    CHECK_EQ_U64(gt_pool_stats(pool).pinned_bytes.current, 4 * TEST_MiB);
+    CHECK_EQ_U64(gt_stats(cache).hits, 1);
     tp_graph_pins none = {pool, NULL, 0, false};
     CHECK_OK(tp_graph_cache_prepare(cache, 2, g2, &none)); /* an empty set drops them */
-    CHECK(gt_pool_stats(pool).pinned_bytes.current == 0);
-    CHECK(gt_stats(cache).pinned_ranges == 0);
+    CHECK_EQ_U64(gt_pool_stats(pool).pinned_bytes.current, 0);
+    CHECK_EQ_U64(gt_stats(cache).pinned_ranges, 0);
     CHECK_POOL(pool);
     CHECK_CACHE(cache);
 
@@ -373,19 +458,21 @@ static void test_pins(void) {
     tp_range *captured = NULL;
     size_t n = 0;
     CHECK_OK(tp_pool_capture_end(pool, s, &captured, &n));
-    CHECK(n == 1 && gt_pool_stats(pool).pinned_bytes.current == 2 * TEST_MiB);
+    CHECK_EQ_U64(n, 1);
+    CHECK_EQ_U64(gt_pool_stats(pool).pinned_bytes.current, 2 * TEST_MiB);
     tp_graph gc = gt_graph_ranges(dev, 10, 3, MS, captured, n);
     tp_graph_pins pc = {pool, captured, n, true};
     CHECK_OK(tp_sim_inject_fault(dev, TP_SIM_OP_GRAPH_INSTANTIATE, 0, 1, TP_ERR_DEVICE));
     CHECK_STATUS(tp_graph_cache_prepare(cache, 3, gc, &pc), TP_ERR_DEVICE);
-    CHECK(gt_pool_stats(pool).pinned_bytes.current == 0);
+    CHECK_EQ_U64(gt_pool_stats(pool).pinned_bytes.current, 0);
     tp_pool_free_ranges(pool, captured);
     CHECK_OK(tp_pool_free(pool, c, s));
     CHECK_POOL(pool);
     CHECK_CACHE(cache);
 
     tp_sim_counters ctr = gt_counters(dev);
-    CHECK(ctr.hazards == 0 && ctr.invalid_accesses == 0);
+    CHECK_EQ_U64(ctr.hazards, 0);
+    CHECK_EQ_U64(ctr.invalid_accesses, 0);
     CHECK_OK(tp_graph_cache_destroy(cache));
     CHECK_OK(tp_pool_destroy(pool));
     tp_graph graphs[] = {ga, g1, g2, gc, gd};
@@ -410,15 +497,16 @@ static void test_destroy_with_live_pins(void) {
     uint64_t t0 = gt_now(dev);
     CHECK_OK(tp_graph_cache_run(cache, 1, g, &pa, s));
     CHECK_OK(tp_pool_free(pool, a, s));
-    CHECK(gt_pool_stats(pool).pinned_bytes.current == 16 * TEST_MiB);
+    CHECK_EQ_U64(gt_pool_stats(pool).pinned_bytes.current, 16 * TEST_MiB);
     CHECK_OK(tp_graph_cache_destroy(cache)); /* waits for the launch, then unpins */
-    CHECK(gt_now(dev) >= t0 + 500 * MS);
-    CHECK(gt_pool_stats(pool).pinned_bytes.current == 0);
-    CHECK(gt_sim_execs(dev) == 0);
+    CHECK_GE_U64(gt_now(dev), t0 + 500 * MS);
+    CHECK_EQ_U64(gt_pool_stats(pool).pinned_bytes.current, 0);
+    CHECK_EQ_U64(gt_sim_execs(dev), 0);
     CHECK_OK(tp_pool_trim(pool, 0, NULL));
-    CHECK(gt_pool_stats(pool).reserved_bytes.current == 0);
+    CHECK_EQ_U64(gt_pool_stats(pool).reserved_bytes.current, 0);
     tp_sim_counters ctr = gt_counters(dev);
-    CHECK(ctr.hazards == 0 && ctr.invalid_accesses == 0);
+    CHECK_EQ_U64(ctr.hazards, 0);
+    CHECK_EQ_U64(ctr.invalid_accesses, 0);
     CHECK_POOL(pool);
     CHECK_OK(tp_pool_forget_stream(pool, s));
     CHECK_OK(tp_pool_destroy(pool));
@@ -443,7 +531,9 @@ static void test_faults(void) {
     CHECK_OK(tp_sim_inject_fault(dev, TP_SIM_OP_GRAPH_INSTANTIATE, 0, 1, TP_ERR_DEVICE));
     CHECK_STATUS(tp_graph_cache_prepare(cache, 1, g, NULL), TP_ERR_DEVICE);
     tp_graph_cache_stats st = gt_stats(cache);
-    CHECK(st.instantiate_failures == 1 && st.execs == 0 && gt_sim_execs(dev) == 0);
+    CHECK_EQ_U64(st.instantiate_failures, 1);
+    CHECK_EQ_U64(st.execs, 0);
+    CHECK_EQ_U64(gt_sim_execs(dev), 0);
     CHECK_OK(tp_graph_cache_prepare(cache, 1, g, NULL));
     CHECK_CACHE(cache);
 
@@ -451,7 +541,9 @@ static void test_faults(void) {
     CHECK_OK(tp_sim_inject_fault(dev, TP_SIM_OP_GRAPH_INSTANTIATE, 0, 1, TP_ERR_OUT_OF_MEMORY));
     CHECK_OK(tp_graph_cache_prepare(cache, 2, g, NULL));
     st = gt_stats(cache);
-    CHECK(st.instantiate_failures == 2 && st.evictions_pressure == 1 && st.execs == 1);
+    CHECK_EQ_U64(st.instantiate_failures, 2);
+    CHECK_EQ_U64(st.evictions_pressure, 1);
+    CHECK_EQ_U64(st.execs, 1);
     CHECK_STATUS(tp_graph_cache_launch(cache, 1, s), TP_ERR_NOT_FOUND);
     CHECK_CACHE(cache);
 
@@ -459,7 +551,10 @@ static void test_faults(void) {
     CHECK_OK(tp_sim_inject_fault(dev, TP_SIM_OP_GRAPH_UPDATE, 0, 1, TP_ERR_DEVICE));
     CHECK_OK(tp_graph_cache_prepare(cache, 2, g, NULL));
     st = gt_stats(cache);
-    CHECK(st.update_failures == 1 && st.instantiations == 3 && st.execs == 1 && gt_sim_execs(dev) == 1);
+    CHECK_EQ_U64(st.update_failures, 1);
+    CHECK_EQ_U64(st.instantiations, 3);
+    CHECK_EQ_U64(st.execs, 1);
+    CHECK_EQ_U64(gt_sim_execs(dev), 1);
     CHECK_OK(tp_graph_cache_launch(cache, 2, s));
     CHECK_CACHE(cache);
 
@@ -468,7 +563,8 @@ static void test_faults(void) {
     CHECK_OK(tp_sim_inject_fault(dev, TP_SIM_OP_GRAPH_INSTANTIATE, 0, 1, TP_ERR_DEVICE));
     CHECK_STATUS(tp_graph_cache_prepare(cache, 2, g, NULL), TP_ERR_DEVICE);
     CHECK_STATUS(tp_graph_cache_launch(cache, 2, s), TP_ERR_NOT_FOUND);
-    CHECK(gt_stats(cache).execs == 0 && gt_sim_execs(dev) == 0);
+    CHECK_EQ_U64(gt_stats(cache).execs, 0);
+    CHECK_EQ_U64(gt_sim_execs(dev), 0);
     CHECK_CACHE(cache);
 
     /* the completion event cannot be created: nothing is launched */
@@ -477,8 +573,8 @@ static void test_faults(void) {
     uint64_t counted = gt_stats(cache).launches;
     CHECK_OK(tp_sim_inject_fault(dev, TP_SIM_OP_EVENT, 0, 1, TP_ERR_DEVICE));
     CHECK_STATUS(tp_graph_cache_launch(cache, 3, s), TP_ERR_DEVICE);
-    CHECK(gt_counters(dev).calls[TP_SIM_OP_GRAPH_LAUNCH] == launches);
-    CHECK(gt_stats(cache).launches == counted);
+    CHECK_EQ_U64(gt_counters(dev).calls[TP_SIM_OP_GRAPH_LAUNCH], launches);
+    CHECK_EQ_U64(gt_stats(cache).launches, counted);
 
     /* the launch runs but its event cannot be recorded: eviction then
      * synchronises before releasing the pins */
@@ -492,11 +588,11 @@ static void test_faults(void) {
     CHECK_OK(tp_sim_inject_fault(dev, TP_SIM_OP_EVENT, 0, 1, TP_ERR_DEVICE));
     uint64_t t0 = gt_now(dev);
     CHECK_OK(tp_graph_cache_launch(cache, 3, s)); /* record fails: completion unknown */
-    CHECK(gt_pool_stats(pool).pinned_bytes.current == 4 * TEST_MiB);
+    CHECK_EQ_U64(gt_pool_stats(pool).pinned_bytes.current, 4 * TEST_MiB);
     CHECK_OK(tp_graph_cache_evict(cache, 3));
-    CHECK(gt_pool_stats(pool).pinned_bytes.current == 0);
-    CHECK(gt_now(dev) >= t0 + 600 * MS); /* both launches were waited for */
-    CHECK(gt_counters(dev).hazards == 0);
+    CHECK_EQ_U64(gt_pool_stats(pool).pinned_bytes.current, 0);
+    CHECK_GE_U64(gt_now(dev), t0 + 600 * MS); /* both launches were waited for */
+    CHECK_EQ_U64(gt_counters(dev).hazards, 0);
     CHECK_CACHE(cache);
     CHECK_POOL(pool);
 
@@ -560,7 +656,7 @@ static int fail_at_n_run(uint64_t n, tp_status fault) {
     tp_graph_cache_stats st = gt_stats(cache);
     CHECK_MSG(st.execs == gt_sim_execs(dev), "n=%llu: cache has %llu execs, device %llu", (unsigned long long)n,
               (unsigned long long)st.execs, (unsigned long long)gt_sim_execs(dev));
-    CHECK(tp_graph_cache_destroy(cache) == TP_OK);
+    CHECK_OK(tp_graph_cache_destroy(cache));
     CHECK_MSG(gt_sim_execs(dev) == 0, "n=%llu: executables leaked", (unsigned long long)n);
     CHECK_MSG(gt_pool_stats(pool).pinned_bytes.current == 0, "n=%llu: pins leaked (%llu bytes)",
               (unsigned long long)n, (unsigned long long)gt_pool_stats(pool).pinned_bytes.current);
@@ -569,12 +665,12 @@ static int fail_at_n_run(uint64_t n, tp_status fault) {
               (unsigned long long)n, (unsigned long long)ctr.hazards, (unsigned long long)ctr.invalid_accesses);
     tp_pool_forget_stream(pool, s1);
     tp_pool_forget_stream(pool, s2);
-    CHECK(tp_pool_destroy(pool) == TP_OK);
+    CHECK_OK(tp_pool_destroy(pool));
     for (size_t i = 0; i < graph_count; i++) tp_sim_graph_destroy(dev, graphs[i]);
     tp_device_synchronize(dev);
     tp_stream_destroy(dev, s1);
     tp_stream_destroy(dev, s2);
-    CHECK(tp_device_close(dev) == TP_OK);
+    CHECK_OK(tp_device_close(dev));
     return injected;
 }
 
@@ -586,7 +682,7 @@ static void test_fail_at_n(void) {
         injected += hit;
         if (!hit) break; /* the fault point is past the workload: every point covered */
     }
-    CHECK(injected >= 50);
+    CHECK_GE_U64(injected, 50);
     printf("fail-at-N: %d runs, %d with a fault injected\n", runs, injected);
 }
 
@@ -603,7 +699,7 @@ static void test_stats_json(void) {
     char buf[1024];
     size_t len = 0;
     CHECK_OK(tp_graph_cache_stats_json(cache, buf, sizeof buf, &len));
-    CHECK(len == strlen(buf));
+    CHECK_EQ_U64(len, strlen(buf));
     const char *expect[] = {"{\"execs\":1,", "\"exec_bytes\":2097152,", "\"exec_bytes_peak\":4194304,",
                             "\"max_bytes\":268435456,", "\"max_execs\":64,", "\"hits\":1,", "\"updates\":1,",
                             "\"update_failures\":0,", "\"instantiations\":2,", "\"instantiate_failures\":0,",
@@ -612,16 +708,21 @@ static void test_stats_json(void) {
                             "\"evictions_explicit\":1,", "\"pinned_ranges\":0}"};
     for (size_t i = 0; i < sizeof expect / sizeof *expect; i++)
         CHECK_MSG(strstr(buf, expect[i]) != NULL, "missing %s in %s", expect[i], buf);
-    CHECK(buf[len - 1] == '}');
+    CHECK_EQ_U64(buf[len - 1], '}');
     /* exactly len bytes do not fit (NUL), len + 1 do */
     char small[1024];
     size_t len2 = 0;
     CHECK_STATUS(tp_graph_cache_stats_json(cache, small, len, &len2), TP_ERR_BUFFER_TOO_SMALL);
-    CHECK(len2 == len && small[len - 1] == '\0');
+    CHECK_EQ_U64(len2, len);
+    CHECK_EQ_U64(small[len - 1], '\0');
     CHECK_OK(tp_graph_cache_stats_json(cache, small, len + 1, NULL));
-    CHECK(strcmp(small, buf) == 0);
+    CHECK_EQ_STR(small, buf);
     tp_graph_cache_stats s = gt_stats(cache);
-    CHECK(s.execs == 1 && s.hits == 1 && s.updates == 1 && s.launches == 3 && s.instantiations == 2);
+    CHECK_EQ_U64(s.execs, 1);
+    CHECK_EQ_U64(s.hits, 1);
+    CHECK_EQ_U64(s.updates, 1);
+    CHECK_EQ_U64(s.launches, 3);
+    CHECK_EQ_U64(s.instantiations, 2);
     CHECK_OK(tp_graph_cache_destroy(cache));
     CHECK_OK(tp_sim_graph_destroy(dev, g));
     CHECK_OK(tp_sim_graph_destroy(dev, g2));
@@ -674,8 +775,10 @@ static void test_byte_estimate(void) {
     CHECK_OK(tp_graph_cache_prepare(cache, 2, g5, NULL));
     CHECK_OK(tp_graph_cache_prepare(cache, 3, g5, NULL));
     tp_graph_cache_stats st = gt_stats(cache);
-    CHECK(st.execs == 2 && st.exec_bytes == 10 * TEST_MiB && st.evictions_bytes == 1);
-    CHECK(gt_sim_exec_bytes(dev) == 10 * TEST_MiB);
+    CHECK_EQ_U64(st.execs, 2);
+    CHECK_EQ_U64(st.exec_bytes, 10 * TEST_MiB);
+    CHECK_EQ_U64(st.evictions_bytes, 1);
+    CHECK_EQ_U64(gt_sim_exec_bytes(dev), 10 * TEST_MiB);
     CHECK_CACHE(cache);
     CHECK_OK(tp_graph_cache_destroy(cache));
 
@@ -684,7 +787,7 @@ static void test_byte_estimate(void) {
     cache = make_cache(dev, (tp_graph_cache_config){.node_bytes_estimate = 3 * TEST_MiB,
                                                     .idle_evict_ns = TP_NS_NEVER});
     CHECK_OK(tp_graph_cache_prepare(cache, 1, g5, NULL));
-    CHECK(gt_stats(cache).exec_bytes == 5 * 3 * TEST_MiB);
+    CHECK_EQ_U64(gt_stats(cache).exec_bytes, 5 * 3 * TEST_MiB);
     CHECK_CACHE(cache);
     CHECK_OK(tp_graph_cache_destroy(cache));
 
@@ -724,8 +827,9 @@ static void test_driver_pooled_graph_memory(void) {
     /* ... so the driver's pool stays within the cap plus one executable, and flat. */
     CHECK_MSG(c.physical_used_bytes <= cap + 16 * TEST_MiB, "graph memory grew to %.1f MiB",
               c.physical_used_bytes / (double)TEST_MiB);
-    CHECK(c.physical_used_bytes == pool_half);
-    CHECK(st.evictions_bytes > 1000 && st.exec_bytes <= cap);
+    CHECK_EQ_U64(c.physical_used_bytes, pool_half);
+    CHECK_GT_U64(st.evictions_bytes, 1000);
+    CHECK_LE_U64(st.exec_bytes, cap);
     CHECK_CACHE(cache);
     CHECK_OK(tp_graph_cache_destroy(cache));
     CHECK_OK(tp_device_close(dev));
@@ -762,7 +866,9 @@ static void test_byte_model_fixed_cost(void) {
     printf("  fixed cost 8 MiB, 64 MiB cap: %llu executables, counted %.1f MiB for %.1f MiB, device %.1f MiB\n",
            (unsigned long long)execs, counted / (double)TEST_MiB, real / (double)TEST_MiB, held / (double)TEST_MiB);
     CHECK_MSG(held <= cap + 9 * TEST_MiB, "graph memory %.1f MiB", held / (double)TEST_MiB);
-    CHECK(execs >= 1 && real <= cap && counted >= real);
+    CHECK_GE_U64(execs, 1);
+    CHECK_LE_U64(real, cap);
+    CHECK_GE_U64(counted, real);
     CHECK_CACHE(cache);
     CHECK_OK(tp_graph_cache_destroy(cache));
     CHECK_OK(tp_device_close(dev));
@@ -810,20 +916,27 @@ static void test_byte_model_outlier(void) {
     CHECK_OK(tp_device_close(dev));
 }
 
-int main(void) {
-    test_bad_input();
-    test_prepare_launch_hit_update();
-    test_count_bound();
-    test_byte_bound();
-    test_segmented_lru();
-    test_pins();
-    test_destroy_with_live_pins();
-    test_faults();
-    test_fail_at_n();
-    test_stats_json();
-    test_byte_estimate();
-    test_driver_pooled_graph_memory();
-    test_byte_model_fixed_cost();
-    test_byte_model_outlier();
-    return check_report("test_graph_cache");
-}
+static const test_case tests[] = {
+    TEST_CASE(test_create_refuses_bad_arguments),
+    TEST_CASE(test_null_handles_are_refused),
+    TEST_CASE(test_malformed_pins_instantiate_and_pin_nothing),
+    TEST_CASE(test_unknown_keys_are_refused),
+    TEST_CASE(test_attach_and_detach_pool_once),
+    TEST_CASE(test_stats_json_sizing),
+    TEST_CASE(test_destroy_removes_the_reclaim_callback),
+    TEST_CASE(test_prepare_launch_hit_update),
+    TEST_CASE(test_count_bound),
+    TEST_CASE(test_byte_bound),
+    TEST_CASE(test_segmented_lru),
+    TEST_CASE(test_pins),
+    TEST_CASE(test_destroy_with_live_pins),
+    TEST_CASE(test_faults),
+    TEST_CASE(test_fail_at_n),
+    TEST_CASE(test_stats_json),
+    TEST_CASE(test_byte_estimate),
+    TEST_CASE(test_driver_pooled_graph_memory),
+    TEST_CASE(test_byte_model_fixed_cost),
+    TEST_CASE(test_byte_model_outlier),
+};
+
+int main(int argc, char **argv) { return TEST_MAIN("test_graph_cache", tests, argc, argv); }

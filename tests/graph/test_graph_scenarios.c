@@ -1,6 +1,5 @@
 /*
- * test_graph_scenarios.c -- failure modes 4, 7, 8, 9 and 10
- * (docs/failure-modes.md) for the
+ * test_graph_scenarios.c -- failure modes 4, 7, 8, 9 and 10 (docs/failure-modes.md) for the
  * graph cache, on the simulated device:
  *   4  reclaim vs captured graphs (pins transferred from a capture; a pool
  *      flush cannot free memory a live executable uses; eviction releases it)
@@ -43,7 +42,9 @@ static tp_graph capture_with_temporary(tp_device *dev, tp_pool *pool, tp_graph_c
     tp_range *ranges = NULL;
     size_t count = 0;
     CHECK_OK(tp_pool_capture_end(pool, s, &ranges, &count));
-    CHECK(count == 1 && ranges && ranges[0].address == (uint64_t)(uintptr_t)tmp);
+    CHECK_EQ_U64(count, 1);
+    CHECK_NE_PTR(ranges, NULL);
+    if (count == 1 && ranges) CHECK_EQ_U64(ranges[0].address, (uint64_t)(uintptr_t)tmp);
     tp_graph g = gt_graph_ranges(dev, 50, 4, duration_ns, ranges, count);
     tp_graph_pins pins = {pool, ranges, count, true};
     CHECK_OK(tp_graph_cache_prepare(cache, key, g, &pins));
@@ -64,26 +65,27 @@ static void test_mode4_reclaim_vs_captured_graphs(void) {
     /* Part 1: the cache is not attached. A flush cannot touch the pinned
      * temporary, so replays never read freed memory. */
     tp_graph g = capture_with_temporary(dev, pool, cache, 1, s, 20 * MS);
-    CHECK(gt_pool_stats(pool).pinned_bytes.current == 64 * TEST_MiB);
+    CHECK_EQ_U64(gt_pool_stats(pool).pinned_bytes.current, 64 * TEST_MiB);
     CHECK_OK(tp_graph_cache_launch(cache, 1, s));
     CHECK_OK(tp_pool_trim(pool, 0, NULL));
     tp_pool_stats ps = gt_pool_stats(pool);
-    CHECK(ps.reserved_bytes.current >= 64 * TEST_MiB && ps.pinned_bytes.current == 64 * TEST_MiB);
+    CHECK_GE_U64(ps.reserved_bytes.current, 64 * TEST_MiB);
+    CHECK_EQ_U64(ps.pinned_bytes.current, 64 * TEST_MiB);
     void *big = NULL;
     CHECK_STATUS(tp_pool_alloc(pool, 1000 * TEST_MiB, s, &big), TP_ERR_OUT_OF_MEMORY);
-    CHECK(gt_pool_stats(pool).oom_retries > 0); /* the ladder ran */
+    CHECK_GT_U64(gt_pool_stats(pool).oom_retries, 0); /* the ladder ran */
     for (int i = 0; i < 3; i++) CHECK_OK(tp_graph_cache_launch(cache, 1, s));
     tp_sim_counters c = gt_counters(dev);
     CHECK_MSG(c.invalid_accesses == 0 && c.hazards == 0, "replay after flush: invalid %llu hazards %llu",
               (unsigned long long)c.invalid_accesses, (unsigned long long)c.hazards);
     /* Eviction releases the memory once the queued replays are done. */
     CHECK_OK(tp_graph_cache_evict(cache, 1));
-    CHECK(gt_pool_stats(pool).pinned_bytes.current == 64 * TEST_MiB); /* 4 x 20 ms still queued */
+    CHECK_EQ_U64(gt_pool_stats(pool).pinned_bytes.current, 64 * TEST_MiB); /* 4 x 20 ms still queued */
     CHECK_OK(tp_sim_advance(dev, 100 * MS));
     CHECK_OK(tp_graph_cache_tick(cache));
-    CHECK(gt_pool_stats(pool).pinned_bytes.current == 0);
+    CHECK_EQ_U64(gt_pool_stats(pool).pinned_bytes.current, 0);
     CHECK_OK(tp_pool_trim(pool, 0, NULL));
-    CHECK(gt_pool_stats(pool).reserved_bytes.current == 0);
+    CHECK_EQ_U64(gt_pool_stats(pool).reserved_bytes.current, 0);
     CHECK_OK(tp_pool_alloc(pool, 1000 * TEST_MiB, s, &big));
     CHECK_OK(tp_pool_free(pool, big, s));
     CHECK_OK(tp_pool_trim(pool, 0, NULL));
@@ -101,10 +103,12 @@ static void test_mode4_reclaim_vs_captured_graphs(void) {
     CHECK_OK(tp_graph_cache_launch(cache, 2, replay));
     uint64_t reclaims = gt_pool_stats(pool).reclaim_calls;
     CHECK_OK(tp_pool_alloc(pool, 1000 * TEST_MiB, s, &big));
-    CHECK(gt_pool_stats(pool).reclaim_calls > reclaims);
+    CHECK_GT_U64(gt_pool_stats(pool).reclaim_calls, reclaims);
     tp_graph_cache_stats st = gt_stats(cache);
-    CHECK(st.evictions_pressure == 1 && st.execs == 0 && st.pinned_ranges == 0);
-    CHECK(gt_now(dev) >= t0 + 300 * MS); /* waited for the replay */
+    CHECK_EQ_U64(st.evictions_pressure, 1);
+    CHECK_EQ_U64(st.execs, 0);
+    CHECK_EQ_U64(st.pinned_ranges, 0);
+    CHECK_GE_U64(gt_now(dev), t0 + 300 * MS); /* waited for the replay */
     CHECK_STATUS(tp_graph_cache_launch(cache, 2, replay), TP_ERR_NOT_FOUND);
     c = gt_counters(dev);
     CHECK_MSG(c.invalid_accesses == 0 && c.hazards == 0, "reclaim: invalid %llu hazards %llu (unmap %llu handout %llu)",
@@ -165,14 +169,14 @@ static churn_result run_churn(uint64_t idle_evict_ns, uint64_t requests) {
                 for (int i = 0; i < 100; i++) {
                     CHECK_OK(tp_graph_cache_run(cache, next_key++, burst[rng_below(&rng, 4)], NULL, s));
                     uint64_t b = gt_sim_exec_bytes(dev);
-                    CHECK(b <= cap);
+                    CHECK_LE_U64(b, cap);
                     if (b > r.peak_after_call) r.peak_after_call = b;
                 }
             }
             uint64_t b = gt_sim_exec_bytes(dev);
             CHECK_MSG(b <= cap, "executables hold %llu bytes, cap %llu", (unsigned long long)b, (unsigned long long)cap);
             if (b > r.peak_after_call) r.peak_after_call = b;
-            CHECK(gt_stats(cache).exec_bytes == b);
+            CHECK_EQ_U64(gt_stats(cache).exec_bytes, b);
         }
         CHECK_OK(tp_sim_advance(dev, 50 * MS));
         if (step % 20 == 0) CHECK_OK(tp_graph_cache_tick(cache));
@@ -183,9 +187,9 @@ static churn_result run_churn(uint64_t idle_evict_ns, uint64_t requests) {
     /* hot keys were instantiated once each, never again */
     CHECK_MSG(r.stats.instantiations == 10 + r.new_keys + 100 * bursts, "instantiations %llu, expected %llu",
               (unsigned long long)r.stats.instantiations, (unsigned long long)(10 + r.new_keys + 100 * bursts));
-    CHECK(r.stats.exec_bytes <= cap);
+    CHECK_LE_U64(r.stats.exec_bytes, cap);
     CHECK_CACHE(cache);
-    CHECK(gt_counters(dev).invalid_accesses == 0);
+    CHECK_EQ_U64(gt_counters(dev).invalid_accesses, 0);
     CHECK_OK(tp_graph_cache_destroy(cache));
     CHECK_OK(tp_sim_graph_destroy(dev, hot));
     CHECK_OK(tp_sim_graph_destroy(dev, churn));
@@ -200,8 +204,8 @@ static void test_mode7_key_churn(void) {
     const uint64_t cap = 256 * TEST_MiB;
     churn_result r = run_churn(TP_NS_NEVER, 2000);
     /* the cap did the work: evictions by bytes, never a hot key */
-    CHECK(r.stats.evictions_bytes > 0);
-    CHECK(r.stats.hits >= 10 * (r.hot_launches / 10 / 20) - 10);
+    CHECK_GT_U64(r.stats.evictions_bytes, 0);
+    CHECK_GE_U64(r.stats.hits, 10 * (r.hot_launches / 10 / 20) - 10);
     /* inside one instantiation the device can briefly hold the new
      * executable before victims for a larger-than-estimated one go */
     CHECK_MSG(r.stats.exec_bytes_peak <= cap + 25600000ull, "transient peak %llu",
@@ -215,7 +219,7 @@ static void test_mode7_key_churn(void) {
 
     /* with idle eviction too (10 s): churn keys age out, hot keys stay */
     r = run_churn(10 * SEC, 1000);
-    CHECK(r.stats.evictions_idle > 0);
+    CHECK_GT_U64(r.stats.evictions_idle, 0);
     printf("mode 7 (cap + 10 s idle): %llu idle evictions, %llu by bytes, %llu by count; "
            "exec bytes after calls peaked at %.1f MiB\n",
            (unsigned long long)r.stats.evictions_idle, (unsigned long long)r.stats.evictions_bytes,
@@ -250,15 +254,16 @@ static void test_mode8_idle_retention(void) {
         tp_graph graphs[50];
         fill_fifty(dev, pool, cache, s, graphs);
         tp_graph_cache_stats st = gt_stats(cache);
-        CHECK(st.execs == 50 && st.pinned_ranges == 50);
+        CHECK_EQ_U64(st.execs, 50);
+        CHECK_EQ_U64(st.pinned_ranges, 50);
         uint64_t exec_bytes = gt_sim_exec_bytes(dev);
-        CHECK(exec_bytes == 50 * 100 * 10 * TEST_MiB / 1024);
-        CHECK(gt_pool_stats(pool).pinned_bytes.current == 50 * TEST_MiB);
+        CHECK_EQ_U64(exec_bytes, 50 * 100 * 10 * TEST_MiB / 1024);
+        CHECK_EQ_U64(gt_pool_stats(pool).pinned_bytes.current, 50 * TEST_MiB);
 
         /* 5 s in: nothing is idle long enough yet */
         CHECK_OK(tp_sim_advance(dev, 5 * SEC));
         if (background) sleep_ms(30); else CHECK_OK(tp_graph_cache_tick(cache));
-        CHECK(gt_stats(cache).execs == 50);
+        CHECK_EQ_U64(gt_stats(cache).execs, 50);
 
         /* an hour with no compute call */
         CHECK_OK(tp_sim_advance(dev, 3600 * SEC));
@@ -271,21 +276,21 @@ static void test_mode8_idle_retention(void) {
         CHECK_MSG(st.execs == 0 && st.evictions_idle == 50, "%s: execs %llu idle evictions %llu",
                   background ? "thread" : "tick", (unsigned long long)st.execs,
                   (unsigned long long)st.evictions_idle);
-        CHECK(gt_sim_exec_bytes(dev) == 0);
+        CHECK_EQ_U64(gt_sim_exec_bytes(dev), 0);
         if (background) /* the thread may be between evicting and unpinning */
             for (int i = 0; i < 1000 && gt_pool_stats(pool).pinned_bytes.current; i++) sleep_ms(1);
-        CHECK(gt_pool_stats(pool).pinned_bytes.current == 0);
+        CHECK_EQ_U64(gt_pool_stats(pool).pinned_bytes.current, 0);
         uint64_t reserved_before = gt_pool_stats(pool).reserved_bytes.current;
         CHECK_OK(tp_sim_advance(dev, 2 * SEC)); /* unpinned memory ages past idle_release_ns */
         CHECK_OK(tp_pool_tick(pool)); /* the pool's own idle release: its memory goes too */
         uint64_t reserved_after = gt_pool_stats(pool).reserved_bytes.current;
-        CHECK(reserved_after <= 2 * TEST_MiB);
+        CHECK_LE_U64(reserved_after, 2 * TEST_MiB);
         printf("mode 8 (%s): 50 executables (%.1f MiB) + 50 MiB pinned -> 0 after an idle hour; "
                "pool reserved %.0f -> %.0f MiB\n", background ? "background thread" : "tick",
                (double)exec_bytes / TEST_MiB, (double)reserved_before / TEST_MiB, (double)reserved_after / TEST_MiB);
         CHECK_CACHE(cache);
         CHECK_POOL(pool);
-        CHECK(gt_counters(dev).hazards == 0);
+        CHECK_EQ_U64(gt_counters(dev).hazards, 0);
         CHECK_OK(tp_graph_cache_destroy(cache));
         CHECK_OK(tp_pool_forget_stream(pool, s));
         CHECK_OK(tp_pool_destroy(pool));
@@ -313,7 +318,10 @@ static void test_mode9_instantiate_oom(void) {
     /* 30 MB needed: the two least recently used go, then it fits */
     CHECK_OK(tp_graph_cache_prepare(cache, 6, g30, NULL));
     tp_graph_cache_stats st = gt_stats(cache);
-    CHECK(st.evictions_pressure == 2 && st.instantiate_failures == 2 && st.execs == 4 && st.eager_fallbacks == 0);
+    CHECK_EQ_U64(st.evictions_pressure, 2);
+    CHECK_EQ_U64(st.instantiate_failures, 2);
+    CHECK_EQ_U64(st.execs, 4);
+    CHECK_EQ_U64(st.eager_fallbacks, 0);
     for (uint64_t k = 1; k <= 6; k++)
         CHECK_STATUS(tp_graph_cache_launch(cache, k, s), k <= 2 ? TP_ERR_NOT_FOUND : TP_OK);
     CHECK_OK(tp_sim_advance(dev, 10 * MS));
@@ -333,9 +341,9 @@ static void test_mode9_instantiate_oom(void) {
     CHECK_OK(tp_sim_occupy(dev, free_bytes - 5 * TEST_MiB)); /* 5 MiB free, 10 MB needed */
     uint64_t pressure = gt_stats(cache).evictions_pressure;
     CHECK_OK(tp_graph_cache_prepare(cache, 23, g10, NULL));
-    CHECK(gt_stats(cache).evictions_pressure == pressure + 1);
+    CHECK_EQ_U64(gt_stats(cache).evictions_pressure, pressure + 1);
     CHECK_STATUS(tp_graph_cache_launch(cache, 21, s), TP_ERR_NOT_FOUND);
-    CHECK(gt_now(dev) < t0 + 1000 * MS); /* nobody waited for the slow launch */
+    CHECK_LT_U64(gt_now(dev), t0 + 1000 * MS); /* nobody waited for the slow launch */
     CHECK_OK(tp_graph_cache_launch(cache, 20, s)); /* skipped although least recent */
     CHECK_OK(tp_graph_cache_launch(cache, 22, s));
     CHECK_OK(tp_graph_cache_launch(cache, 23, s));
@@ -346,8 +354,10 @@ static void test_mode9_instantiate_oom(void) {
     uint64_t eager = gt_stats(cache).eager_fallbacks;
     CHECK_STATUS(tp_graph_cache_prepare(cache, 9, huge, NULL), TP_ERR_RUN_EAGER);
     st = gt_stats(cache);
-    CHECK(st.eager_fallbacks == eager + 1 && st.execs == 0 && gt_sim_execs(dev) == 0);
-    CHECK(gt_counters(dev).hazards == 0);
+    CHECK_EQ_U64(st.eager_fallbacks, eager + 1);
+    CHECK_EQ_U64(st.execs, 0);
+    CHECK_EQ_U64(gt_sim_execs(dev), 0);
+    CHECK_EQ_U64(gt_counters(dev).hazards, 0);
     CHECK_CACHE(cache);
     /* and usable again once memory is back */
     CHECK_OK(tp_sim_occupy(dev, 0));
@@ -410,18 +420,18 @@ static void test_mode10_key_aliasing(void) {
     /* same topology, new parameters: updated in place */
     tp_graph ga2 = gt_graph(dev, 20, 1, 7 * MS);
     CHECK_OK(tp_graph_cache_prepare(cache, 1, ga2, NULL));
-    CHECK(launch_and_time(dev, cache, 1, s) == 7 * MS);
-    CHECK(gt_stats(cache).instantiations == st2.instantiations);
+    CHECK_EQ_U64(launch_and_time(dev, cache, 1, s), 7 * MS);
+    CHECK_EQ_U64(gt_stats(cache).instantiations, st2.instantiations);
 
     /* six topologies in rotation: a key keeps at most 4 executables */
     tp_graph six[6];
     for (int t = 0; t < 6; t++) six[t] = gt_graph(dev, 10 + t, 100 + t, MS);
     for (int i = 0; i < 60; i++) {
         CHECK_OK(tp_graph_cache_prepare(cache, 3, six[i % 6], NULL));
-        CHECK(launch_and_time(dev, cache, 3, s) == MS);
+        CHECK_EQ_U64(launch_and_time(dev, cache, 3, s), MS);
     }
     st = gt_stats(cache);
-    CHECK(st.execs == 2 + 2 + 4);
+    CHECK_EQ_U64(st.execs, 2 + 2 + 4);
     CHECK_CACHE(cache);
     printf("mode 10: 1000 alternations -> 2 instantiations, 998 hits; re-captured templates -> 2 "
            "instantiations, 998 in-place updates\n");
@@ -434,11 +444,12 @@ static void test_mode10_key_aliasing(void) {
     CHECK_OK(tp_device_close(dev));
 }
 
-int main(void) {
-    test_mode4_reclaim_vs_captured_graphs();
-    test_mode7_key_churn();
-    test_mode8_idle_retention();
-    test_mode9_instantiate_oom();
-    test_mode10_key_aliasing();
-    return check_report("test_graph_scenarios");
-}
+static const test_case tests[] = {
+    TEST_CASE(test_mode4_reclaim_vs_captured_graphs),
+    TEST_CASE(test_mode7_key_churn),
+    TEST_CASE(test_mode8_idle_retention),
+    TEST_CASE(test_mode9_instantiate_oom),
+    TEST_CASE(test_mode10_key_aliasing),
+};
+
+int main(int argc, char **argv) { return TEST_MAIN("test_graph_scenarios", tests, argc, argv); }

@@ -120,7 +120,7 @@ static void *clock_main(void *arg) {
     return NULL;
 }
 
-int main(void) {
+static void test_threads_share_one_cache(void) {
     tp_device_config cfg = {.log = mt_log};
     tp_device *dev = NULL;
     REQUIRE(tp_device_open("sim:8GiB", &cfg, &dev) == TP_OK);
@@ -150,13 +150,14 @@ int main(void) {
     tp_graph_cache_stats st = gt_stats(cache);
     unsigned long long runs = atomic_load(&sh.runs_ok), launches = atomic_load(&sh.launches_ok);
     CHECK_MSG(atomic_load(&sh.errors) == 0, "%llu unexpected statuses", (unsigned long long)atomic_load(&sh.errors));
-    CHECK(st.launches == runs + launches);
-    CHECK(st.hits + st.updates + st.instantiations >= runs);
-    CHECK(st.execs <= 16 && st.exec_bytes <= 6 * TEST_MiB);
-    CHECK(st.execs == gt_sim_execs(dev));
-    CHECK(runs > WORKERS * ITERATIONS / 5);
-    CHECK(launches > WORKERS * ITERATIONS / 10);
-    CHECK(st.hits + st.updates > runs / 10);
+    CHECK_EQ_U64(st.launches, runs + launches);
+    CHECK_GE_U64(st.hits + st.updates + st.instantiations, runs);
+    CHECK_LE_U64(st.execs, 16);
+    CHECK_LE_U64(st.exec_bytes, 6 * TEST_MiB);
+    CHECK_EQ_U64(st.execs, gt_sim_execs(dev));
+    CHECK_GT_U64(runs, WORKERS * ITERATIONS / 5);
+    CHECK_GT_U64(launches, WORKERS * ITERATIONS / 10);
+    CHECK_GT_U64(st.hits + st.updates, runs / 10);
     printf("threads: %llu runs, %llu launches, %llu eager; hits %llu, updates %llu, instantiations %llu; "
            "evictions: count %llu bytes %llu idle %llu pressure %llu explicit %llu; pool reclaim calls %llu\n",
            runs, launches, (unsigned long long)atomic_load(&sh.eager), (unsigned long long)st.hits,
@@ -164,19 +165,24 @@ int main(void) {
            (unsigned long long)st.evictions_count, (unsigned long long)st.evictions_bytes,
            (unsigned long long)st.evictions_idle, (unsigned long long)st.evictions_pressure,
            (unsigned long long)st.evictions_explicit, (unsigned long long)gt_pool_stats(pool).reclaim_calls);
-    CHECK(st.evictions_idle > 0);
-    CHECK(gt_pool_stats(pool).reclaim_calls > 0);
+    CHECK_GT_U64(st.evictions_idle, 0);
+    CHECK_GT_U64(gt_pool_stats(pool).reclaim_calls, 0);
 
     CHECK_OK(tp_graph_cache_destroy(cache));
-    CHECK(gt_sim_execs(dev) == 0);
-    CHECK(gt_pool_stats(pool).pinned_bytes.current == 0);
+    CHECK_EQ_U64(gt_sim_execs(dev), 0);
+    CHECK_EQ_U64(gt_pool_stats(pool).pinned_bytes.current, 0);
     tp_sim_counters c = gt_counters(dev);
     CHECK_MSG(c.hazards == 0 && c.invalid_accesses == 0, "hazards %llu invalid accesses %llu",
               (unsigned long long)c.hazards, (unsigned long long)c.invalid_accesses);
-    CHECK(atomic_load(&log_errors) == 0);
+    CHECK_EQ_U64(atomic_load(&log_errors), 0);
     for (int i = 0; i <= WORKERS; i++) CHECK_OK(tp_pool_forget_stream(pool, workers[i].stream));
     CHECK_OK(tp_pool_destroy(pool));
     for (int i = 0; i <= WORKERS; i++) CHECK_OK(tp_stream_destroy(dev, workers[i].stream));
     CHECK_OK(tp_device_close(dev));
-    return check_report("test_graph_threads");
 }
+
+static const test_case tests[] = {
+    TEST_CASE(test_threads_share_one_cache),
+};
+
+int main(int argc, char **argv) { return TEST_MAIN("test_graph_threads", tests, argc, argv); }

@@ -114,7 +114,7 @@ static trace_checker check_scenario(const scenario *s, const scenario_params *p)
     c.table = calloc(c.capacity, sizeof *c.table);
     REQUIRE(c.table != NULL);
     scenario_sink sink = {check_events, NULL, &c};
-    CHECK(s->generate(p, &sink) == 0);
+    CHECK_EQ_U64(s->generate(p, &sink), 0);
     free(c.table);
     c.table = NULL;
     return c;
@@ -161,7 +161,8 @@ static void test_generated_traces(void) {
     scenario_defaults(scenario_find("fa-decode"), &p);
     p.context_tokens = 100;
     trace_checker fa = check_scenario(scenario_find("fa-decode"), &p);
-    CHECK(fa.events == 100 * 44 && fa.live == 0);
+    CHECK_EQ_U64(fa.events, 100 * 44);
+    CHECK_EQ_U64(fa.live, 0);
 }
 
 /* ------------------------------------------------------ tidepool pools */
@@ -202,7 +203,7 @@ static void test_tidepool_on_scenarios(void) {
             if (!strcmp(s->name, "high-water")) {
                 /* the 5 GiB request cannot fit in 4 GiB: one error, not an abort, and the pool goes on */
                 CHECK_MSG(r->ooms == 1, "%s/%s: %llu ooms", s->name, r->pool, (unsigned long long)r->ooms);
-                CHECK(r->allocs == r->frees);
+                CHECK_EQ_U64(r->allocs, r->frees);
             } else {
                 /* everything fits: oom-reclaim only if the pool gives back idle cache */
                 CHECK_MSG(r->ooms == 0, "%s/%s: %llu ooms", s->name, r->pool, (unsigned long long)r->ooms);
@@ -214,7 +215,7 @@ static void test_tidepool_on_scenarios(void) {
 
 /* ------------------------------------------------------------ baselines */
 
-static void test_baselines(void) {
+static void test_baselines_on_fa_decode(void) {
     replay_result *results;
     size_t n;
     scenario_params p;
@@ -233,21 +234,30 @@ static void test_baselines(void) {
            (unsigned long long)p.context_tokens, replay_ratio(legacy), replay_ratio(ggml_vmm), replay_ratio(segment),
            (unsigned long long)segment->device_allocs, replay_ratio(vmm), (unsigned long long)vmm->device_allocs);
     CHECK_MSG(replay_ratio(legacy) > 5.0, "ggml-legacy holds only %.2fx peak live", replay_ratio(legacy));
-    CHECK(legacy->peak_live_bytes == segment->peak_live_bytes && vmm->peak_live_bytes == segment->peak_live_bytes);
-    CHECK(ggml_vmm->lifo_violations == 0); /* fa-decode frees in reverse */
+    CHECK_EQ_U64(legacy->peak_live_bytes, segment->peak_live_bytes);
+    CHECK_EQ_U64(vmm->peak_live_bytes, segment->peak_live_bytes);
+    CHECK_EQ_U64(ggml_vmm->lifo_violations, 0); /* fa-decode frees in reverse */
     /* failure mode 1's invariant for tidepool: held <= 1.1x peak live */
     CHECK_MSG(replay_ratio(segment) <= 1.1 && replay_ratio(vmm) <= 1.1, "segment %.3fx, vmm %.3fx",
               replay_ratio(segment), replay_ratio(vmm));
-    CHECK(segment->errors == 0 && vmm->errors == 0 && segment->ooms == 0 && vmm->ooms == 0);
+    CHECK_EQ_U64(segment->errors, 0);
+    CHECK_EQ_U64(vmm->errors, 0);
+    CHECK_EQ_U64(segment->ooms, 0);
+    CHECK_EQ_U64(vmm->ooms, 0);
     replay_free(run);
+}
 
+static void test_ggml_vmm_counts_lifo_violations_on_out_of_order(void) {
+    replay_result *results;
+    size_t n;
+    scenario_params p;
     scenario_defaults(scenario_find("out-of-order"), &p);
-    run = replay_scenario("out-of-order", &p, "ggml-vmm,vmm", "sim:64GiB", 0, false, &results, &n);
-    ggml_vmm = find_result(results, n, "ggml-vmm");
+    replay_run *run = replay_scenario("out-of-order", &p, "ggml-vmm,vmm", "sim:64GiB", 0, false, &results, &n);
+    const replay_result *ggml_vmm = find_result(results, n, "ggml-vmm");
     printf("  out-of-order %llu steps: ggml-vmm %llu LIFO violations\n", (unsigned long long)p.steps,
            (unsigned long long)ggml_vmm->lifo_violations);
-    CHECK(ggml_vmm->lifo_violations >= p.steps); /* every step frees A before B */
-    CHECK(find_result(results, n, "vmm")->lifo_violations == 0);
+    CHECK_GE_U64(ggml_vmm->lifo_violations, p.steps); /* every step frees A before B */
+    CHECK_EQ_U64(find_result(results, n, "vmm")->lifo_violations, 0);
     replay_free(run);
 }
 
@@ -277,13 +287,19 @@ static void test_legacy_flush_scope(void) {
         const replay_result *legacy = find_result(results, n, "ggml-legacy");
         const replay_result *segment = find_result(results, n, "segment");
         if (other_stream == 0) {
-            CHECK(!legacy->fatal && legacy->ooms == 0 && legacy->oom_recoveries == 1);
-            CHECK(legacy->first_recovery_event == 3 && strstr(legacy->first_recovery_report, "retry succeeded"));
+            CHECK(!legacy->fatal);
+            CHECK_EQ_U64(legacy->ooms, 0);
+            CHECK_EQ_U64(legacy->oom_recoveries, 1);
+            CHECK_EQ_U64(legacy->first_recovery_event, 3);
+            CHECK_CONTAINS(legacy->first_recovery_report, "retry succeeded");
         } else {
-            CHECK(legacy->fatal && legacy->fatal_event == 3 && legacy->first_oom_event == 3);
+            CHECK(legacy->fatal);
+            CHECK_EQ_U64(legacy->fatal_event, 3);
+            CHECK_EQ_U64(legacy->first_oom_event, 3);
             CHECK_MSG(strstr(legacy->first_oom_report, "idle in other pools"), "'%s'", legacy->first_oom_report);
         }
-        CHECK(segment->ooms == 0 && !segment->fatal); /* tidepool gives back its idle memory either way */
+        CHECK_EQ_U64(segment->ooms, 0);
+        CHECK(!segment->fatal); /* tidepool gives back its idle memory either way */
         replay_free(run);
     }
 }
@@ -304,7 +320,7 @@ static void test_unknown_free(void) {
     feed_events(run, events, 4);
     replay_result *results;
     size_t n = replay_finish(run, &results);
-    CHECK(n == 4);
+    CHECK_EQ_U64(n, 4);
     for (size_t i = 0; i < n; i++) {
         const replay_result *r = &results[i];
         CHECK_MSG(r->unknown_frees == 1 && r->errors == 0 && !r->fatal && r->events == 4 && r->allocs == 2 &&
@@ -313,7 +329,11 @@ static void test_unknown_free(void) {
                   (unsigned long long)r->errors);
     }
     replay_free(run);
-    /* An unknown pool is refused with its name. */
+}
+
+static void test_unknown_pool_is_refused_with_its_name(void) {
+    replay_options options = {.follow_trace_time = true};
+    char err[512];
     CHECK(replay_begin("vmm,nope", &options, err, sizeof err) == NULL && strstr(err, "'nope'"));
 }
 
@@ -322,8 +342,11 @@ static void test_units(void) {
     scenario_unit_start starts[] = {{1, 0}, {2, 44}, {3, 88}};
     units.starts = starts;
     units.count = 3;
-    CHECK(scenario_unit_of(&units, 1) == 1 && scenario_unit_of(&units, 44) == 1);
-    CHECK(scenario_unit_of(&units, 45) == 2 && scenario_unit_of(&units, 89) == 3 && scenario_unit_of(&units, 5000) == 3);
+    CHECK_EQ_U64(scenario_unit_of(&units, 1), 1);
+    CHECK_EQ_U64(scenario_unit_of(&units, 44), 1);
+    CHECK_EQ_U64(scenario_unit_of(&units, 45), 2);
+    CHECK_EQ_U64(scenario_unit_of(&units, 89), 3);
+    CHECK_EQ_U64(scenario_unit_of(&units, 5000), 3);
 }
 
 static char *slurp(const char *path) {
@@ -348,12 +371,15 @@ static void test_plot(void) {
                                       &n);
     char path[1024], err[512];
     snprintf(path, sizeof path, "%s/unit.svg", scratch_dir);
-    CHECK(plot_replay_svg(path, "a&b <c> \"d\" \x01 \xff", results, n, err, sizeof err) == 0);
+    CHECK_EQ_U64(plot_replay_svg(path, "a&b <c> \"d\" \x01 \xff", results, n, err, sizeof err), 0);
     char *svg = slurp(path);
     REQUIRE(svg != NULL);
-    CHECK(strncmp(svg, "<?xml", 5) == 0 && strstr(svg, "</svg>"));
-    CHECK(strstr(svg, "a&amp;b &lt;c&gt; &quot;d&quot; ? ?") != NULL);
-    CHECK(strstr(svg, "segment peak") && strstr(svg, "ggml-legacy peak") && strstr(svg, "MiB"));
+    CHECK(strncmp(svg, "<?xml", 5) == 0);
+    CHECK_CONTAINS(svg, "</svg>");
+    CHECK_CONTAINS(svg, "a&amp;b &lt;c&gt; &quot;d&quot; ? ?");
+    CHECK_CONTAINS(svg, "segment peak");
+    CHECK_CONTAINS(svg, "ggml-legacy peak");
+    CHECK_CONTAINS(svg, "MiB");
     free(svg);
     /* Without samples there is nothing to draw: an error, not an empty chart. */
     replay_result bare = results[0];
@@ -363,15 +389,21 @@ static void test_plot(void) {
     replay_free(run);
 }
 
+static const test_case tests[] = {
+    TEST_CASE(test_generated_traces),
+    TEST_CASE(test_tidepool_on_scenarios),
+    TEST_CASE(test_baselines_on_fa_decode),
+    TEST_CASE(test_ggml_vmm_counts_lifo_violations_on_out_of_order),
+    TEST_CASE(test_legacy_flush_scope),
+    TEST_CASE(test_unknown_free),
+    TEST_CASE(test_unknown_pool_is_refused_with_its_name),
+    TEST_CASE(test_units),
+    TEST_CASE(test_plot),
+};
+
+/* argv[1]: the scratch directory; further arguments select tests. */
 int main(int argc, char **argv) {
-    REQUIRE(argc == 2);
+    REQUIRE(argc >= 2);
     scratch_dir = argv[1];
-    test_generated_traces();
-    test_tidepool_on_scenarios();
-    test_baselines();
-    test_legacy_flush_scope();
-    test_unknown_free();
-    test_units();
-    test_plot();
-    return check_report("test_replay_tools");
+    return TEST_MAIN("test_replay_tools", tests, argc - 1, argv + 1);
 }

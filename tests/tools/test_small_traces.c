@@ -39,15 +39,11 @@ static uint64_t pytorch_peak_allocated(const char *trace_path) {
 
 static int by_name(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
-int main(int argc, char **argv) {
-    REQUIRE(argc == 2);
-    char dir_path[1024];
-    snprintf(dir_path, sizeof dir_path, "%s/traces/small", argv[1]);
+static char dir_path[1024];
+
+static void test_small_traces_replay_within_bounds(void) {
     DIR *dir = opendir(dir_path);
-    if (!dir) {
-        printf("SKIP: %s is absent (the shared traces live beside the project, in ../shared)\n", dir_path);
-        return SKIPPED;
-    }
+    REQUIRE(dir != NULL);
     char *names[64];
     int count = 0;
     for (struct dirent *entry; (entry = readdir(dir)) && count < 64;) {
@@ -89,5 +85,21 @@ int main(int argc, char **argv) {
         replay_free(run);
         free(names[i]);
     }
-    return check_report("test_small_traces");
+}
+
+static const test_case tests[] = {
+    TEST_CASE(test_small_traces_replay_within_bounds),
+};
+
+/* argv[1]: the shared directory; further arguments select tests. */
+int main(int argc, char **argv) {
+    REQUIRE(argc >= 2);
+    snprintf(dir_path, sizeof dir_path, "%s/traces/small", argv[1]);
+    DIR *dir = opendir(dir_path);
+    if (!dir) {
+        printf("SKIP: %s is absent (the shared traces live beside the project, in ../shared)\n", dir_path);
+        return SKIPPED;
+    }
+    closedir(dir);
+    return TEST_MAIN("test_small_traces", tests, argc - 1, argv + 1);
 }

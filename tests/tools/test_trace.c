@@ -76,11 +76,14 @@ static void test_formats(void) {
     int expected = count_lines(path) - 1; /* minus the header */
     long n_plain = read_file(path, plain, &format, err, sizeof err);
     CHECK_MSG(n_plain == expected, "%ld events, file has %d lines of events (%s)", n_plain, expected, err);
-    CHECK(format == TRACE_FORMAT_TIDEPOOL);
+    CHECK_EQ_U64(format, TRACE_FORMAT_TIDEPOOL);
     /* The first event is the origin of time; the first line of the file is
      * "1795975054429409,alloc,139827366330368,3010560,0". */
-    CHECK(plain[0].time_ns == 0 && plain[0].action == TRACE_ALLOC && plain[0].address == 139827366330368ull &&
-          plain[0].bytes == 3010560 && plain[0].stream == 0);
+    CHECK_EQ_U64(plain[0].time_ns, 0);
+    CHECK_EQ_U64(plain[0].action, TRACE_ALLOC);
+    CHECK_EQ_U64(plain[0].address, 139827366330368ull);
+    CHECK_EQ_U64(plain[0].bytes, 3010560);
+    CHECK_EQ_U64(plain[0].stream, 0);
     bool monotonic = true;
     for (long i = 1; i < n_plain; i++) monotonic &= plain[i].time_ns >= plain[i - 1].time_ns;
     CHECK(monotonic);
@@ -92,7 +95,7 @@ static void test_formats(void) {
     path_in(path, sizeof path, data_dir, "qwen2vl_excerpt.rmm.csv");
     long n_rmm = read_file(path, rmm, &format, err, sizeof err);
     CHECK_MSG(n_rmm == n_plain, "rmm: %ld events (%s)", n_rmm, err);
-    CHECK(format == TRACE_FORMAT_RMM);
+    CHECK_EQ_U64(format, TRACE_FORMAT_RMM);
     CHECK(same_events(plain, rmm, n_plain));
 }
 
@@ -106,17 +109,24 @@ static void test_rmm_details(void) {
                       "7,1634567889,free,32512,256,0\n";
     long n = read_memory(log, e, 8, err, sizeof err);
     CHECK_MSG(n == 4, "%ld (%s)", n, err);
-    CHECK(e[0].time_ns == 0 && e[0].address == 0x7f00 && e[0].action == TRACE_ALLOC);
-    CHECK(e[1].time_ns == 250000001ull && e[1].action == TRACE_ALLOC_FAILURE && e[1].bytes == 4096);
-    CHECK(e[2].time_ns == 500000000ull && e[2].action == TRACE_FREE && e[2].stream == 0x10);
-    CHECK(e[3].time_ns == 0); /* before the origin: clamped, the clock only moves on */
-    CHECK(e[3].address == 0x7f00); /* decimal pointers too */
+    CHECK_EQ_U64(e[0].time_ns, 0);
+    CHECK_EQ_U64(e[0].address, 0x7f00);
+    CHECK_EQ_U64(e[0].action, TRACE_ALLOC);
+    CHECK_EQ_U64(e[1].time_ns, 250000001ull);
+    CHECK_EQ_U64(e[1].action, TRACE_ALLOC_FAILURE);
+    CHECK_EQ_U64(e[1].bytes, 4096);
+    CHECK_EQ_U64(e[2].time_ns, 500000000ull);
+    CHECK_EQ_U64(e[2].action, TRACE_FREE);
+    CHECK_EQ_U64(e[2].stream, 0x10);
+    CHECK_EQ_U64(e[3].time_ns, 0); /* before the origin: clamped, the clock only moves on */
+    CHECK_EQ_U64(e[3].address, 0x7f00); /* decimal pointers too */
     /* HH:MM:SS.ffffff */
     const char *clock = "Thread,Time,Action,Pointer,Size,Stream\n"
                         "1,01:02:03.000004,allocate,0x1,1,0x0\n"
                         "1,01:03:03.5,free,0x1,1,0x0\n";
     n = read_memory(clock, e, 8, err, sizeof err);
-    CHECK(n == 2 && e[1].time_ns == 60ull * 1000000000ull + 499996000ull);
+    CHECK_EQ_U64(n, 2);
+    CHECK_EQ_U64(e[1].time_ns, 60ull * 1000000000ull + 499996000ull);
 }
 
 /* Accepted variations: CRLF, a byte-order mark, blank lines, no final newline, hex addresses. */
@@ -126,7 +136,10 @@ static void test_lenient(void) {
     long n = read_memory("\xEF\xBB\xBFtime_us,action,addr,size,stream\r\n10,alloc,0x10,5,2\r\n\r\n\n12,free,16,5,2", e,
                          8, err, sizeof err);
     CHECK_MSG(n == 2, "%ld (%s)", n, err);
-    CHECK(e[0].address == 16 && e[1].address == 16 && e[1].time_ns == 2000 && e[1].stream == 2);
+    CHECK_EQ_U64(e[0].address, 16);
+    CHECK_EQ_U64(e[1].address, 16);
+    CHECK_EQ_U64(e[1].time_ns, 2000);
+    CHECK_EQ_U64(e[1].stream, 2);
 }
 
 /* Expects a malformed trace to fail with "<where>:<line>: " and `what` in the message. */
@@ -271,15 +284,20 @@ static void test_writer_round_trip(void) {
     }
 }
 
+static const test_case tests[] = {
+    TEST_CASE(test_formats),
+    TEST_CASE(test_rmm_details),
+    TEST_CASE(test_lenient),
+    TEST_CASE(test_malformed_lines),
+    TEST_CASE(test_malformed_files),
+    TEST_CASE(test_writer_round_trip),
+};
+
+/* argv[1]: the test data directory; argv[2]: a scratch directory; further
+ * arguments select tests. */
 int main(int argc, char **argv) {
-    REQUIRE(argc == 3);
+    REQUIRE(argc >= 3);
     data_dir = argv[1];
     scratch_dir = argv[2];
-    test_formats();
-    test_rmm_details();
-    test_lenient();
-    test_malformed_lines();
-    test_malformed_files();
-    test_writer_round_trip();
-    return check_report("test_trace");
+    return TEST_MAIN("test_trace", tests, argc - 2, argv + 2);
 }
