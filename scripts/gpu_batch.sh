@@ -21,7 +21,7 @@ cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release "${zlib_args[@]}" >"
   || { tail -30 "$out/configure.log" "$out/build.log"; exit 1; }
 echo "== GPU tests"
 (cd build-gpu && ctest -L gpu -V --output-on-failure) >"$out/gpu_tests.log" 2>&1; echo "gpu tests rc=$?"
-grep -E "checks passed|failed|Passed|Failed|note:|graph churn|cap (on|off|64)|request [0-9]+:|vmm:|segment:" "$out/gpu_tests.log" | tail -60
+grep -E "checks passed|[0-9]+ passed, [0-9]+ failed|^FAIL |failed|Passed|Failed|note:|graph churn|cap (on|off|64)|request [0-9]+:|vmm:|segment:" "$out/gpu_tests.log" | tail -60
 if [ "${SANITIZER:-1}" != 0 ]; then
   echo "== compute-sanitizer"
   (cd build-gpu && ctest -L sanitizer --output-on-failure) >"$out/sanitizer.log" 2>&1; echo "sanitizer rc=$?"
