@@ -71,7 +71,7 @@ static void path_in(char *buf, size_t capacity, const char *dir, const char *nam
 static void test_formats(void) {
     static trace_event plain[MAX_EVENTS], gz[MAX_EVENTS], rmm[MAX_EVENTS];
     char path[1024], err[512];
-    trace_format format;
+    trace_format format = TRACE_FORMAT_RMM; /* read_file must set it */
     path_in(path, sizeof path, data_dir, "qwen2vl_excerpt.csv");
     int expected = count_lines(path) - 1; /* minus the header */
     long n_plain = read_file(path, plain, &format, err, sizeof err);
