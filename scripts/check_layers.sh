@@ -39,19 +39,21 @@ for f in "$root"/src/*.c; do
       -fcallgraph-info -c "$f" -o "$work/$(basename "$f" .c).o" -dumpdir "$work/"
 done
 
-# Every function defined anywhere: name -> file (relative to root).
+# Every function defined anywhere, by node title (static functions carry
+# their translation unit in the title) and, for global ones, by name.
 awk -v root="$root/" '
   /^node:/ && !/shape : ellipse/ {
+    match($0, /title: "[^"]*"/); t = substr($0, RSTART + 8, RLENGTH - 9)
     match($0, /label: "[^"]*"/); lab = substr($0, RSTART + 8, RLENGTH - 9)
-    split(lab, parts, "\\\\n"); name = parts[1]; loc = parts[2]
+    split(lab, parts, "\\\\n"); loc = parts[2]
     sub(/:[0-9]+:[0-9]+$/, "", loc); sub(root, "", loc)
-    if (!(name in def) || loc ~ /\.c$/) def[name] = loc
-  }
-  END { for (n in def) print n, def[n] }' "$work"/*.ci | sort -u > "$work/defs"
+    print "T", t, loc
+    if (t !~ /:/) print "N", parts[1], loc
+  }' "$work"/*.ci | sort -u > "$work/defs"
 
 # Every edge: caller file, callee file (by definition), call site.
 awk -v root="$root/" '
-  FNR == NR { def[$1] = $2; next }
+  FNR == NR { if ($1 == "T") bytitle[$2] = $3; else byname[$2] = $3; next }
   /^node:/ {
     match($0, /title: "[^"]*"/); t = substr($0, RSTART + 8, RLENGTH - 9)
     match($0, /label: "[^"]*"/); lab = substr($0, RSTART + 8, RLENGTH - 9)
@@ -61,7 +63,8 @@ awk -v root="$root/" '
     match($0, /sourcename: "[^"]*"/); s = substr($0, RSTART + 13, RLENGTH - 14)
     match($0, /targetname: "[^"]*"/); d = substr($0, RSTART + 13, RLENGTH - 14)
     match($0, /label: "[^"]*"/); site = substr($0, RSTART + 8, RLENGTH - 9); sub(root, "", site)
-    sf = def[name[s]]; df = (d == "__indirect_call") ? "INDIRECT" : def[name[d]]
+    sf = bytitle[s]
+    df = (d == "__indirect_call") ? "INDIRECT" : ((d in bytitle) ? bytitle[d] : byname[name[d]])
     if (sf != "" && df != "") print sf, df, name[s], (d == "__indirect_call" ? "*" : name[d]), site
   }' "$work/defs" "$work"/*.ci | sort -u > "$work/edges"
 

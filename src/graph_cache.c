@@ -1082,90 +1082,85 @@ tp_status tp_graph_cache_stats_json(tp_graph_cache *cache, char *buf, size_t cap
 
 /* ------------------------------------------------------------------- check */
 
-/* A violation: TP_ERR_CORRUPT, described in msg. */
-#define GC_FAIL(...)                                                   \
-    do {                                                               \
-        if (msg && msg_capacity) snprintf(msg, msg_capacity, __VA_ARGS__); \
-        st = TP_ERR_CORRUPT;                                           \
-        goto out;                                                      \
-    } while (0)
-
-tp_status tp_graph_cache_check(tp_graph_cache *cache, char *msg, size_t msg_capacity) {
-    if (!cache) return TP_ERR_INVALID_ARGUMENT;
-    if (msg && msg_capacity) msg[0] = '\0';
-    tp_status st = TP_OK;
-    pthread_mutex_lock(&cache->lock);
+static bool check_locked(tp_graph_cache *cache, char *msg, size_t msg_capacity) {
     uint64_t execs = 0, bytes = 0, pinned = 0, indexed = 0;
     for (int s = SEG_PROBATION; s <= SEG_PROTECTED; s++) {
         const gc_list *l = &cache->seg[s];
         uint32_t count = 0;
         const gc_exec *prev = NULL;
         for (const gc_exec *e = l->head; e; e = e->next) {
-            if (++count > l->count) GC_FAIL("segment %d longer than its count %u", s, l->count);
-            if (e->prev != prev) GC_FAIL("segment %d: broken back link at key 0x%llx", s, (unsigned long long)e->key);
-            if (e->segment != s) GC_FAIL("key 0x%llx in segment %d says %d", (unsigned long long)e->key, s, e->segment);
-            if (!e->exec) GC_FAIL("key 0x%llx has no executable", (unsigned long long)e->key);
-            if (e->event_recorded && !e->event) GC_FAIL("key 0x%llx: recorded without an event", (unsigned long long)e->key);
+            if (++count > l->count) TPI_FAIL(msg, msg_capacity, "segment %d longer than its count %u", s, l->count);
+            if (e->prev != prev) TPI_FAIL(msg, msg_capacity, "segment %d: broken back link at key 0x%llx", s, (unsigned long long)e->key);
+            if (e->segment != s) TPI_FAIL(msg, msg_capacity, "key 0x%llx in segment %d says %d", (unsigned long long)e->key, s, e->segment);
+            if (!e->exec) TPI_FAIL(msg, msg_capacity, "key 0x%llx has no executable", (unsigned long long)e->key);
+            if (e->event_recorded && !e->event) TPI_FAIL(msg, msg_capacity, "key 0x%llx: recorded without an event", (unsigned long long)e->key);
             if (e->pins.count && (!e->pins.ranges || !e->pins.pool))
-                GC_FAIL("key 0x%llx: pins without ranges or pool", (unsigned long long)e->key);
+                TPI_FAIL(msg, msg_capacity, "key 0x%llx: pins without ranges or pool", (unsigned long long)e->key);
             bool found = false;
             unsigned variants = 0;
             for (const gc_exec *h = variants_of(cache, e->key); h; h = h->vnext) {
                 if (++variants > GC_MAX_VARIANTS)
-                    GC_FAIL("key 0x%llx has more than %d variants", (unsigned long long)e->key, GC_MAX_VARIANTS);
+                    TPI_FAIL(msg, msg_capacity, "key 0x%llx has more than %d variants", (unsigned long long)e->key, GC_MAX_VARIANTS);
                 if (h->key != e->key)
-                    GC_FAIL("key 0x%llx: its variants include key 0x%llx", (unsigned long long)e->key,
+                    TPI_FAIL(msg, msg_capacity, "key 0x%llx: its variants include key 0x%llx", (unsigned long long)e->key,
                             (unsigned long long)h->key);
                 if (h == e) found = true;
                 if (h != e && h->prepared_seq == e->prepared_seq)
-                    GC_FAIL("key 0x%llx: two variants share a prepare number", (unsigned long long)e->key);
+                    TPI_FAIL(msg, msg_capacity, "key 0x%llx: two variants share a prepare number", (unsigned long long)e->key);
             }
-            if (!found) GC_FAIL("key 0x%llx is not in the key index", (unsigned long long)e->key);
+            if (!found) TPI_FAIL(msg, msg_capacity, "key 0x%llx is not in the key index", (unsigned long long)e->key);
             execs++;
             bytes += e->bytes;
             pinned += e->pins.count;
             prev = e;
         }
-        if (count != l->count) GC_FAIL("segment %d: %u entries, count says %u", s, count, l->count);
-        if (prev != l->tail) GC_FAIL("segment %d: tail is not the last entry", s);
+        if (count != l->count) TPI_FAIL(msg, msg_capacity, "segment %d: %u entries, count says %u", s, count, l->count);
+        if (prev != l->tail) TPI_FAIL(msg, msg_capacity, "segment %d: tail is not the last entry", s);
     }
     size_t cursor = 0;
     uint64_t key = 0, value = 0;
     while (tpi_map_next(&cache->index, &cursor, &key, &value)) {
-        if (!value) GC_FAIL("key 0x%llx is in the key index without a variant", (unsigned long long)key);
+        if (!value) TPI_FAIL(msg, msg_capacity, "key 0x%llx is in the key index without a variant", (unsigned long long)key);
         for (const gc_exec *h = exec_of(value); h; h = h->vnext) {
             if (h->key != key)
-                GC_FAIL("key 0x%llx in the key index leads to key 0x%llx", (unsigned long long)key,
+                TPI_FAIL(msg, msg_capacity, "key 0x%llx in the key index leads to key 0x%llx", (unsigned long long)key,
                         (unsigned long long)h->key);
-            if (++indexed > execs) GC_FAIL("key index holds more executables than the lists");
+            if (++indexed > execs) TPI_FAIL(msg, msg_capacity, "key index holds more executables than the lists");
         }
     }
-    if (indexed != execs) GC_FAIL("key index holds %llu executables, lists %llu", (unsigned long long)indexed,
+    if (indexed != execs) TPI_FAIL(msg, msg_capacity, "key index holds %llu executables, lists %llu", (unsigned long long)indexed,
                                   (unsigned long long)execs);
-    if (execs != cache->stats.execs) GC_FAIL("execs %llu, stats say %llu", (unsigned long long)execs,
+    if (execs != cache->stats.execs) TPI_FAIL(msg, msg_capacity, "execs %llu, stats say %llu", (unsigned long long)execs,
                                              (unsigned long long)cache->stats.execs);
-    if (bytes != cache->exec_bytes) GC_FAIL("exec bytes %llu, accounted %llu", (unsigned long long)bytes,
+    if (bytes != cache->exec_bytes) TPI_FAIL(msg, msg_capacity, "exec bytes %llu, accounted %llu", (unsigned long long)bytes,
                                             (unsigned long long)cache->exec_bytes);
-    if (execs > cache->config.max_execs) GC_FAIL("%llu execs above max_execs %u", (unsigned long long)execs,
+    if (execs > cache->config.max_execs) TPI_FAIL(msg, msg_capacity, "%llu execs above max_execs %u", (unsigned long long)execs,
                                                  cache->config.max_execs);
     if (cache->config.max_bytes != TP_BYTES_UNLIMITED && bytes > cache->config.max_bytes)
-        GC_FAIL("%llu exec bytes above max_bytes %llu", (unsigned long long)bytes,
+        TPI_FAIL(msg, msg_capacity, "%llu exec bytes above max_bytes %llu", (unsigned long long)bytes,
                 (unsigned long long)cache->config.max_bytes);
-    if (cache->stats.exec_bytes_peak < bytes) GC_FAIL("peak below current");
+    if (cache->stats.exec_bytes_peak < bytes) TPI_FAIL(msg, msg_capacity, "peak below current");
     if (cache->seg[SEG_PROTECTED].count > cache->protected_cap)
-        GC_FAIL("protected holds %u, cap %u", cache->seg[SEG_PROTECTED].count, cache->protected_cap);
+        TPI_FAIL(msg, msg_capacity, "protected holds %u, cap %u", cache->seg[SEG_PROTECTED].count, cache->protected_cap);
     for (size_t i = 0; i < cache->retired_count; i++) {
         const gc_retired *r = &cache->retired[i];
-        if (!r->event || !r->pins.count || !r->pins.ranges || !r->pins.pool) GC_FAIL("retired record %zu is malformed", i);
+        if (!r->event || !r->pins.count || !r->pins.ranges || !r->pins.pool) TPI_FAIL(msg, msg_capacity, "retired record %zu is malformed", i);
         pinned += r->pins.count;
     }
-    if (pinned != cache->stats.pinned_ranges) GC_FAIL("pinned ranges %llu, stats say %llu",
+    if (pinned != cache->stats.pinned_ranges) TPI_FAIL(msg, msg_capacity, "pinned ranges %llu, stats say %llu",
                                                       (unsigned long long)pinned,
                                                       (unsigned long long)cache->stats.pinned_ranges);
     for (size_t i = 0; i < cache->pool_count; i++)
         for (size_t k = i + 1; k < cache->pool_count; k++)
-            if (cache->pools[i] == cache->pools[k]) GC_FAIL("pool attached twice");
-out:
+            if (cache->pools[i] == cache->pools[k]) TPI_FAIL(msg, msg_capacity, "pool attached twice");
+    return true;
+}
+
+tp_status tp_graph_cache_check(tp_graph_cache *cache, char *msg, size_t msg_capacity) {
+    if (!cache) return TP_ERR_INVALID_ARGUMENT;
+    if (msg && msg_capacity) msg[0] = '\0';
+    pthread_mutex_lock(&cache->lock);
+    bool ok = check_locked(cache, msg, msg_capacity);
     pthread_mutex_unlock(&cache->lock);
-    return st;
+    return ok ? TP_OK : TP_ERR_CORRUPT;
 }

@@ -305,63 +305,57 @@ uint32_t tpi_ra_node_containing(const tpi_ra *ra, uint64_t offset) {
     return TPI_RA_NONE;
 }
 
-#define RA_FAIL(...)                                   \
-    do {                                               \
-        if (msg && msg_capacity) snprintf(msg, msg_capacity, __VA_ARGS__); \
-        return false;                                  \
-    } while (0)
-
 bool tpi_ra_check(const tpi_ra *ra, char *msg, size_t msg_capacity) {
     uint64_t free_bytes = 0, free_count = 0, used_count = 0;
     uint64_t align_mask = (1ull << ra->shift) - 1;
     for (size_t i = 0; i < ra->node_capacity; i++) {
         const tpi_ra_node *n = &ra->nodes[i];
         if (n->state == TPI_RA_NODE_UNUSED) continue;
-        if (n->state != TPI_RA_NODE_FREE && n->state != TPI_RA_NODE_USED) RA_FAIL("node %zu: bad state %u", i, n->state);
+        if (n->state != TPI_RA_NODE_FREE && n->state != TPI_RA_NODE_USED) TPI_FAIL(msg, msg_capacity, "node %zu: bad state %u", i, n->state);
         if (n->size == 0 || (n->size & align_mask) || (n->offset & align_mask))
-            RA_FAIL("node %zu: size %llu / offset 0x%llx not aligned", i, (unsigned long long)n->size,
+            TPI_FAIL(msg, msg_capacity, "node %zu: size %llu / offset 0x%llx not aligned", i, (unsigned long long)n->size,
                     (unsigned long long)n->offset);
         if (n->addr_prev != TPI_RA_NONE) {
             const tpi_ra_node *p = &ra->nodes[n->addr_prev];
-            if (p->state == TPI_RA_NODE_UNUSED || p->addr_next != i) RA_FAIL("node %zu: prev link broken", i);
-            if (p->offset + p->size != n->offset) RA_FAIL("node %zu: gap or overlap with prev", i);
-            if (p->region != n->region) RA_FAIL("node %zu: prev in another region", i);
-            if (p->state == TPI_RA_NODE_FREE && n->state == TPI_RA_NODE_FREE) RA_FAIL("node %zu: two free neighbours", i);
+            if (p->state == TPI_RA_NODE_UNUSED || p->addr_next != i) TPI_FAIL(msg, msg_capacity, "node %zu: prev link broken", i);
+            if (p->offset + p->size != n->offset) TPI_FAIL(msg, msg_capacity, "node %zu: gap or overlap with prev", i);
+            if (p->region != n->region) TPI_FAIL(msg, msg_capacity, "node %zu: prev in another region", i);
+            if (p->state == TPI_RA_NODE_FREE && n->state == TPI_RA_NODE_FREE) TPI_FAIL(msg, msg_capacity, "node %zu: two free neighbours", i);
         }
         if (n->addr_next != TPI_RA_NONE) {
             const tpi_ra_node *x = &ra->nodes[n->addr_next];
-            if (x->state == TPI_RA_NODE_UNUSED || x->addr_prev != i) RA_FAIL("node %zu: next link broken", i);
+            if (x->state == TPI_RA_NODE_UNUSED || x->addr_prev != i) TPI_FAIL(msg, msg_capacity, "node %zu: next link broken", i);
         }
         if (n->state == TPI_RA_NODE_FREE) {
             free_bytes += n->size;
             free_count++;
-            if (n->bin != bin_of_units(n->size >> ra->shift)) RA_FAIL("node %zu: in the wrong bin", i);
+            if (n->bin != bin_of_units(n->size >> ra->shift)) TPI_FAIL(msg, msg_capacity, "node %zu: in the wrong bin", i);
         } else {
             used_count++;
         }
     }
-    if (free_bytes != ra->free_bytes) RA_FAIL("free bytes %llu, counted %llu", (unsigned long long)ra->free_bytes,
+    if (free_bytes != ra->free_bytes) TPI_FAIL(msg, msg_capacity, "free bytes %llu, counted %llu", (unsigned long long)ra->free_bytes,
                                               (unsigned long long)free_bytes);
-    if (free_count != ra->free_count || used_count != ra->used_count) RA_FAIL("node counts disagree");
+    if (free_count != ra->free_count || used_count != ra->used_count) TPI_FAIL(msg, msg_capacity, "node counts disagree");
     uint64_t listed = 0;
     for (uint32_t bin = 0; bin < TPI_RA_BIN_COUNT; bin++) {
         uint32_t fl = bin / TPI_RA_SL_COUNT, sl = bin % TPI_RA_SL_COUNT;
         bool sl_bit = (ra->sl_bitmap[fl] >> sl) & 1u;
         bool fl_bit = (ra->fl_bitmap >> fl) & 1u;
-        if (sl_bit != (ra->heads[bin] != TPI_RA_NONE)) RA_FAIL("bin %u: bitmap disagrees with list", bin);
-        if (ra->sl_bitmap[fl] && !fl_bit) RA_FAIL("first level %u: bitmap bit missing", fl);
+        if (sl_bit != (ra->heads[bin] != TPI_RA_NONE)) TPI_FAIL(msg, msg_capacity, "bin %u: bitmap disagrees with list", bin);
+        if (ra->sl_bitmap[fl] && !fl_bit) TPI_FAIL(msg, msg_capacity, "first level %u: bitmap bit missing", fl);
         uint32_t prev = TPI_RA_NONE;
         for (uint32_t id = ra->heads[bin]; id != TPI_RA_NONE; id = ra->nodes[id].list_next) {
             const tpi_ra_node *n = &ra->nodes[id];
-            if (n->state != TPI_RA_NODE_FREE || n->bin != bin) RA_FAIL("bin %u: holds node %u wrongly", bin, id);
-            if (n->list_prev != prev) RA_FAIL("bin %u: back link broken at %u", bin, id);
+            if (n->state != TPI_RA_NODE_FREE || n->bin != bin) TPI_FAIL(msg, msg_capacity, "bin %u: holds node %u wrongly", bin, id);
+            if (n->list_prev != prev) TPI_FAIL(msg, msg_capacity, "bin %u: back link broken at %u", bin, id);
             prev = id;
-            if (++listed > free_count) RA_FAIL("bin %u: list cycle", bin);
+            if (++listed > free_count) TPI_FAIL(msg, msg_capacity, "bin %u: list cycle", bin);
         }
     }
-    if (listed != free_count) RA_FAIL("%llu free nodes, %llu in bins", (unsigned long long)free_count,
+    if (listed != free_count) TPI_FAIL(msg, msg_capacity, "%llu free nodes, %llu in bins", (unsigned long long)free_count,
                                       (unsigned long long)listed);
     for (uint32_t fl = 0; fl < TPI_RA_FL_COUNT; fl++)
-        if (((ra->fl_bitmap >> fl) & 1u) && !ra->sl_bitmap[fl]) RA_FAIL("first level %u: stray bit", fl);
+        if (((ra->fl_bitmap >> fl) & 1u) && !ra->sl_bitmap[fl]) TPI_FAIL(msg, msg_capacity, "first level %u: stray bit", fl);
     return true;
 }
