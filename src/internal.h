@@ -102,6 +102,12 @@ typedef struct tpi_device_ops {
     tp_status (*event_synchronize)(tp_device *device, tp_event event);
     tp_status (*device_synchronize)(tp_device *device);
 
+    /* Optional (NULL: streams never capture): is the stream capturing a
+     * graph right now? Work queued on a capturing stream is recorded into
+     * the graph, not run; synchronising it, or querying or synchronising
+     * an event recorded on it, invalidates the capture (as on CUDA). */
+    tp_status (*stream_capturing)(tp_device *device, tp_stream stream, bool *out_capturing);
+
     /* Monotonic time in ns: the virtual clock on the simulator. */
     uint64_t (*now_ns)(tp_device *device);
 
