@@ -255,8 +255,8 @@ typedef struct tp_pool_config {
     /* VMM: address space reserved once at creation. 0: 2 x limit. */
     uint64_t va_reserve_bytes;
     /* Segment pool: segment sizes. Requests up to 1 MiB come from segments
-     * of small_segment_bytes (0: 2 MiB), up to 10 MiB from
-     * medium_segment_bytes (0: 20 MiB); larger ones get their own segment,
+     * of small_segment_bytes (0: 2 MiB, or the alignment if larger), up to
+     * 10 MiB from medium_segment_bytes (0: 20 MiB, rounded to the alignment); larger ones get their own segment,
      * rounded up to a geometric size ladder (growth_step_percent) so that a
      * growing request allocates O(log n) segments. */
     uint64_t small_segment_bytes;
@@ -277,7 +277,8 @@ TP_API tp_status tp_pool_create(tp_device *device, const tp_pool_config *config,
  * device memory. Blocks still live are released too; their count is logged. */
 TP_API tp_status tp_pool_destroy(tp_pool *pool);
 
-/* bytes > 0. On TP_ERR_OUT_OF_MEMORY *out_ptr is NULL and
+/* bytes > 0. On TP_ERR_OUT_OF_MEMORY (also for any request above the
+ * pool's limit, however large) *out_ptr is NULL and
  * tp_pool_last_oom_report() says why. */
 TP_API tp_status tp_pool_alloc(tp_pool *pool, size_t bytes, tp_stream stream, void **out_ptr);
 TP_API tp_status tp_pool_free(tp_pool *pool, void *ptr, tp_stream stream);
@@ -304,12 +305,15 @@ TP_API tp_status tp_pool_tick(tp_pool *pool);
 /* A callback the out-of-memory ladder calls when releasing the pool's own
  * idle memory was not enough. It should release what it can (graph
  * executables, pins, other caches) and return the bytes it believes it
- * freed. Runs without the pool lock held. */
+ * freed. Runs without the pool lock held, so it may call the pool; an
+ * allocation it makes from the same pool does not start another round of
+ * callbacks (it fails with TP_ERR_OUT_OF_MEMORY instead of recursing). */
 typedef uint64_t (*tp_reclaim_fn)(void *user, tp_pool *pool, uint64_t bytes_needed);
 TP_API tp_status tp_pool_add_reclaim_callback(tp_pool *pool, tp_reclaim_fn fn, void *user);
 /* After it returns, fn is not running and will not be called again (it
- * waits for a reclaim round in progress; do not call it from fn).
- * TP_ERR_NOT_FOUND if fn and user were not registered. */
+ * waits for a reclaim round in progress). TP_ERR_NOT_FOUND if fn and user
+ * were not registered; TP_ERR_BUSY when called from inside a reclaim
+ * callback of this pool (it would wait for itself). */
 TP_API tp_status tp_pool_remove_reclaim_callback(tp_pool *pool, tp_reclaim_fn fn, void *user);
 
 /* Pins keep memory out of reach: a block with pins is not reused, unmapped
@@ -318,9 +322,19 @@ TP_API tp_status tp_pool_remove_reclaim_callback(tp_pool *pool, tp_reclaim_fn fn
 TP_API tp_status tp_pool_pin(tp_pool *pool, const void *ptr, size_t bytes);
 TP_API tp_status tp_pool_unpin(tp_pool *pool, const void *ptr, size_t bytes);
 
-/* Capture tracking: between begin and end, blocks allocated on `stream` are
- * recorded. end returns them as ranges (the caller owns the array, free it
- * with tp_pool_free_ranges) so that a graph cache can pin them. */
+/* Capture: call begin right after the stream starts capturing a graph and
+ * end right after the capture ends. In between, blocks allocated on
+ * `stream` are recorded; a block freed on it may be reused by later
+ * allocations of the same capture (their order is fixed in the graph), but
+ * by no other stream and not given back to the device. The pool also asks
+ * the device whether a stream captures and never records, queries or waits
+ * for an event on a capturing stream (that would invalidate the capture).
+ * end returns the graph's footprint: the blocks allocated during the
+ * capture, live or freed, as merged address ranges (the caller owns the
+ * array; free it with tp_pool_free_ranges). Each range carries one pin the
+ * caller owns: tp_pool_unpin it once the graph is gone, or hand it to a
+ * graph cache (tp_graph_pins.already_pinned). The pinned bytes are the
+ * footprint of the capture's temporaries, about their peak, not their sum. */
 TP_API tp_status tp_pool_capture_begin(tp_pool *pool, tp_stream stream);
 TP_API tp_status tp_pool_capture_end(tp_pool *pool, tp_stream stream, tp_range **out_ranges, size_t *out_count);
 TP_API void tp_pool_free_ranges(tp_pool *pool, tp_range *ranges);

@@ -167,6 +167,17 @@ static tp_status segment_try_alloc(tpi_backing *b, uint64_t size, uint32_t slot,
     return TP_OK;
 }
 
+static tp_status segment_claim(tpi_backing *b, uint64_t offset, uint64_t size, uint32_t *out_node) {
+    tpi_core *core = b->core;
+    uint32_t id = tpi_ra_take_at(&core->ra, offset, size);
+    if (id == TPI_RA_NONE) return TP_ERR_INVALID_ARGUMENT;
+    tpi_units *units = &core->units;
+    uint32_t u = tpi_ra_node_at(&core->ra, id)->region;
+    if (units->units[u].live++ == 0 && units->units[u].state == TPI_UNIT_IDLE) tpi_units_became_busy(units, u);
+    *out_node = id;
+    return TP_OK;
+}
+
 static void segment_release_block(tpi_backing *b, uint32_t node, uint64_t idle_since_ns) {
     tpi_core *core = b->core;
     tpi_tag tag = tpi_ra_node_at(&core->ra, node)->owner;
@@ -260,6 +271,7 @@ tp_status tpi_segment_create(tpi_core *core, tpi_backing **out_backing) {
 static const tpi_backing_ops segment_ops = {
     .name = "segment",
     .try_alloc = segment_try_alloc,
+    .claim = segment_claim,
     .release_block = segment_release_block,
     .destroy = segment_destroy,
     .check = segment_check,

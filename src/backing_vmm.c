@@ -197,48 +197,76 @@ static tp_status map_block(vmm_backing *vmm, uint32_t id, uint64_t *out_need) {
  *
  * Among free ranges in good-fit order, the first whose pages are all
  * usable and mapped wins; failing that, the usable one needing the fewest
- * new pages; failing that, one whose only obstacle is work of one other
- * stream, after making this stream wait for it. */
+ * new pages; failing that, one whose only obstacle is queued work of other
+ * streams, each page's named by one stream, after making this stream wait
+ * for all of it on the device. */
 typedef struct placement {
     uint64_t size;
     uint32_t slot;
     uint32_t best;
     uint64_t best_offset, best_missing;
-    uint32_t wait;     /* candidate blocked by one other stream only */
+    uint32_t wait;     /* candidate usable after device-side waits */
     uint64_t wait_offset;
-    tpi_tag wait_tag;
 } placement;
+
+/* May slot wait (on the device) for every page of [at, at + size) that it
+ * cannot use yet? Only if each such page's tag names a single stream; a
+ * page whose frees came from several streams needs a host synchronisation. */
+static bool window_waitable(tpi_core *core, uint32_t slot, uint64_t at, uint64_t size) {
+    tpi_units *units = &core->units;
+    for (uint64_t p = tpi_page_of(units, at), last = tpi_page_of(units, at + size - 1); p <= last; p++) {
+        tpi_unit *unit = &units->units[p];
+        if (unit->state == TPI_UNIT_UNUSED || tpi_order_tag_usable(&core->order, &unit->tag, slot)) continue;
+        if (tpi_tag_slot(unit->tag) == TPI_SLOT_MULTI) return false;
+    }
+    return true;
+}
+
+/* Orders slot after the pending work of every page of [at, at + size) it
+ * cannot use yet (window_waitable said they name single streams). */
+static tp_status wait_for_window(tpi_core *core, uint32_t slot, uint64_t at, uint64_t size) {
+    tpi_units *units = &core->units;
+    for (uint64_t p = tpi_page_of(units, at), last = tpi_page_of(units, at + size - 1); p <= last; p++) {
+        tpi_unit *unit = &units->units[p];
+        if (unit->state == TPI_UNIT_UNUSED || tpi_order_tag_usable(&core->order, &unit->tag, slot)) continue;
+        tp_status st = tpi_order_after(&core->order, slot, unit->tag);
+        if (st != TP_OK) return st;
+    }
+    return TP_OK;
+}
 
 /* Looks for a window of pl->size bytes in free range id whose pages the
  * stream may use; a blocked page pushes the window past it. True with
  * *out_offset when the window's pages are all mapped; otherwise notes the
- * range as pl->best or pl->wait when it is the best of its kind so far. */
+ * range as pl->best, or as pl->wait when its first blocked window could be
+ * made usable by waiting on the device for the streams that block it. */
 static bool place_window(tpi_core *core, placement *pl, uint32_t id, uint64_t *out_offset) {
     tpi_units *units = &core->units;
     const tpi_ra_node *n = tpi_ra_node_at(&core->ra, id);
     uint64_t end = n->offset + n->size;
     uint64_t at = n->offset, missing = 0;
-    tpi_tag blocker = TPI_TAG_CLEAN;
+    bool blocked = false;
     uint64_t blocked_at = n->offset;
     for (uint64_t p = tpi_page_of(units, at); at + pl->size <= end && p <= tpi_page_of(units, at + pl->size - 1); p++) {
         tpi_unit *unit = &units->units[p];
         if (unit->state == TPI_UNIT_UNUSED) {
             missing++;
         } else if (!tpi_order_tag_usable(&core->order, &unit->tag, pl->slot)) {
-            if (blocker == TPI_TAG_CLEAN) blocked_at = at;
-            blocker = tpi_order_merge(&core->order, blocker, unit->tag);
+            if (!blocked) blocked_at = at;
+            blocked = true;
             at = tpi_page_address(units, p + 1);
             missing = 0;
         }
     }
     if (at + pl->size > end) {
-        /* No free window: one other stream's pending work is the only
-         * obstacle if its tag names a single stream. */
-        if (pl->wait == TPI_RA_NONE && blocker != TPI_TAG_CLEAN && tpi_tag_slot(blocker) != TPI_SLOT_MULTI &&
-            blocked_at + pl->size <= end) {
+        /* No free window. The first blocked one will do after device-side
+         * waits if every page in it that other streams still use names a
+         * single stream (all of its pages: a later one may carry another
+         * stream's pending free). */
+        if (pl->wait == TPI_RA_NONE && blocked && blocked_at + pl->size <= end &&
+            window_waitable(core, pl->slot, blocked_at, pl->size)) {
             pl->wait = id;
             pl->wait_offset = blocked_at;
-            pl->wait_tag = blocker;
         }
         return false;
     }
@@ -260,7 +288,7 @@ static tp_status vmm_try_alloc(tpi_backing *b, uint64_t size, uint32_t slot, boo
                                uint64_t *out_need) {
     vmm_backing *vmm = (vmm_backing *)b;
     tpi_core *core = b->core;
-    placement pl = {size, slot, TPI_RA_NONE, 0, UINT64_MAX, TPI_RA_NONE, 0, TPI_TAG_CLEAN};
+    placement pl = {size, slot, TPI_RA_NONE, 0, UINT64_MAX, TPI_RA_NONE, 0};
     tpi_ra_search search;
     tpi_ra_search_begin(&core->ra, size, &search);
     uint32_t id = TPI_RA_NONE;
@@ -279,7 +307,7 @@ static tp_status vmm_try_alloc(tpi_backing *b, uint64_t size, uint32_t slot, boo
         id = pl.best;
         offset = pl.best_offset;
     }
-    if (id == TPI_RA_NONE && pl.wait != TPI_RA_NONE && tpi_order_after(&core->order, slot, pl.wait_tag) == TP_OK) {
+    if (id == TPI_RA_NONE && pl.wait != TPI_RA_NONE && wait_for_window(core, slot, pl.wait_offset, size) == TP_OK) {
         id = pl.wait;
         offset = pl.wait_offset;
     }
@@ -301,6 +329,18 @@ static tp_status vmm_try_alloc(tpi_backing *b, uint64_t size, uint32_t slot, boo
         vmm_release_block(b, id, 0);
         return st;
     }
+    *out_node = id;
+    return TP_OK;
+}
+
+static tp_status vmm_claim(tpi_backing *b, uint64_t offset, uint64_t size, uint32_t *out_node) {
+    tpi_core *core = b->core;
+    tpi_units *units = &core->units;
+    for (uint64_t p = tpi_page_of(units, offset), last = tpi_page_of(units, offset + size - 1); p <= last; p++)
+        if (!tpi_page_mapped(units, p)) return TP_ERR_INVALID_ARGUMENT;
+    uint32_t id = tpi_ra_take_at(&core->ra, offset, size);
+    if (id == TPI_RA_NONE) return TP_ERR_INVALID_ARGUMENT;
+    ref_pages(units, offset, size);
     *out_node = id;
     return TP_OK;
 }
@@ -410,7 +450,9 @@ tp_status tpi_vmm_create(tpi_core *core, tpi_backing **out_backing) {
                            config->max_map_bytes, config->page_bytes, vmm->va_bytes / config->page_bytes};
     tp_status st = tpi_units_init(&core->units, &uc, core->device, &core->ra, &core->order, &core->stats);
     if (st != TP_OK) goto fail;
-    st = core->ops->va_reserve(core->device, vmm->va_bytes, config->page_bytes, &core->units.va_base);
+    /* Aligned for the blocks too: the range allocator cuts them from here. */
+    uint64_t alignment = TPI_MAX(config->page_bytes, config->alignment_bytes);
+    st = core->ops->va_reserve(core->device, vmm->va_bytes, alignment, &core->units.va_base);
     tpi_stats_device_call(&core->stats, st, TPI_DEVICE_CALL_OTHER);
     if (st != TP_OK) {
         tpi_logf(&core->device->logger, TP_LOG_ERROR, "VMM pool: reserving %llu bytes of address space failed: %s",
@@ -433,6 +475,7 @@ fail:
 static const tpi_backing_ops vmm_ops = {
     .name = "vmm",
     .try_alloc = vmm_try_alloc,
+    .claim = vmm_claim,
     .release_block = vmm_release_block,
     .destroy = vmm_destroy,
     .check = vmm_check,

@@ -190,6 +190,10 @@ struct tp_graph_cache {
     tp_graph_cache_config config; /* defaults filled in */
     uint32_t protected_cap;
     pthread_mutex_t lock;
+    /* Serialises attach and detach, which call into pools without `lock`
+     * held: a pool's reclaim round takes `lock` (gc_reclaim), and removing
+     * the callback waits for that round. */
+    pthread_mutex_t attach_lock;
 
     tpi_map index; /* key -> its newest variant (gc_exec *) */
     gc_list seg[2];
@@ -873,6 +877,10 @@ tp_status tp_graph_cache_create(tp_device *device, const tp_graph_cache_config *
     cache->stats.max_execs = c.max_execs;
     tpi_map_init(&cache->index, &cache->host->allocator);
     if (pthread_mutex_init(&cache->lock, NULL) != 0) goto fail_alloc;
+    if (pthread_mutex_init(&cache->attach_lock, NULL) != 0) {
+        pthread_mutex_destroy(&cache->lock);
+        goto fail_alloc;
+    }
     pthread_condattr_t attr;
     bool cond_ok = pthread_condattr_init(&attr) == 0;
     if (cond_ok) {
@@ -881,6 +889,7 @@ tp_status tp_graph_cache_create(tp_device *device, const tp_graph_cache_config *
         pthread_condattr_destroy(&attr);
     }
     if (!cond_ok) {
+        pthread_mutex_destroy(&cache->attach_lock);
         pthread_mutex_destroy(&cache->lock);
         goto fail_alloc;
     }
@@ -888,6 +897,7 @@ tp_status tp_graph_cache_create(tp_device *device, const tp_graph_cache_config *
         if (pthread_create(&cache->thread, NULL, gc_thread_main, cache) != 0) {
             tpi_logf(&device->logger, TP_LOG_ERROR, "tp_graph_cache_create: could not start the background thread");
             pthread_cond_destroy(&cache->cond);
+            pthread_mutex_destroy(&cache->attach_lock);
             pthread_mutex_destroy(&cache->lock);
             goto fail_alloc;
         }
@@ -911,10 +921,15 @@ tp_status tp_graph_cache_destroy(tp_graph_cache *cache) {
         pthread_mutex_unlock(&cache->lock);
         pthread_join(cache->thread, NULL);
     }
+    /* Detach every pool first, without `lock` held (see attach_lock). */
+    pthread_mutex_lock(&cache->attach_lock);
     pthread_mutex_lock(&cache->lock);
-    for (size_t i = 0; i < cache->pool_count; i++)
-        tp_pool_remove_reclaim_callback(cache->pools[i], gc_reclaim, cache);
+    size_t pool_count = cache->pool_count;
     cache->pool_count = 0;
+    pthread_mutex_unlock(&cache->lock);
+    for (size_t i = 0; i < pool_count; i++) tp_pool_remove_reclaim_callback(cache->pools[i], gc_reclaim, cache);
+    pthread_mutex_unlock(&cache->attach_lock);
+    pthread_mutex_lock(&cache->lock);
     for (int s = SEG_PROBATION; s <= SEG_PROTECTED; s++)
         while (cache->seg[s].tail) evict(cache, cache->seg[s].tail, REASON_INTERNAL, true, NULL);
     retired_process(cache, true, NULL);
@@ -925,6 +940,7 @@ tp_status tp_graph_cache_destroy(tp_graph_cache *cache) {
     }
     pthread_mutex_unlock(&cache->lock);
     pthread_cond_destroy(&cache->cond);
+    pthread_mutex_destroy(&cache->attach_lock);
     pthread_mutex_destroy(&cache->lock);
     const tpi_host *host = cache->host;
     tpi_host_free(host, cache->retired, cache->retired_capacity * sizeof *cache->retired);
@@ -937,29 +953,38 @@ tp_status tp_graph_cache_destroy(tp_graph_cache *cache) {
 
 tp_status tp_graph_cache_attach_pool(tp_graph_cache *cache, tp_pool *pool) {
     if (!cache || !pool) return TP_ERR_INVALID_ARGUMENT;
+    pthread_mutex_lock(&cache->attach_lock);
     pthread_mutex_lock(&cache->lock);
     tp_status st = TP_OK;
     if (pool_attached(cache, pool, NULL))
         st = TP_ERR_INVALID_ARGUMENT;
     else if (!tpi_host_grow(cache->host, (void **)&cache->pools, sizeof *cache->pools, &cache->pool_capacity,
-                           cache->pool_count + 1))
+                            cache->pool_count + 1))
         st = TP_ERR_HOST_OUT_OF_MEMORY;
-    else if ((st = tp_pool_add_reclaim_callback(pool, gc_reclaim, cache)) == TP_OK)
-        cache->pools[cache->pool_count++] = pool;
     pthread_mutex_unlock(&cache->lock);
+    /* The pool's lock is taken without ours held: a reclaim round of this
+     * pool may be waiting for ours. */
+    if (st == TP_OK) st = tp_pool_add_reclaim_callback(pool, gc_reclaim, cache);
+    if (st == TP_OK) {
+        pthread_mutex_lock(&cache->lock);
+        cache->pools[cache->pool_count++] = pool;
+        pthread_mutex_unlock(&cache->lock);
+    }
+    pthread_mutex_unlock(&cache->attach_lock);
     return st;
 }
 
 tp_status tp_graph_cache_detach_pool(tp_graph_cache *cache, tp_pool *pool) {
     if (!cache || !pool) return TP_ERR_INVALID_ARGUMENT;
+    pthread_mutex_lock(&cache->attach_lock);
     pthread_mutex_lock(&cache->lock);
     size_t i;
-    tp_status st = TP_ERR_NOT_FOUND;
-    if (pool_attached(cache, pool, &i)) {
-        st = tp_pool_remove_reclaim_callback(pool, gc_reclaim, cache);
-        cache->pools[i] = cache->pools[--cache->pool_count];
-    }
+    bool attached = pool_attached(cache, pool, &i);
+    if (attached) cache->pools[i] = cache->pools[--cache->pool_count]; /* a round in flight now finds nothing */
     pthread_mutex_unlock(&cache->lock);
+    /* Waits for a reclaim round in flight, which may need our lock. */
+    tp_status st = attached ? tp_pool_remove_reclaim_callback(pool, gc_reclaim, cache) : TP_ERR_NOT_FOUND;
+    pthread_mutex_unlock(&cache->attach_lock);
     return st;
 }
 

@@ -56,16 +56,28 @@ void tpi_ladder_report_oom_locked(tpi_ladder *l, uint64_t request_bytes, tp_stat
 
 /* Runs the reclaim callbacks with the lock released; returns the bytes they
  * say they freed. */
+static bool inside_reclaim_round_locked(const tpi_ladder *l) {
+    pthread_t self = pthread_self();
+    for (const tpi_reclaim_round *r = l->rounds; r; r = r->next)
+        if (pthread_equal(r->thread, self)) return true;
+    return false;
+}
+
 static uint64_t run_reclaimers_locked(tpi_ladder *l, uint64_t need) {
     size_t count = l->reclaimer_count;
     if (!count) return 0;
     tpi_reclaimer local[TPI_MAX_RECLAIMERS];
     memcpy(local, l->reclaimers, count * sizeof *local);
     l->reclaims_in_flight++; /* remove_reclaimer waits for us */
+    tpi_reclaim_round round = {pthread_self(), l->rounds};
+    l->rounds = &round;
     pthread_mutex_unlock(l->lock);
     uint64_t reclaimed = 0;
     for (size_t i = 0; i < count; i++) reclaimed += local[i].fn(local[i].user, l->pool, need);
     pthread_mutex_lock(l->lock);
+    tpi_reclaim_round **link = &l->rounds;
+    while (*link != &round) link = &(*link)->next;
+    *link = round.next;
     if (--l->reclaims_in_flight == 0) pthread_cond_broadcast(&l->reclaims_done);
     l->core->stats.pub.reclaim_calls += count;
     return reclaimed;
@@ -106,6 +118,7 @@ tp_status tpi_ladder_alloc_locked(tpi_ladder *l, uint64_t size, uint64_t request
             progress = tpi_units_release_idle(units, UINT64_MAX, true, 0, 0) > 0;
             break;
         case 4: /* the owners of other memory: graph caches and the like */
+            if (inside_reclaim_round_locked(l)) break; /* a callback allocating: no second round */
             if (run_reclaimers_locked(l, need ? need : size) > 0 || l->reclaimer_count) {
                 tpi_front_flush(l->front);
                 tpi_units_release_idle(units, UINT64_MAX, true, 0, 0);
@@ -128,6 +141,8 @@ tp_status tpi_ladder_add_reclaimer_locked(tpi_ladder *l, tp_reclaim_fn fn, void 
 }
 
 tp_status tpi_ladder_remove_reclaimer_locked(tpi_ladder *l, tp_reclaim_fn fn, void *user) {
+    /* From inside a callback it would wait for its own round. */
+    if (inside_reclaim_round_locked(l)) return TP_ERR_BUSY;
     tp_status st = TP_ERR_NOT_FOUND;
     for (size_t i = 0; i < l->reclaimer_count; i++) {
         if (l->reclaimers[i].fn == fn && l->reclaimers[i].user == user) {

@@ -11,7 +11,9 @@
  *   2. wait for the streams that hold pending frees;
  *   3. every idle unit, waiting for its last use;
  *   4. the reclaim callbacks (graph caches and other owners of pool
- *      memory), run with the pool lock released, then 1 and 3 again;
+ *      memory), run with the pool lock released, then 1 and 3 again --
+ *      skipped on a thread already inside a reclaim round of this pool (a
+ *      callback that allocates from the pool would otherwise recurse);
  * and ends in TP_ERR_OUT_OF_MEMORY with a report. It never aborts, and it
  * never releases memory whose last use has not completed.
  *
@@ -30,6 +32,12 @@ typedef struct tpi_reclaimer {
     void *user;
 } tpi_reclaimer;
 
+/* A reclaim round in progress, on the stack of the thread running it. */
+typedef struct tpi_reclaim_round {
+    pthread_t thread;
+    struct tpi_reclaim_round *next;
+} tpi_reclaim_round;
+
 typedef struct tpi_ladder {
     tpi_core *core;
     tpi_front *front;
@@ -39,6 +47,8 @@ typedef struct tpi_ladder {
     tpi_reclaimer reclaimers[TPI_MAX_RECLAIMERS];
     size_t reclaimer_count;
     uint32_t reclaims_in_flight;  /* rounds running without the lock */
+    tpi_reclaim_round *rounds;    /* their threads: a callback that allocates
+                                     from the pool does not start another */
     pthread_cond_t reclaims_done; /* signalled when one ends */
     bool has_report;
     tp_oom_report report;

@@ -32,6 +32,7 @@
  */
 #include "oom_ladder.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #define POOL_FRONT_MAX_BLOCK (64 * TPI_MiB)
@@ -87,9 +88,12 @@ static tp_status resolve_config(tp_device *device, const tp_pool_config *in, tp_
     if (!out->max_map_bytes) out->max_map_bytes = TPI_GiB;
     out->max_map_bytes = tpi_align_up(TPI_MAX(out->max_map_bytes, out->page_bytes), out->page_bytes);
     if (!out->va_reserve_bytes) out->va_reserve_bytes = out->limit_bytes > UINT64_MAX / 4 ? out->limit_bytes : 2 * out->limit_bytes;
-    out->va_reserve_bytes = tpi_align_up(TPI_MAX(out->va_reserve_bytes, out->limit_bytes), out->page_bytes);
-    if (!out->small_segment_bytes) out->small_segment_bytes = 2 * TPI_MiB;
-    if (!out->medium_segment_bytes) out->medium_segment_bytes = 20 * TPI_MiB;
+    uint64_t va_granule = TPI_MAX(out->page_bytes, out->alignment_bytes);
+    if (TPI_MAX(out->va_reserve_bytes, out->limit_bytes) > UINT64_MAX - va_granule) return TP_ERR_INVALID_ARGUMENT;
+    out->va_reserve_bytes = tpi_align_up(TPI_MAX(out->va_reserve_bytes, out->limit_bytes), va_granule);
+    /* Segments hold whole aligned blocks: by default at least one alignment. */
+    if (!out->small_segment_bytes) out->small_segment_bytes = TPI_MAX(2 * TPI_MiB, out->alignment_bytes);
+    if (!out->medium_segment_bytes) out->medium_segment_bytes = tpi_align_up(20 * TPI_MiB, out->alignment_bytes);
     if (!out->growth_step_percent) out->growth_step_percent = 6;
     if (!out->tcache_max_block_bytes)
         out->tcache_max_block_bytes = out->kind == TP_POOL_VMM ? POOL_FRONT_MAX_BLOCK_VMM : POOL_FRONT_MAX_BLOCK;
@@ -200,18 +204,16 @@ static void check_invariants_if_asked_locked(tp_pool *pool) {
         tpi_logf(&pool->core.device->logger, TP_LOG_ERROR, "pool invariant violated: %s", msg);
 }
 
-/* Records a block allocated during a capture: pinned until the graph that
- * uses it lets go. */
+/* Records a block allocated during a capture. It is freed and reused
+ * within the capture like any block of its stream; what the graph keeps is
+ * settled at capture end (capture_keep_locked). */
 static tp_status capture_note_locked(tp_pool *pool, tpi_stream *s, uint32_t node) {
     tpi_core *core = &pool->core;
     tpi_ra_node *n = tpi_ra_node_at(&core->ra, node);
     if (!tpi_host_grow(core->host, (void **)&s->captured, sizeof *s->captured, &s->captured_capacity,
-                      s->captured_count + 1))
+                       s->captured_count + 1))
         return TP_ERR_HOST_OUT_OF_MEMORY;
     s->captured[s->captured_count++] = (tp_range){n->offset, n->size};
-    tpi_block_at(core, node)->pins = 1;
-    tpi_block_at(core, node)->flags |= TPI_BLOCK_CAPTURED;
-    tpi_stat_add(&core->stats.pub.pinned_bytes, n->size);
     return TP_OK;
 }
 
@@ -241,8 +243,8 @@ tp_status tp_pool_alloc(tp_pool *pool, size_t bytes, tp_stream stream, void **ou
     if (!pool || bytes == 0) return TP_ERR_INVALID_ARGUMENT;
     tpi_core *core = &pool->core;
     uint64_t align = core->config.alignment_bytes;
-    if ((uint64_t)bytes > UINT64_MAX - align) return TP_ERR_INVALID_ARGUMENT;
-    uint64_t size = tpi_align_up(bytes, align);
+    /* Too large to round: larger than any limit, so out of memory below. */
+    uint64_t size = (uint64_t)bytes > UINT64_MAX - align ? UINT64_MAX : tpi_align_up(bytes, align);
 
     pthread_mutex_lock(&pool->lock);
     uint32_t slot, node;
@@ -542,6 +544,74 @@ tp_status tp_pool_capture_begin(tp_pool *pool, tp_stream stream) {
     return st;
 }
 
+static int range_order(const void *a, const void *b) {
+    const tp_range *x = a, *y = b;
+    return x->address < y->address ? -1 : x->address > y->address;
+}
+
+/* Sorts ranges and merges the ones that overlap or touch; returns the count. */
+static size_t merge_ranges(tp_range *ranges, size_t count) {
+    if (!count) return 0;
+    qsort(ranges, count, sizeof *ranges, range_order);
+    size_t out = 0;
+    for (size_t i = 1; i < count; i++) {
+        tp_range *last = &ranges[out];
+        if (ranges[i].address <= last->address + last->bytes) {
+            uint64_t end = TPI_MAX(last->address + last->bytes, ranges[i].address + ranges[i].bytes);
+            last->bytes = end - last->address;
+        } else {
+            ranges[++out] = ranges[i];
+        }
+    }
+    return out + 1;
+}
+
+/* Pins everything in [address, +bytes), the footprint of blocks a capture
+ * allocated: live blocks get a pin; ranges the capture freed (to reuse
+ * them) are taken back as freed-but-pinned blocks, so that no other stream
+ * and not the device gets them while the graph lives. All or nothing. */
+static tp_status capture_keep_locked(tp_pool *pool, uint32_t slot, uint64_t address, uint64_t bytes) {
+    tpi_core *core = &pool->core;
+    uint64_t end = address + bytes;
+    /* First pass: the nodes must be blocks or free ranges; count the free
+     * parts and reserve what taking them needs, so the second cannot fail. */
+    uint32_t first = tpi_ra_node_containing(&core->ra, address), free_parts = 0;
+    if (first == TPI_RA_NONE) return TP_ERR_CORRUPT;
+    for (uint32_t id = first; id != TPI_RA_NONE && tpi_ra_node_at(&core->ra, id)->offset < end;
+         id = tpi_ra_node_at(&core->ra, id)->addr_next) {
+        if (tpi_ra_node_at(&core->ra, id)->state == TPI_RA_NODE_FREE)
+            free_parts++;
+        else if (tpi_block_at(core, id)->flags & TPI_BLOCK_PARKED)
+            return TP_ERR_CORRUPT; /* the caller flushed the front cache */
+        else if (tpi_block_at(core, id)->pins == UINT32_MAX)
+            return TP_ERR_BUSY;
+    }
+    if (!tpi_ra_reserve_nodes(&core->ra, 2 * free_parts) || !blocks_fit_nodes_locked(core) ||
+        !tpi_map_reserve(&core->blocks, core->blocks.count + free_parts))
+        return TP_ERR_HOST_OUT_OF_MEMORY;
+    for (uint32_t id = first; id != TPI_RA_NONE && tpi_ra_node_at(&core->ra, id)->offset < end;) {
+        tpi_ra_node *n = tpi_ra_node_at(&core->ra, id);
+        uint32_t next = n->addr_next;
+        if (n->state == TPI_RA_NODE_FREE) {
+            uint64_t lo = TPI_MAX(n->offset, address), hi = TPI_MIN(n->offset + n->size, end);
+            uint32_t kept;
+            tp_status st = pool->backing->ops->claim(pool->backing, lo, hi - lo, &kept);
+            if (st != TP_OK) return TP_ERR_CORRUPT; /* resources were reserved: only a broken invariant */
+            tpi_ra_node_at(&core->ra, kept)->owner = tpi_order_pending_tag(&core->order, slot);
+            *tpi_block_at(core, kept) = (tpi_block){.pins = 1, .flags = TPI_BLOCK_FREED_PINNED};
+            tpi_map_put(&core->blocks, lo, kept);
+            core->stats.zombie_bytes += hi - lo;
+            tpi_stat_add(&core->stats.pub.pinned_bytes, hi - lo);
+            next = tpi_ra_node_at(&core->ra, kept)->addr_next;
+        } else if (tpi_block_at(core, id)->pins++ == 0) {
+            tpi_stat_add(&core->stats.pub.pinned_bytes, n->size);
+        }
+        id = next;
+    }
+    tpi_stats_update_cached(&core->stats);
+    return TP_OK;
+}
+
 tp_status tp_pool_capture_end(tp_pool *pool, tp_stream stream, tp_range **out_ranges, size_t *out_count) {
     if (!pool || !out_ranges || !out_count) return TP_ERR_INVALID_ARGUMENT;
     *out_ranges = NULL;
@@ -551,11 +621,25 @@ tp_status tp_pool_capture_end(tp_pool *pool, tp_stream stream, tp_range **out_ra
     tpi_stream *s = slot ? tpi_order_stream(&pool->core.order, slot) : NULL;
     tp_status st = s && s->capturing ? TP_OK : TP_ERR_CAPTURE;
     if (st == TP_OK) {
+        /* Parked blocks of the stream may be in the footprint: they go
+         * back first, so that the stream cannot reuse them after the
+         * capture. */
+        tpi_front_flush(&pool->front);
+        size_t count = merge_ranges(s->captured, s->captured_count);
         /* [count][ranges...]: the count lets tp_pool_free_ranges size the free */
-        size_t count = s->captured_count;
-        uint64_t *block = tpi_host_alloc(pool->core.host, sizeof(uint64_t) + count * sizeof(tp_range));
-        if (!block) {
-            st = TP_ERR_HOST_OUT_OF_MEMORY;
+        size_t block_bytes = sizeof(uint64_t) + count * sizeof(tp_range);
+        uint64_t *block = tpi_host_alloc(pool->core.host, block_bytes);
+        if (!block) st = TP_ERR_HOST_OUT_OF_MEMORY;
+        size_t kept = 0;
+        while (st == TP_OK && kept < count) {
+            st = capture_keep_locked(pool, slot, s->captured[kept].address, s->captured[kept].bytes);
+            if (st == TP_OK) kept++;
+        }
+        if (st != TP_OK) { /* undo: the ranges kept so far lose their pin again */
+            for (size_t i = 0; i < kept; i++)
+                for_blocks_in_range_locked(pool, s->captured[i].address, s->captured[i].bytes, unpin_visit);
+            tpi_host_free(pool->core.host, block, block ? block_bytes : 0);
+            s->captured_count = count; /* merged; the capture goes on */
         } else {
             block[0] = count;
             tp_range *ranges = (tp_range *)(block + 1);

@@ -73,6 +73,11 @@ typedef struct tpi_backing_ops {
      * to the device memory it could not get. */
     tp_status (*try_alloc)(tpi_backing *backing, uint64_t size, uint32_t slot, bool may_grow, uint32_t *out_node,
                            uint64_t *out_need_bytes);
+    /* Takes [offset, offset + size), which lies inside one free range, as a
+     * used node (units made busy) in *out_node: the capture keeps the memory
+     * its graph reuses. TP_ERR_INVALID_ARGUMENT when it is not all free (or,
+     * VMM, not all mapped). */
+    tp_status (*claim)(tpi_backing *backing, uint64_t offset, uint64_t size, uint32_t *out_node);
     /* Gives a used node back to the range allocator (its owner word holds
      * its tag); units it leaves idle count as idle since idle_since_ns
      * (0: now). */

@@ -253,6 +253,16 @@ uint32_t tpi_ra_split_free(tpi_ra *ra, uint32_t id, uint64_t size) {
     return rest;
 }
 
+uint32_t tpi_ra_take_at(tpi_ra *ra, uint64_t offset, uint64_t size) {
+    uint32_t id = tpi_ra_node_containing(ra, offset);
+    if (id == TPI_RA_NONE) return TPI_RA_NONE;
+    tpi_ra_node *n = &ra->nodes[id];
+    if (n->state != TPI_RA_NODE_FREE || size > n->size - (offset - n->offset)) return TPI_RA_NONE;
+    if (!tpi_ra_reserve_nodes(ra, 2)) return TPI_RA_NONE;
+    if (offset != n->offset) id = tpi_ra_split_free(ra, id, offset - n->offset);
+    return tpi_ra_take(ra, id, size);
+}
+
 uint32_t tpi_ra_release(tpi_ra *ra, uint32_t id) {
     tpi_ra_node *n = &ra->nodes[id];
     n->state = TPI_RA_NODE_FREE;

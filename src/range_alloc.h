@@ -99,6 +99,10 @@ uint32_t tpi_ra_take(tpi_ra *ra, uint32_t node, uint64_t size);
  * word), so that a block can start inside a free range. Returns the node of
  * the suffix or TPI_RA_NONE (nothing changes then). */
 uint32_t tpi_ra_split_free(tpi_ra *ra, uint32_t node, uint64_t size);
+/* Takes exactly [offset, offset + size) as a used node, when it lies inside
+ * one free node; returns the node or TPI_RA_NONE (nothing changes then:
+ * not free, or no host memory for the split). */
+uint32_t tpi_ra_take_at(tpi_ra *ra, uint64_t offset, uint64_t size);
 /* Marks a used node free, its owner word as it is, and merges it with free
  * neighbours; returns the free node that now contains it. */
 uint32_t tpi_ra_release(tpi_ra *ra, uint32_t node);

@@ -84,6 +84,14 @@ tp_status tpi_order_slot_lookup(tpi_order *o, tp_stream handle, uint32_t *out_sl
     return TP_OK;
 }
 
+bool tpi_order_capturing(tpi_order *o, uint32_t slot) {
+    tpi_stream *s = &o->streams[slot];
+    if (s->capturing) return true;
+    if (!o->ops->stream_capturing) return false;
+    bool capturing = false;
+    return o->ops->stream_capturing(o->device, s->handle, &capturing) != TP_OK || capturing;
+}
+
 tpi_tag tpi_order_note_free(tpi_order *o, uint32_t slot) {
     tpi_stream *s = &o->streams[slot];
     s->last_free_epoch = s->next_epoch;
@@ -194,6 +202,7 @@ static tp_status stream_record(tpi_order *o, uint32_t slot) {
 static bool epoch_complete(tpi_order *o, uint32_t slot, uint64_t epoch) {
     tpi_stream *s = &o->streams[slot];
     if (s->completed_epoch >= epoch) return true;
+    if (tpi_order_capturing(o, slot)) return false; /* not to be asked */
     stream_poll(o, s);
     if (s->completed_epoch >= epoch) return true;
     if (epoch >= s->next_epoch) {
@@ -224,6 +233,7 @@ static tp_status event_for(tpi_order *o, uint32_t slot, uint64_t epoch, tp_event
 /* Blocking: waits until the stream's event `epoch` has completed. */
 static tp_status epoch_wait(tpi_order *o, uint32_t slot, uint64_t epoch) {
     if (epoch_complete(o, slot, epoch)) return TP_OK;
+    if (tpi_order_capturing(o, slot)) return TP_ERR_CAPTURE;
     tpi_stream *s = &o->streams[slot];
     tp_event event;
     tp_status st = event_for(o, slot, epoch, &event);
@@ -281,14 +291,19 @@ bool tpi_order_tag_usable(tpi_order *o, tpi_tag *tag, uint32_t slot) {
 
 tp_status tpi_order_sync_pending_frees(tpi_order *o, bool *out_waited) {
     bool waited = false;
+    bool all = true;
     for (uint32_t slot = 1; slot < o->stream_count; slot++) {
         tpi_stream *s = &o->streams[slot];
         if (s->last_free_epoch <= s->completed_epoch) continue;
+        if (tpi_order_capturing(o, slot)) {
+            all = false; /* its frees stay pending until the capture ends */
+            continue;
+        }
         waited = true;
         tp_status st = epoch_wait(o, slot, s->last_free_epoch);
         if (st != TP_OK) return st;
     }
-    full_sync_done(o);
+    if (all) full_sync_done(o);
     if (out_waited) *out_waited = waited;
     return TP_OK;
 }
@@ -304,6 +319,7 @@ tp_status tpi_order_tag_wait(tpi_order *o, tpi_tag tag) {
 }
 
 tp_status tpi_order_after(tpi_order *o, uint32_t slot, tpi_tag tag) {
+    if (tpi_order_capturing(o, slot) || tpi_order_capturing(o, tpi_tag_slot(tag))) return TP_ERR_CAPTURE;
     tp_event event;
     tp_status st = event_for(o, tpi_tag_slot(tag), tpi_tag_epoch(tag), &event);
     if (st != TP_OK) return st;
@@ -320,6 +336,7 @@ tp_status tpi_order_after(tpi_order *o, uint32_t slot, tpi_tag tag) {
 
 tp_status tpi_order_forget(tpi_order *o, uint32_t slot) {
     tpi_stream *s = &o->streams[slot];
+    if (tpi_order_capturing(o, slot)) return TP_ERR_CAPTURE;
     o->stats->pub.synchronizations++;
     tp_status st = o->ops->stream_synchronize(o->device, s->handle);
     if (st != TP_OK) {
@@ -340,6 +357,10 @@ tp_status tpi_order_synchronize_all(tpi_order *o) {
     tp_status result = TP_OK;
     for (uint32_t slot = 1; slot < o->stream_count; slot++) {
         if (o->streams[slot].retired) continue;
+        if (tpi_order_capturing(o, slot)) {
+            if (result == TP_OK) result = TP_ERR_CAPTURE;
+            continue;
+        }
         tp_status st = o->ops->stream_synchronize(o->device, o->streams[slot].handle);
         o->stats->pub.synchronizations++;
         if (st != TP_OK) {

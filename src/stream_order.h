@@ -29,6 +29,11 @@
  *     and in destroy.
  *   - Tags of merged ranges merge: the later epoch of one stream, or MULTI
  *     when two streams meet.
+ *   - A stream that is capturing a graph (the pool was told, or the device
+ *     says so) is never asked anything: no event is recorded on it, queried
+ *     or waited for, and it is never made to wait. Its frees therefore stay
+ *     pending for every other stream and for the device until the capture
+ *     ends, while the capture itself reuses them (same stream).
  *
  * A slot whose stream was forgotten is recycled for a later stream; its
  * epochs continue, so tags left over from the old stream read as complete.
@@ -71,7 +76,8 @@ typedef struct tpi_stream {
     uint64_t *ring_epochs;
     uint32_t ring_head, ring_count, ring_capacity;
     bool retired; /* forgotten; the slot waits for reuse */
-    /* capture bookkeeping, kept by the pool */
+    /* capture bookkeeping, kept by the pool: between tp_pool_capture_begin
+     * and _end (the device may report a capture the pool was not told of) */
     bool capturing;
     tp_range *captured;
     size_t captured_count, captured_capacity;
@@ -111,6 +117,10 @@ static inline tp_status tpi_order_slot(tpi_order *order, tp_stream handle, uint3
 uint32_t tpi_order_find_slot(const tpi_order *order, tp_stream handle);
 static inline tpi_stream *tpi_order_stream(tpi_order *order, uint32_t slot) { return &order->streams[slot]; }
 
+/* Is the stream capturing a graph (pool told so, or the device says so,
+ * or cannot say)? */
+bool tpi_order_capturing(tpi_order *order, uint32_t slot);
+
 /* A free on slot: returns the tag the freed memory carries. */
 tpi_tag tpi_order_note_free(tpi_order *order, uint32_t slot);
 /* The tag of one stream's pending use, without a free (undo paths). */
@@ -128,18 +138,20 @@ bool tpi_order_tag_complete(tpi_order *order, tpi_tag tag);
 /* Non-blocking: may memory tagged *tag be used on slot now? Clears *tag
  * when its work is seen complete. */
 bool tpi_order_tag_usable(tpi_order *order, tpi_tag *tag, uint32_t slot);
-/* Blocking: waits until the work covered by tag has completed. */
+/* Blocking: waits until the work covered by tag has completed
+ * (TP_ERR_CAPTURE when that work is on a capturing stream). */
 tp_status tpi_order_tag_wait(tpi_order *order, tpi_tag tag);
 /* Makes slot's stream wait, on the device, for the event covering tag (a
  * single-stream tag). */
 tp_status tpi_order_after(tpi_order *order, uint32_t slot, tpi_tag tag);
-/* Blocking: waits for every free on every stream; *out_waited (optional)
- * says whether any was pending. */
+/* Blocking: waits for every free on every stream that is not capturing;
+ * *out_waited (optional) says whether any was pending. */
 tp_status tpi_order_sync_pending_frees(tpi_order *order, bool *out_waited);
 /* Waits for the stream's queued work and retires its slot. */
 tp_status tpi_order_forget(tpi_order *order, uint32_t slot);
-/* Waits for the queued work of every stream still known; returns the
- * first failure but tries them all. */
+/* Waits for the queued work of every stream still known and not
+ * capturing; returns the first failure (TP_ERR_CAPTURE for a capturing
+ * stream) but tries them all. */
 tp_status tpi_order_synchronize_all(tpi_order *order);
 
 #endif /* TIDEPOOL_STREAM_ORDER_H */
