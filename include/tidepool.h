@@ -252,7 +252,8 @@ typedef struct tp_pool_config {
      * covers (0: 1 GiB). */
     uint64_t page_bytes;
     uint64_t max_map_bytes;
-    /* VMM: address space reserved once at creation. 0: 2 x limit. */
+    /* VMM: address space reserved once at creation. 0: twice the smaller of
+     * the limit and the device's capacity. */
     uint64_t va_reserve_bytes;
     /* Segment pool: segment sizes. Requests up to 1 MiB come from segments
      * of small_segment_bytes (0: 2 MiB, or the alignment if larger), up to

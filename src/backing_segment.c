@@ -70,8 +70,11 @@ static bool segment_wakes(tpi_core *core, uint32_t id, uint64_t wake_limit_bytes
 static uint32_t find_usable(tpi_core *core, uint64_t size, uint32_t slot, uint64_t wake_limit_bytes) {
     tpi_ra_search search;
     tpi_ra_search_begin(&core->ra, size, &search);
-    uint32_t wait_candidate = TPI_RA_NONE;
+    uint32_t wait_candidate = TPI_RA_NONE, first_usable = TPI_RA_NONE;
     uint64_t now_ns = 0;
+    /* A capturing stream prefers the ranges it freed itself: the graph's
+     * footprint then stays near its peak instead of spreading. */
+    bool capturing = tpi_order_stream(&core->order, slot)->capturing;
     for (unsigned seen = 0; seen < SEGMENT_FIND_CANDIDATES; seen++) {
         uint32_t id = tpi_ra_search_next(&core->ra, &search);
         if (id == TPI_RA_NONE) break;
@@ -84,8 +87,11 @@ static uint32_t find_usable(tpi_core *core, uint64_t size, uint32_t slot, uint64
             }
             n->owner = TPI_TAG_CLEAN;
         }
-        if (segment_wakes(core, id, wake_limit_bytes, &now_ns)) return id;
+        if (!segment_wakes(core, id, wake_limit_bytes, &now_ns)) continue;
+        if (!capturing || (n->owner != TPI_TAG_CLEAN && owner_slot == slot)) return id;
+        if (first_usable == TPI_RA_NONE) first_usable = id;
     }
+    if (first_usable != TPI_RA_NONE) return first_usable;
     if (wait_candidate == TPI_RA_NONE) return TPI_RA_NONE;
     /* Only ranges another stream may still use: order this stream after
      * that stream's event instead of waiting on the host. */

@@ -87,10 +87,16 @@ static tp_status resolve_config(tp_device *device, const tp_pool_config *in, tp_
     if (!tpi_is_pow2(out->page_bytes) || out->page_bytes % info->granularity_bytes) return TP_ERR_INVALID_ARGUMENT;
     if (!out->max_map_bytes) out->max_map_bytes = TPI_GiB;
     out->max_map_bytes = tpi_align_up(TPI_MAX(out->max_map_bytes, out->page_bytes), out->page_bytes);
-    if (!out->va_reserve_bytes) out->va_reserve_bytes = out->limit_bytes > UINT64_MAX / 4 ? out->limit_bytes : 2 * out->limit_bytes;
-    uint64_t va_granule = TPI_MAX(out->page_bytes, out->alignment_bytes);
-    if (TPI_MAX(out->va_reserve_bytes, out->limit_bytes) > UINT64_MAX - va_granule) return TP_ERR_INVALID_ARGUMENT;
-    out->va_reserve_bytes = tpi_align_up(TPI_MAX(out->va_reserve_bytes, out->limit_bytes), va_granule);
+    if (out->kind == TP_POOL_VMM) {
+        /* The reservation: twice what the pool can hold, which is never
+         * more than the device (an unlimited pool included). */
+        uint64_t holdable = TPI_MIN(out->limit_bytes, info->capacity_bytes);
+        if (!out->va_reserve_bytes) out->va_reserve_bytes = holdable > UINT64_MAX / 4 ? holdable : 2 * holdable;
+        uint64_t va_granule = TPI_MAX(out->page_bytes, out->alignment_bytes);
+        uint64_t va = TPI_MAX(out->va_reserve_bytes, holdable);
+        if (va > UINT64_MAX / 2) return TP_ERR_INVALID_ARGUMENT;
+        out->va_reserve_bytes = tpi_align_up(va, va_granule);
+    }
     /* Segments hold whole aligned blocks: by default at least one alignment. */
     if (!out->small_segment_bytes) out->small_segment_bytes = TPI_MAX(2 * TPI_MiB, out->alignment_bytes);
     if (!out->medium_segment_bytes) out->medium_segment_bytes = tpi_align_up(20 * TPI_MiB, out->alignment_bytes);
@@ -343,7 +349,10 @@ tp_status tp_pool_free(tp_pool *pool, void *ptr, tp_stream stream) {
     if (block->pins) {
         block->flags |= TPI_BLOCK_FREED_PINNED;
         core->stats.zombie_bytes += n->size;
-    } else if (!tpi_front_push(&pool->front, node)) {
+    } else if (tpi_order_stream(&core->order, slot)->capturing || !tpi_front_push(&pool->front, node)) {
+        /* (A capture's frees are not parked: merged with their neighbours,
+         * they serve its later requests of any size, which keeps the
+         * graph's footprint near its peak.) */
         release_block_locked(pool, node);
     }
     tpi_stats_update_cached(&core->stats);

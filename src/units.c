@@ -113,9 +113,8 @@ static void lru_append(tpi_units *u, uint32_t id, uint64_t now_ns) {
 
 void tpi_units_became_idle(tpi_units *u, uint32_t id, uint64_t since_ns) {
     u->units[id].state = TPI_UNIT_IDLE;
-    if (!since_ns)
-        since_ns = tpi_units_now(u);
-    else if (u->lru_tail != TPI_UNIT_NONE && u->units[u->lru_tail].idle_since_ns > since_ns)
+    if (!since_ns) since_ns = tpi_units_now(u);
+    if (u->lru_tail != TPI_UNIT_NONE && u->units[u->lru_tail].idle_since_ns > since_ns)
         since_ns = u->units[u->lru_tail].idle_since_ns; /* keep the list in idle order */
     lru_append(u, id, since_ns);
 }

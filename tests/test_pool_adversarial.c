@@ -1,0 +1,434 @@
+/* Pools under hostile or unlucky callers: each test is a finding of an
+ * adversarial run (its F-number in the issue that reported it) or a rule of
+ * stream capture, and failed before its fix. */
+#include "fixture.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define MS 1000000ull
+
+static tp_sim_counters counters(tp_device *dev) {
+    tp_sim_counters c;
+    CHECK_OK(tp_sim_get_counters(dev, &c));
+    return c;
+}
+
+static void launch(tp_device *dev, tp_stream s, uint64_t ns, void *ptr, uint64_t bytes) {
+    tp_range r = {(uint64_t)(uintptr_t)ptr, bytes};
+    CHECK_OK(tp_sim_launch(dev, s, ns, &r, 1));
+}
+
+/* F1: a VMM window blocked by two other streams' pending frees. Six 2 MiB
+ * blocks fill a 12 MiB reservation; B and C run one-second kernels on
+ * blocks 2 and 4 and free them; A frees 1 and 3 and asks for 8 MiB, which
+ * fits only in pages 1-4. Handing them out after waiting for B alone (the
+ * old placement looked no further than the first blocked page) is a
+ * hazard; waiting for B and C, or refusing, is not. */
+static void test_vmm_window_waits_for_every_blocking_stream(void) {
+    tp_pool_config pc = {.limit_bytes = 12 * TEST_MiB, .va_reserve_bytes = 12 * TEST_MiB};
+    fixture f;
+    fixture_open(&f, "sim:1GiB", TP_POOL_VMM, &pc);
+    tp_stream a, b, c;
+    REQUIRE_OK(tp_stream_create(f.dev, &a));
+    REQUIRE_OK(tp_stream_create(f.dev, &b));
+    REQUIRE_OK(tp_stream_create(f.dev, &c));
+    void *blk[6];
+    for (int i = 0; i < 6; i++) REQUIRE_OK(tp_pool_alloc(f.pool, 2 * TEST_MiB, a, &blk[i]));
+    CHECK_OK(tp_stream_synchronize(f.dev, a)); /* B and C may use A's blocks from here */
+    launch(f.dev, b, 1000 * MS, blk[1], 2 * TEST_MiB);
+    launch(f.dev, c, 1000 * MS, blk[3], 2 * TEST_MiB);
+    CHECK_OK(tp_pool_free(f.pool, blk[0], a));
+    CHECK_OK(tp_pool_free(f.pool, blk[2], a));
+    CHECK_OK(tp_pool_free(f.pool, blk[1], b));
+    CHECK_OK(tp_pool_free(f.pool, blk[3], c));
+    void *big = NULL;
+    tp_status st = tp_pool_alloc(f.pool, 8 * TEST_MiB, a, &big);
+    CHECK(st == TP_OK || st == TP_ERR_OUT_OF_MEMORY);
+    CHECK_EQ_U64(counters(f.dev).hazards_handout, 0);
+    if (big) {
+        launch(f.dev, a, MS, big, 8 * TEST_MiB);
+        CHECK_OK(tp_pool_free(f.pool, big, a));
+    }
+    CHECK_OK(tp_pool_free(f.pool, blk[4], a));
+    CHECK_OK(tp_pool_free(f.pool, blk[5], a));
+    CHECK_OK(tp_pool_destroy(f.pool));
+    f.pool = NULL;
+    CHECK_OK(tp_stream_destroy(f.dev, a));
+    CHECK_OK(tp_stream_destroy(f.dev, b));
+    CHECK_OK(tp_stream_destroy(f.dev, c));
+    fixture_close(&f);
+}
+
+/* F3: detaching a pool from a graph cache while the pool runs a reclaim
+ * round must not deadlock (detach held the cache lock while waiting for the
+ * round; the round's cache callback waited for the cache lock). */
+typedef struct detach_race {
+    atomic_int round_started;
+} detach_race;
+
+static uint64_t slow_reclaimer(void *user, tp_pool *pool, uint64_t need) {
+    (void)pool;
+    (void)need;
+    detach_race *race = user;
+    atomic_store(&race->round_started, 1);
+    usleep(200 * 1000); /* the detach starts meanwhile */
+    return 0;
+}
+
+typedef struct detach_args {
+    tp_graph_cache *cache;
+    tp_pool *pool;
+    detach_race *race;
+    tp_status status;
+} detach_args;
+
+static void *detach_when_round_runs(void *p) {
+    detach_args *args = p;
+    while (!atomic_load(&args->race->round_started)) usleep(1000);
+    args->status = tp_graph_cache_detach_pool(args->cache, args->pool);
+    return NULL;
+}
+
+static void test_detach_during_a_reclaim_round_does_not_deadlock(void) {
+    tp_pool_config pc = {.limit_bytes = 8 * TEST_MiB};
+    fixture f;
+    fixture_open(&f, "sim:1GiB", TP_POOL_SEGMENT, &pc);
+    tp_graph_cache *cache;
+    REQUIRE_OK(tp_graph_cache_create(f.dev, NULL, &cache));
+    detach_race race = {0};
+    REQUIRE_OK(tp_pool_add_reclaim_callback(f.pool, slow_reclaimer, &race)); /* runs first */
+    REQUIRE_OK(tp_graph_cache_attach_pool(cache, f.pool));
+    void *live;
+    REQUIRE_OK(tp_pool_alloc(f.pool, 8 * TEST_MiB, TP_STREAM_DEFAULT, &live));
+    detach_args args = {cache, f.pool, &race, TP_ERR_DEVICE};
+    pthread_t thread;
+    REQUIRE(pthread_create(&thread, NULL, detach_when_round_runs, &args) == 0);
+    alarm(30); /* a deadlock ends the test binary instead of hanging CI */
+    void *more = NULL;
+    CHECK_STATUS(tp_pool_alloc(f.pool, 4 * TEST_MiB, TP_STREAM_DEFAULT, &more), TP_ERR_OUT_OF_MEMORY);
+    pthread_join(thread, NULL);
+    alarm(0);
+    CHECK_OK(args.status);
+    CHECK_OK(tp_pool_remove_reclaim_callback(f.pool, slow_reclaimer, &race));
+    CHECK_OK(tp_pool_free(f.pool, live, TP_STREAM_DEFAULT));
+    CHECK_OK(tp_graph_cache_destroy(cache));
+    fixture_close(&f);
+}
+
+/* F4: an unlimited segment pool asked for almost 2^64 bytes answers out of
+ * memory (its size ladder used to overflow and loop forever). */
+static void test_unlimited_segment_pool_refuses_a_near_2_64_request(void) {
+    tp_pool_config pc = {.limit_bytes = TP_BYTES_UNLIMITED};
+    fixture f;
+    fixture_open(&f, "sim:1GiB", TP_POOL_SEGMENT, &pc);
+    alarm(30);
+    void *p = NULL;
+    CHECK_STATUS(tp_pool_alloc(f.pool, SIZE_MAX - 4096, TP_STREAM_DEFAULT, &p), TP_ERR_OUT_OF_MEMORY);
+    CHECK_STATUS(tp_pool_alloc(f.pool, (SIZE_MAX >> 1) + 12345, TP_STREAM_DEFAULT, &p), TP_ERR_OUT_OF_MEMORY);
+    alarm(0);
+    CHECK_EQ_PTR(p, NULL);
+    fixture_close(&f);
+}
+
+/* F6: a reclaim callback that allocates from its own pool gets an answer
+ * (out of memory) instead of starting a round inside the round. */
+typedef struct greedy {
+    tp_pool *pool;
+    int calls;
+    tp_status inner;
+} greedy;
+
+static uint64_t greedy_reclaimer(void *user, tp_pool *pool, uint64_t need) {
+    greedy *g = user;
+    g->calls++;
+    void *p = NULL;
+    g->inner = tp_pool_alloc(pool, need, TP_STREAM_DEFAULT, &p);
+    if (p) tp_pool_free(pool, p, TP_STREAM_DEFAULT);
+    CHECK_STATUS(tp_pool_remove_reclaim_callback(pool, greedy_reclaimer, user), TP_ERR_BUSY); /* would wait for itself */
+    return 0;
+}
+
+static void reclaim_callback_allocating_from_its_pool(tp_pool_kind kind) {
+    tp_pool_config pc = {.limit_bytes = 8 * TEST_MiB};
+    fixture f;
+    fixture_open(&f, "sim:1GiB", kind, &pc);
+    greedy g = {f.pool, 0, TP_OK};
+    REQUIRE_OK(tp_pool_add_reclaim_callback(f.pool, greedy_reclaimer, &g));
+    void *live, *more = NULL;
+    REQUIRE_OK(tp_pool_alloc(f.pool, 8 * TEST_MiB, TP_STREAM_DEFAULT, &live));
+    CHECK_STATUS(tp_pool_alloc(f.pool, 4 * TEST_MiB, TP_STREAM_DEFAULT, &more), TP_ERR_OUT_OF_MEMORY);
+    CHECK_EQ_U64(g.calls, 1);
+    CHECK_STATUS(g.inner, TP_ERR_OUT_OF_MEMORY);
+    CHECK_OK(tp_pool_remove_reclaim_callback(f.pool, greedy_reclaimer, &g));
+    CHECK_OK(tp_pool_free(f.pool, live, TP_STREAM_DEFAULT));
+    fixture_close(&f);
+}
+KIND_TEST(reclaim_callback_allocating_from_its_pool)
+
+/* A host allocator that counts live bytes and can be told to fail. */
+typedef struct host_meter {
+    long long live_bytes;
+    long long calls;
+    long long fail_after; /* -1: never */
+} host_meter;
+
+static bool meter_refuses(host_meter *m) {
+    long long call = m->calls++;
+    return m->fail_after >= 0 && call >= m->fail_after;
+}
+
+static void *meter_alloc(void *user, size_t bytes) {
+    host_meter *m = user;
+    if (meter_refuses(m)) return NULL;
+    void *p = malloc(bytes);
+    if (p) m->live_bytes += (long long)bytes;
+    return p;
+}
+
+static void *meter_realloc(void *user, void *ptr, size_t old_bytes, size_t new_bytes) {
+    host_meter *m = user;
+    if (meter_refuses(m)) return NULL;
+    void *p = realloc(ptr, new_bytes);
+    if (p) m->live_bytes += (long long)new_bytes - (long long)old_bytes;
+    return p;
+}
+
+static void meter_free(void *user, void *ptr, size_t bytes) {
+    host_meter *m = user;
+    if (ptr) m->live_bytes -= (long long)bytes;
+    free(ptr);
+}
+
+/* A multi-stream workload that splits free ranges inside VMM windows and
+ * segments; returns false when setup itself ran out of host memory. */
+static bool churn(tp_device *dev, tp_pool *pool, tp_stream *streams, int stream_count, unsigned seed) {
+    test_rng rng = {seed};
+    void *live[24] = {0};
+    int live_stream[24] = {0};
+    for (int op = 0; op < 400; op++) {
+        int k = (int)rng_below(&rng, 24), s = (int)rng_below(&rng, (unsigned long long)stream_count);
+        if (live[k]) {
+            tp_pool_free(pool, live[k], streams[live_stream[k]]);
+            live[k] = NULL;
+        } else if (tp_pool_alloc(pool, rng_log_uniform(&rng, 256, 6 * TEST_MiB), streams[s], &live[k]) == TP_OK) {
+            live_stream[k] = s;
+            tp_range r = {(uint64_t)(uintptr_t)live[k], 256};
+            tp_sim_launch(dev, streams[s], rng_below(&rng, 3 * MS), &r, 1);
+        }
+        if (op % 50 == 0) tp_sim_advance(dev, MS);
+    }
+    for (int k = 0; k < 24; k++)
+        if (live[k]) CHECK_OK(tp_pool_free(pool, live[k], streams[live_stream[k]]));
+    return true;
+}
+
+/* F7: host memory running out at any allocation leaves the pool consistent
+ * (a failure after a free range was split used to leave two free
+ * neighbours, and the checker failed from then on). */
+static void host_out_of_memory_at_every_step_leaves_the_pool_consistent(tp_pool_kind kind) {
+    long long total_calls = -1;
+    for (long long fail_after = 0;; fail_after++) {
+        host_meter meter = {0, 0, -1};
+        tp_device_config dc = {.host = {meter_alloc, meter_realloc, meter_free, &meter}};
+        tp_device *dev;
+        REQUIRE_OK(tp_device_open(kind == TP_POOL_VMM ? "sim:256MiB" : "sim:256MiB,novmm", &dc, &dev));
+        tp_stream streams[3] = {TP_STREAM_DEFAULT};
+        REQUIRE_OK(tp_stream_create(dev, &streams[1]));
+        REQUIRE_OK(tp_stream_create(dev, &streams[2]));
+        tp_pool_config pc = {.kind = kind, .limit_bytes = 64 * TEST_MiB, .va_reserve_bytes = 64 * TEST_MiB};
+        tp_pool *pool;
+        meter.calls = 0;
+        meter.fail_after = total_calls < 0 ? -1 : fail_after;
+        tp_status st = tp_pool_create(dev, &pc, &pool);
+        if (st == TP_OK) {
+            churn(dev, pool, streams, 3, 7);
+            meter.fail_after = -1;
+            char msg[256] = "";
+            CHECK_MSG(tp_pool_check(pool, msg, sizeof msg) == TP_OK, "%s, host failure after %lld calls: %s",
+                      kind_name(kind), fail_after, msg);
+            CHECK_EQ_U64(counters(dev).hazards, 0);
+            CHECK_OK(tp_pool_destroy(pool));
+        } else {
+            CHECK_STATUS(st, TP_ERR_HOST_OUT_OF_MEMORY);
+        }
+        long long calls = meter.calls;
+        meter.fail_after = -1;
+        CHECK_OK(tp_stream_destroy(dev, streams[1]));
+        CHECK_OK(tp_stream_destroy(dev, streams[2]));
+        CHECK_OK(tp_device_close(dev));
+        CHECK_EQ_I64(meter.live_bytes, 0);
+        if (total_calls < 0) {
+            total_calls = calls; /* the fault-free run counts the calls */
+            fail_after = -1;
+            continue;
+        }
+        if (fail_after >= total_calls || check_failures) break;
+    }
+    CHECK_GT_U64((uint64_t)total_calls, 10);
+}
+KIND_TEST(host_out_of_memory_at_every_step_leaves_the_pool_consistent)
+
+/* F8: a stream per request, forgotten and destroyed after each: the pool's
+ * bookkeeping stays the same size (slots were never reused: the table grew
+ * and every lookup scanned it). */
+static void stream_per_request_keeps_bookkeeping_flat(tp_pool_kind kind) {
+    host_meter meter = {0, 0, -1};
+    tp_device_config dc = {.host = {meter_alloc, meter_realloc, meter_free, &meter}};
+    tp_device *dev;
+    REQUIRE_OK(tp_device_open(kind == TP_POOL_VMM ? "sim:1GiB" : "sim:1GiB,novmm", &dc, &dev));
+    tp_pool_config pc = {.kind = kind};
+    tp_pool *pool;
+    REQUIRE_OK(tp_pool_create(dev, &pc, &pool));
+    long long after_warmup = 0;
+    enum { WARMUP = 200, REQUESTS = 20000 };
+    for (int i = 0; i < WARMUP + REQUESTS; i++) {
+        if (i == WARMUP) after_warmup = meter.live_bytes;
+        tp_stream s;
+        REQUIRE_OK(tp_stream_create(dev, &s));
+        void *p;
+        REQUIRE_OK(tp_pool_alloc(pool, 4096, s, &p));
+        CHECK_OK(tp_pool_free(pool, p, s));
+        CHECK_OK(tp_pool_forget_stream(pool, s));
+        CHECK_OK(tp_stream_destroy(dev, s));
+        if (check_failures) break;
+    }
+    CHECK_LE_U64((uint64_t)meter.live_bytes, (uint64_t)after_warmup + 4096);
+    tp_pool_stats s;
+    CHECK_OK(tp_pool_get_stats(pool, &s));
+    CHECK_EQ_U64(s.streams, WARMUP + REQUESTS);
+    char msg[256] = "";
+    CHECK_MSG(tp_pool_check(pool, msg, sizeof msg) == TP_OK, "%s", msg);
+    CHECK_OK(tp_pool_destroy(pool));
+    CHECK_OK(tp_device_close(dev));
+}
+KIND_TEST(stream_per_request_keeps_bookkeeping_flat)
+
+/* F11: a pin whose end wraps past 2^64 is refused, and pins nothing. */
+static void pin_of_a_wrapping_range_is_refused(tp_pool_kind kind) {
+    fixture f;
+    fixture_open(&f, "sim:1GiB", kind, NULL);
+    void *a, *b;
+    REQUIRE_OK(tp_pool_alloc(f.pool, 4096, TP_STREAM_DEFAULT, &a));
+    REQUIRE_OK(tp_pool_alloc(f.pool, 4096, TP_STREAM_DEFAULT, &b));
+    CHECK_STATUS(tp_pool_pin(f.pool, a, SIZE_MAX), TP_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(tp_pool_unpin(f.pool, a, SIZE_MAX), TP_ERR_INVALID_ARGUMENT);
+    tp_pool_stats s;
+    CHECK_OK(tp_pool_get_stats(f.pool, &s));
+    CHECK_EQ_U64(s.pinned_bytes.current, 0);
+    CHECK_OK(tp_pool_free(f.pool, a, TP_STREAM_DEFAULT));
+    CHECK_OK(tp_pool_free(f.pool, b, TP_STREAM_DEFAULT));
+    fixture_close(&f);
+}
+KIND_TEST(pin_of_a_wrapping_range_is_refused)
+
+/* F13: alignments above the VMM page size work (they were refused). */
+static void test_vmm_pool_takes_alignments_above_its_page_size(void) {
+    tp_pool_config pc = {.alignment_bytes = 8 * TEST_MiB};
+    fixture f;
+    fixture_open(&f, "sim:1GiB", TP_POOL_VMM, &pc);
+    void *p[4];
+    for (int i = 0; i < 4; i++) {
+        REQUIRE_OK(tp_pool_alloc(f.pool, 100 + (size_t)i * TEST_MiB, TP_STREAM_DEFAULT, &p[i]));
+        CHECK_EQ_U64((uint64_t)(uintptr_t)p[i] % (8 * TEST_MiB), 0);
+    }
+    for (int i = 0; i < 4; i++) CHECK_OK(tp_pool_free(f.pool, p[i], TP_STREAM_DEFAULT));
+    fixture_close(&f);
+}
+
+/* Capture: 48 steps of alloc -> kernel -> free (every third step frees
+ * three), as a graph capture does on its stream. The capture's own frees
+ * are reused within it, so what the graph keeps pinned is about the
+ * temporaries' peak, not their sum; another stream gets none of it. */
+static void capture_keeps_the_peak_not_the_sum(tp_pool_kind kind) {
+    fixture f;
+    fixture_open(&f, "sim:4GiB", kind, NULL);
+    tp_stream cs, other;
+    REQUIRE_OK(tp_stream_create(f.dev, &cs));
+    REQUIRE_OK(tp_stream_create(f.dev, &other));
+    REQUIRE_OK(tp_pool_capture_begin(f.pool, cs));
+    void *pending[3];
+    int pending_count = 0;
+    uint64_t live = 0, peak = 0, sum = 0;
+    tp_range captured[48];
+    for (int step = 0; step < 48; step++) {
+        uint64_t bytes = (4 + 8 * (uint64_t)(step % 5)) * TEST_MiB; /* 4..36 MiB */
+        void *p;
+        REQUIRE_OK(tp_pool_alloc(f.pool, bytes, cs, &p));
+        launch(f.dev, cs, MS, p, bytes);
+        captured[step] = (tp_range){(uint64_t)(uintptr_t)p, bytes};
+        size_t size;
+        CHECK_OK(tp_pool_block_size(f.pool, p, &size));
+        live += bytes;
+        sum += bytes;
+        if (live > peak) peak = live;
+        pending[pending_count++] = p;
+        if (step % 3 != 2) continue;
+        for (int i = 0; i < pending_count; i++) {
+            CHECK_OK(tp_pool_block_size(f.pool, pending[i], &size));
+            live -= size;
+            CHECK_OK(tp_pool_free(f.pool, pending[i], cs));
+        }
+        pending_count = 0;
+        /* Another stream asks meanwhile: none of the capture's memory. */
+        void *q;
+        REQUIRE_OK(tp_pool_alloc(f.pool, 2 * TEST_MiB, other, &q));
+        uint64_t at = (uint64_t)(uintptr_t)q;
+        for (int i = 0; i <= step; i++)
+            CHECK(at + 2 * TEST_MiB <= captured[i].address || at >= captured[i].address + captured[i].bytes);
+        CHECK_OK(tp_pool_free(f.pool, q, other));
+    }
+    tp_range *ranges;
+    size_t count;
+    REQUIRE_OK(tp_pool_capture_end(f.pool, cs, &ranges, &count));
+    tp_pool_stats s;
+    CHECK_OK(tp_pool_get_stats(f.pool, &s));
+    printf("  %s: capture of %llu MiB of temporaries, peak %llu MiB live, %llu MiB pinned in %zu ranges\n",
+           kind_name(kind), (unsigned long long)(sum / TEST_MiB), (unsigned long long)(peak / TEST_MiB),
+           (unsigned long long)(s.pinned_bytes.current / TEST_MiB), count);
+    for (size_t i = 0; getenv("TP_TEST_VERBOSE") && i < count; i++) printf("    range %zu: %llu MiB\n", i, (unsigned long long)(ranges[i].bytes >> 20));
+    /* VMM: one address space, so the footprint is the peak (within 10 %).
+     * Segment: separate segments, which cannot merge, hold the capture's
+     * blocks; this pattern needs four (20, 20, 28 and 36 MiB), 1.24x. The
+     * sum, what captures used to pin, is 11x. */
+    if (kind == TP_POOL_VMM)
+        CHECK_LE_U64(s.pinned_bytes.current * 10, peak * 11);
+    else
+        CHECK_LE_U64(s.pinned_bytes.current * 100, peak * 125);
+    CHECK_GE_U64(s.pinned_bytes.current, peak);
+    /* After the capture the stream itself cannot reuse the footprint either. */
+    void *after;
+    REQUIRE_OK(tp_pool_alloc(f.pool, TEST_MiB, cs, &after));
+    uint64_t at = (uint64_t)(uintptr_t)after;
+    for (size_t i = 0; i < count; i++) CHECK(at + TEST_MiB <= ranges[i].address || at >= ranges[i].address + ranges[i].bytes);
+    CHECK_OK(tp_pool_free(f.pool, after, cs));
+    for (size_t i = 0; i < count; i++) CHECK_OK(tp_pool_unpin(f.pool, (void *)(uintptr_t)ranges[i].address, ranges[i].bytes));
+    tp_pool_free_ranges(f.pool, ranges);
+    CHECK_OK(tp_pool_get_stats(f.pool, &s));
+    CHECK_EQ_U64(s.pinned_bytes.current, 0);
+    CHECK_OK(tp_pool_destroy(f.pool));
+    f.pool = NULL;
+    CHECK_OK(tp_stream_destroy(f.dev, cs));
+    CHECK_OK(tp_stream_destroy(f.dev, other));
+    fixture_close(&f);
+}
+KIND_TEST(capture_keeps_the_peak_not_the_sum)
+
+static const test_case tests[] = {
+    TEST_CASE(test_vmm_window_waits_for_every_blocking_stream),
+    TEST_CASE(test_detach_during_a_reclaim_round_does_not_deadlock),
+    TEST_CASE(test_unlimited_segment_pool_refuses_a_near_2_64_request),
+    KIND_CASES(reclaim_callback_allocating_from_its_pool),
+    KIND_CASES(host_out_of_memory_at_every_step_leaves_the_pool_consistent),
+    KIND_CASES(stream_per_request_keeps_bookkeeping_flat),
+    KIND_CASES(pin_of_a_wrapping_range_is_refused),
+    TEST_CASE(test_vmm_pool_takes_alignments_above_its_page_size),
+    KIND_CASES(capture_keeps_the_peak_not_the_sum),
+};
+
+int main(int argc, char **argv) { return TEST_MAIN("test_pool_adversarial", tests, argc, argv); }
