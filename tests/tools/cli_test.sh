@@ -95,6 +95,16 @@ replay)
     cmp -s "$scratch/qwen2vl_excerpt.csv.json" "$scratch/qwen2vl_excerpt.rmm.csv.json" || fail "RMM and CSV replays differ"
     # frees of addresses allocated before the window: counted, not fatal
     expect 0 '"unknown_frees":[1-9]' "$tide" replay "$data/gemma3_window.csv" --json
+    # a trace cut from a longer recording starts with frees (F2: the first
+    # event a free crashed the replay): counted as unknown, exit 0
+    printf 'time_us,action,addr,size,stream\n0,free,4096,0,0\n' >"$scratch/free_first.csv"
+    expect 0 '"unknown_frees":1,' "$tide" replay "$scratch/free_first.csv" --json --pool vmm,segment,ggml-legacy,ggml-vmm
+    [ "$(grep -c '"unknown_frees":1,' "$out")" -eq 4 ] || fail "free_first.csv: not every pool counted the unknown free"
+    printf 'time_us,action,addr,size,stream\n0,free,4096,0,0\n1,free,0xffffffffffffffff,8,3\n2,free,0,8,0\n3,alloc,8192,100,0\n4,free,8192,100,0\n' |
+        gzip >"$scratch/frees_first.csv.gz"
+    expect 0 '"unknown_frees":3,' "$tide" replay "$scratch/frees_first.csv.gz" --json --pool vmm,segment,ggml-legacy,ggml-vmm
+    [ "$(grep -c '"unknown_frees":3,' "$out")" -eq 4 ] || fail "frees_first.csv.gz: not every pool counted 3 unknown frees"
+    expect 0 "3 frees of addresses the trace never allocated" "$tide" replay "$scratch/frees_first.csv.gz" --plot "$scratch/frees_first.svg"
     # malformed files: exit 1, file and line named
     printf 'time_us,action,addr,size,stream\n1,alloc,1,2,0\n2,alloc,3,four,0\n' >"$scratch/bad.csv"
     expect 1 "bad.csv:3: bad size 'four'" "$tide" replay "$scratch/bad.csv"
