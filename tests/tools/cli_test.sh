@@ -111,6 +111,28 @@ replay)
     printf 'time,what\n' | gzip >"$scratch/bad_header.csv.gz"
     expect 1 "bad_header.csv.gz:1: unknown header" "$tide" replay "$scratch/bad_header.csv.gz"
     expect 1 "missing.csv: cannot open" "$tide" replay "$scratch/missing.csv"
+    # damaged gzip traces (F9): exit 1 with the file named, no report
+    # a good trace of 4000 events, then cut mid-stream and with bytes flipped
+    i=0; { echo 'time_us,action,addr,size,stream'; while [ $i -lt 2000 ]; do
+        echo "$i,alloc,$(((i + 1) * 4096)),$(((i % 97 + 1) * 256)),0"; echo "$i,free,$(((i + 1) * 4096)),0,0"; i=$((i + 1)); done; } |
+        gzip >"$scratch/good.csv.gz"
+    expect 0 "peak live" "$tide" replay "$scratch/good.csv.gz"
+    size=$(wc -c <"$scratch/good.csv.gz")
+    head -c $((size / 2)) "$scratch/good.csv.gz" >"$scratch/cut.csv.gz"
+    expect 1 "cut.csv.gz:[0-9]+: truncated gzip file" "$tide" replay "$scratch/cut.csv.gz"
+    grep -q "peak live" "$out" && fail "cut.csv.gz: a partial replay was reported"
+    head -c $((size - 4)) "$scratch/good.csv.gz" >"$scratch/cut_trailer.csv.gz"
+    expect 1 "cut_trailer.csv.gz:4002: truncated gzip file" "$tide" replay "$scratch/cut_trailer.csv.gz" --json
+    grep -q "peak_live" "$out" && fail "cut_trailer.csv.gz: a partial replay was reported"
+    cp "$scratch/good.csv.gz" "$scratch/flipped.csv.gz"
+    printf '\132\132\132\132' | dd of="$scratch/flipped.csv.gz" bs=1 seek=$((size / 2)) conv=notrunc 2>/dev/null
+    expect 1 "flipped.csv.gz:[0-9]+: " "$tide" replay "$scratch/flipped.csv.gz"
+    grep -q "peak live" "$out" && fail "flipped.csv.gz: a partial replay was reported"
+    cp "$scratch/good.csv.gz" "$scratch/bad_crc.csv.gz"
+    printf '\000\000\000\000' | dd of="$scratch/bad_crc.csv.gz" bs=1 seek=$((size - 8)) conv=notrunc 2>/dev/null
+    expect 1 "bad_crc.csv.gz:[0-9]+: corrupt gzip data" "$tide" replay "$scratch/bad_crc.csv.gz"
+    # a damaged file among good ones: the good ones are reported, the exit is 1
+    expect 1 "cut.csv.gz:[0-9]+: truncated" "$tide" replay "$scratch/good.csv.gz" "$scratch/cut.csv.gz"
     ;;
 scenario)
     expect 0 "frees out of LIFO order" "$tide" scenario out-of-order --steps 100 --pool ggml-vmm
