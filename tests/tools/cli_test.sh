@@ -180,7 +180,43 @@ svg)
     svg_ok "$scratch/replay.svg"
     expect 0 "wrote" "$tide" scenario high-water --minutes 1 --pool vmm,segment,ggml-legacy --plot "$scratch/scenario.svg"
     svg_ok "$scratch/scenario.svg"
+    # F10: a path that is not a regular file is written through, not
+    # replaced by a renamed temporary. A symbolic link to a file elsewhere:
+    rm -rf "$scratch/elsewhere" "$scratch/link.svg" "$scratch/fifo.svg" "$scratch/adir.svg"
+    rm -f "$scratch"/*.tmp*
+    mkdir -p "$scratch/elsewhere"
+    echo old >"$scratch/elsewhere/target.svg"
+    ln -s "$scratch/elsewhere/target.svg" "$scratch/link.svg"
+    expect 0 "wrote" "$tide" replay "$data/qwen2vl_excerpt.csv" --plot "$scratch/link.svg"
+    [ -L "$scratch/link.svg" ] || fail "--plot replaced the symbolic link link.svg"
+    svg_ok "$scratch/elsewhere/target.svg"
+    # a FIFO, read by a background cat: it gets the SVG and stays a FIFO
+    mkfifo "$scratch/fifo.svg"
+    cat "$scratch/fifo.svg" >"$scratch/from_fifo.svg" &
+    reader=$!
+    expect 0 "wrote" "$tide" scenario fa-decode --context 300 --plot "$scratch/fifo.svg"
+    waited=0
+    while kill -0 "$reader" 2>/dev/null && [ "$waited" -lt 50 ]; do sleep 0.1; waited=$((waited + 1)); done
+    if kill -0 "$reader" 2>/dev/null; then
+        kill "$reader"; fail "--plot never wrote into the FIFO (the reader still waits)"
+    fi
+    wait "$reader" 2>/dev/null
+    [ -p "$scratch/fifo.svg" ] || fail "--plot replaced the FIFO fifo.svg"
+    svg_ok "$scratch/from_fifo.svg"
+    # a regular file is replaced whole; a file named like the temporary is
+    # someone else's and stays as it was
+    echo mine >"$scratch/replay.svg.tmp"
+    expect 0 "wrote" "$tide" replay "$data/qwen2vl_excerpt.csv" --plot "$scratch/replay.svg"
+    svg_ok "$scratch/replay.svg"
+    [ "$(cat "$scratch/replay.svg.tmp")" = mine ] || fail "--plot overwrote replay.svg.tmp"
+    rm -f "$scratch/replay.svg.tmp"
+    # failures leave no temporary behind
+    mkdir "$scratch/adir.svg"
+    expect 1 "adir.svg: cannot create" "$tide" replay "$data/qwen2vl_excerpt.csv" --plot "$scratch/adir.svg"
     expect 1 "cannot create" "$tide" scenario fa-decode --context 300 --plot "$scratch/no/such/dir/x.svg"
+    for leftover in "$scratch"/*.tmp* "$scratch"/adir.svg/*; do
+        [ -e "$leftover" ] && fail "a temporary was left behind: $leftover"
+    done
     expect 0 "wrote" "$tide" scenario graph-churn --requests 200 --plot "$scratch/churn.svg"
     svg_ok "$scratch/churn.svg"
     ;;
