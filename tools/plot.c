@@ -15,16 +15,27 @@
  * downsampled curve (bucket maxima), so peaks survive downsampling.
  *
  * Output is valid XML whatever the title holds: markup characters are
- * escaped, control characters and bytes that are not UTF-8 become '?'. The
- * file is written beside its destination and renamed into place.
+ * escaped, control characters and bytes that are not UTF-8 become '?'.
+ *
+ * Where the chart goes: a new path or an existing regular file is written
+ * to a temporary beside it (PATH.tmp.PID, created exclusively, so it
+ * never writes through someone else's file or link) and renamed into
+ * place, so a reader never sees half a chart; the temporary is removed on
+ * every failure. A path that exists and is not a regular file -- a
+ * symbolic link, a FIFO, a device such as /dev/stdout -- is opened and
+ * written through instead: renaming over it would replace the link, pipe
+ * or device with a file.
  */
 #include "plot.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #define CHART_WIDTH 1040.0
 #define PANEL_HEIGHT 430.0
@@ -392,19 +403,80 @@ static void draw_panel(FILE *out, const plot_panel *panel, double top) {
     fprintf(out, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\">peak reserved</text>\n", lx + 32, ly);
 }
 
-/* Opens path's temporary beside it and writes the SVG prologue; NULL with
- * err filled on failure. */
-static FILE *svg_open(const char *path, char *temp_path, size_t temp_capacity, double height, const char *title,
-                      char *err, size_t capacity) {
-    if ((size_t)snprintf(temp_path, temp_capacity, "%s.tmp", path) >= temp_capacity) {
-        snprintf(err, capacity, "%s: path too long", path);
+/* Where an SVG is being written: straight to path (temp_path empty), or to
+ * temp_path, renamed to path at the end. */
+typedef struct svg_target {
+    const char *path;
+    char temp_path[4096];
+} svg_target;
+
+/* Opens the file the chart is written to (see the top of the file). */
+static FILE *svg_target_open(svg_target *t, const char *path, char *err, size_t capacity) {
+    t->path = path;
+    t->temp_path[0] = '\0';
+    struct stat st;
+    if (lstat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
+        /* a link, FIFO or device: write through it */
+        FILE *out = fopen(path, "w");
+        if (!out) snprintf(err, capacity, "%s: cannot create: %s", path, strerror(errno));
+        return out;
+    }
+    int fd = -1;
+    for (unsigned attempt = 0; fd < 0 && attempt < 100; attempt++) {
+        int n = attempt ? snprintf(t->temp_path, sizeof t->temp_path, "%s.tmp.%ld.%u", path, (long)getpid(), attempt)
+                        : snprintf(t->temp_path, sizeof t->temp_path, "%s.tmp.%ld", path, (long)getpid());
+        if (n < 0 || (size_t)n >= sizeof t->temp_path) {
+            snprintf(err, capacity, "%s: path too long", path);
+            t->temp_path[0] = '\0';
+            return NULL;
+        }
+        /* O_EXCL: never an existing file, nor through a link */
+        fd = open(t->temp_path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+        if (fd < 0 && errno != EEXIST) break;
+    }
+    if (fd < 0) {
+        snprintf(err, capacity, "%s: cannot create: %s", path, strerror(errno));
+        t->temp_path[0] = '\0';
         return NULL;
     }
-    FILE *out = fopen(temp_path, "w");
+    FILE *out = fdopen(fd, "w");
     if (!out) {
-        snprintf(err, capacity, "%s: cannot create: %s", temp_path, strerror(errno));
-        return NULL;
+        snprintf(err, capacity, "%s: cannot create: %s", path, strerror(errno));
+        close(fd);
+        remove(t->temp_path);
+        t->temp_path[0] = '\0';
     }
+    return out;
+}
+
+/* Closes out and, when writing to a temporary, renames it into place; the
+ * temporary is removed if anything failed. */
+static int svg_target_close(svg_target *t, FILE *out, char *err, size_t capacity) {
+    bool write_failed = ferror(out) != 0;
+    int saved = errno;
+    if (fclose(out) != 0) {
+        write_failed = true;
+        saved = errno;
+    }
+    if (write_failed) {
+        snprintf(err, capacity, "%s: write failed: %s", t->path, strerror(saved));
+        if (t->temp_path[0]) remove(t->temp_path);
+        return -1;
+    }
+    if (t->temp_path[0] && rename(t->temp_path, t->path) != 0) {
+        snprintf(err, capacity, "%s: cannot rename %s into place: %s", t->path, t->temp_path, strerror(errno));
+        remove(t->temp_path);
+        return -1;
+    }
+    return 0;
+}
+
+/* Opens the chart's file and writes the SVG prologue; NULL with err filled
+ * on failure. */
+static FILE *svg_open(svg_target *t, const char *path, double height, const char *title, char *err,
+                      size_t capacity) {
+    FILE *out = svg_target_open(t, path, err, capacity);
+    if (!out) return NULL;
     fprintf(out,
             "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
             "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" viewBox=\"0 0 %.0f %.0f\" "
@@ -415,21 +487,10 @@ static FILE *svg_open(const char *path, char *temp_path, size_t temp_capacity, d
     return out;
 }
 
-/* Ends the SVG and renames the temporary into place. */
-static int svg_close(FILE *out, const char *path, const char *temp_path, char *err, size_t capacity) {
+/* Ends the SVG and puts the file in place. */
+static int svg_close(svg_target *t, FILE *out, char *err, size_t capacity) {
     fprintf(out, "</svg>\n");
-    bool write_failed = ferror(out) != 0;
-    if (fclose(out) != 0 || write_failed) {
-        snprintf(err, capacity, "%s: write failed", temp_path);
-        remove(temp_path);
-        return -1;
-    }
-    if (rename(temp_path, path) != 0) {
-        snprintf(err, capacity, "%s: cannot rename into place: %s", path, strerror(errno));
-        remove(temp_path);
-        return -1;
-    }
-    return 0;
+    return svg_target_close(t, out, err, capacity);
 }
 
 int plot_replay_svg_panels(const char *path, const char *title, const plot_panel *panels, size_t panel_count,
@@ -446,10 +507,10 @@ int plot_replay_svg_panels(const char *path, const char *title, const plot_panel
             return -1;
         }
     }
-    char temp_path[4096];
+    svg_target target;
     double header = title && panel_count > 1 ? HEADER_HEIGHT : 0;
-    FILE *out = svg_open(path, temp_path, sizeof temp_path, header + PANEL_HEIGHT * (double)panel_count,
-                         title ? title : "tidepool replay", err, capacity);
+    FILE *out = svg_open(&target, path, header + PANEL_HEIGHT * (double)panel_count, title ? title : "tidepool replay",
+                         err, capacity);
     if (!out) return -1;
     if (header) {
         fprintf(out, "<text x=\"%.1f\" y=\"24\" font-size=\"17\" font-weight=\"bold\">", PLOT_LEFT);
@@ -457,7 +518,7 @@ int plot_replay_svg_panels(const char *path, const char *title, const plot_panel
         fprintf(out, "</text>\n");
     }
     for (size_t p = 0; p < panel_count; p++) draw_panel(out, &panels[p], header + PANEL_HEIGHT * (double)p);
-    return svg_close(out, path, temp_path, err, capacity);
+    return svg_close(&target, out, err, capacity);
 }
 
 int plot_lines_svg(const char *path, const char *title, const char *x_title, const plot_line *lines,
@@ -476,8 +537,8 @@ int plot_lines_svg(const char *path, const char *title, const char *x_title, con
         snprintf(err, capacity, "%s: nothing to plot", path);
         return -1;
     }
-    char temp_path[4096];
-    FILE *out = svg_open(path, temp_path, sizeof temp_path, PANEL_HEIGHT, title, err, capacity);
+    svg_target target;
+    FILE *out = svg_open(&target, path, PANEL_HEIGHT, title, err, capacity);
     if (!out) return -1;
     plot_frame f = draw_frame(out, 0, title, y_max, x_max, false, x_title);
     double lx = PLOT_RIGHT + 20, ly = f.plot_top + 8;
@@ -501,7 +562,7 @@ int plot_lines_svg(const char *path, const char *title, const char *x_title, con
     }
     fprintf(out, "<path d=\"M%.1f,%.1f V%.1f H%.1f\" fill=\"none\" stroke=\"#333\"/>\n", PLOT_LEFT, f.plot_top,
             f.bottom, PLOT_RIGHT);
-    return svg_close(out, path, temp_path, err, capacity);
+    return svg_close(&target, out, err, capacity);
 }
 
 int plot_replay_svg(const char *path, const char *title, const replay_result *results, size_t count, char *err,

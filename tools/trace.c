@@ -6,6 +6,13 @@
  * split. Fields are parsed strictly: anything but the expected digits (or
  * the RMM time syntax) is reported with its file and line. Blank lines and
  * a trailing CR are accepted, as is a last line without a newline.
+ *
+ * Damaged gzip input is an error, never a shorter trace: zlib's gzgets
+ * returns what it could inflate and keeps the reason in gzerror (a stream
+ * cut short is Z_BUF_ERROR, "unexpected end of file"; bad deflate data or a
+ * wrong CRC/length trailer is Z_DATA_ERROR), so the reader asks gzerror at
+ * the end of the data (gzgets NULL) and for a line without its newline (the
+ * last bytes before a cut), and reports the file and the line reached.
  */
 #include "trace.h"
 
@@ -28,25 +35,63 @@ struct trace_reader {
     unsigned long long line;
     bool have_origin;
     uint64_t origin_ns; /* time of the first event */
+    char damage[512];   /* LINE_DAMAGED: "FILE:LINE: what" */
     char buf[LINE_CAPACITY];
 };
 
 static const char TIDEPOOL_HEADER[] = "time_us,action,addr,size,stream";
 static const char RMM_HEADER[] = "Thread,Time,Action,Pointer,Size,Stream";
 
-/* Next line without its terminator; NULL at the end. *too_long when the
- * line does not fit the buffer or holds a NUL byte (not text). */
-static char *next_line(trace_reader *r, bool *too_long) {
-    *too_long = false;
+typedef enum line_status {
+    LINE_OK = 0,
+    LINE_BAD,      /* too long for the buffer, or holds a NUL byte (not text) */
+    LINE_DAMAGED,  /* the gzip data is truncated or corrupt, or reading failed: r->damage says how */
+} line_status;
+
+/* Fills r->damage with why zlib stopped, if it stopped on an error (the
+ * line number is the line being read when the data ran out). */
+static bool gz_damaged(trace_reader *r, unsigned long long line) {
+    int code = Z_OK;
+    const char *msg = gzerror(r->gz, &code);
+    if (code == Z_OK || code == Z_STREAM_END) return false;
+    /* zlib's message starts with the path it was opened with: drop it */
+    size_t name_len = strlen(r->name);
+    if (msg && !strncmp(msg, r->name, name_len) && !strncmp(msg + name_len, ": ", 2)) msg += name_len + 2;
+    if (code == Z_BUF_ERROR)
+        snprintf(r->damage, sizeof r->damage, "%s:%llu: truncated gzip file: the compressed data stops before its end (zlib: %s)",
+                 r->name, line, msg && *msg ? msg : "unexpected end of file");
+    else if (code == Z_DATA_ERROR)
+        snprintf(r->damage, sizeof r->damage, "%s:%llu: corrupt gzip data (zlib: %s)", r->name, line,
+                 msg && *msg ? msg : "bad deflate data");
+    else if (code == Z_ERRNO)
+        snprintf(r->damage, sizeof r->damage, "%s:%llu: read error: %s", r->name, line, strerror(errno));
+    else
+        snprintf(r->damage, sizeof r->damage, "%s:%llu: zlib error %d (%s)", r->name, line, code,
+                 msg && *msg ? msg : "unknown");
+    return true;
+}
+
+/* Next line without its terminator; NULL at the end, or on LINE_DAMAGED. */
+static char *next_line(trace_reader *r, line_status *status) {
+    *status = LINE_OK;
     size_t n = 0;
     if (r->gz) {
-        if (!gzgets(r->gz, r->buf, sizeof r->buf)) return NULL;
+        if (!gzgets(r->gz, r->buf, sizeof r->buf)) {
+            if (gz_damaged(r, r->line + 1)) *status = LINE_DAMAGED;
+            return NULL;
+        }
         r->line++;
         n = strlen(r->buf);
+        /* A line without its newline is the last of the data: if zlib
+         * stopped on an error, the line is cut (or garbage), not the end. */
+        if ((n == 0 || r->buf[n - 1] != '\n') && gz_damaged(r, r->line)) {
+            *status = LINE_DAMAGED;
+            return NULL;
+        }
         /* gzgets stops at a newline, a full buffer or the end of the file;
          * anything else means strlen stopped at a NUL inside the line. */
         if ((n == 0 || r->buf[n - 1] != '\n') && !gzeof(r->gz)) {
-            *too_long = true;
+            *status = LINE_BAD;
             return r->buf;
         }
     } else {
@@ -57,14 +102,14 @@ static char *next_line(trace_reader *r, bool *too_long) {
         size_t len = nl ? (size_t)(nl - start) + 1 : r->length - r->offset;
         r->offset += len;
         if (len >= sizeof r->buf) {
-            *too_long = true;
+            *status = LINE_BAD;
             return r->buf;
         }
         memcpy(r->buf, start, len);
         r->buf[len] = '\0';
         n = len;
         if (memchr(r->buf, '\0', n)) { /* an embedded NUL: not text */
-            *too_long = true;
+            *status = LINE_BAD;
             return r->buf;
         }
     }
@@ -73,13 +118,17 @@ static char *next_line(trace_reader *r, bool *too_long) {
 }
 
 static trace_reader *open_common(trace_reader *r, char *err, size_t cap) {
-    bool too_long;
-    char *header = next_line(r, &too_long);
+    line_status status;
+    char *header = next_line(r, &status);
+    if (status == LINE_DAMAGED) {
+        snprintf(err, cap, "%s", r->damage);
+        goto fail;
+    }
     if (!header) {
         snprintf(err, cap, "%s: empty file (expected a header line '%s' or '%s')", r->name, TIDEPOOL_HEADER, RMM_HEADER);
         goto fail;
     }
-    if (too_long) {
+    if (status == LINE_BAD) {
         snprintf(err, cap, "%s:1: header line too long or not text", r->name);
         goto fail;
     }
@@ -233,10 +282,14 @@ static uint32_t fold_stream(uint64_t v) { return (uint32_t)(v ^ (v >> 32)); }
 long trace_read(trace_reader *r, trace_event *events, size_t capacity, char *err, size_t cap) {
     size_t n = 0;
     while (n < capacity) {
-        bool too_long;
-        char *line = next_line(r, &too_long);
+        line_status status;
+        char *line = next_line(r, &status);
+        if (status == LINE_DAMAGED) {
+            snprintf(err, cap, "%s", r->damage);
+            return -1;
+        }
         if (!line) break;
-        if (too_long) BAD("line too long or not text");
+        if (status == LINE_BAD) BAD("line too long or not text");
         if (!*line) continue;
         char *f[6];
         trace_event *e = &events[n];

@@ -37,7 +37,9 @@ void trace_close(trace_reader *reader);
 trace_format trace_get_format(const trace_reader *reader);
 
 /* Fills up to capacity events. Returns how many (0 at the end), or -1 on
- * malformed input with "FILE:LINE: what" in err. */
+ * malformed input with "FILE:LINE: what" in err; a truncated or corrupt
+ * gzip file, or a read error, is malformed input too (LINE: the line being
+ * read when the data stopped), never an early end. */
 long trace_read(trace_reader *reader, trace_event *events, size_t capacity, char *err, size_t err_capacity);
 
 /* Writes events in the tidepool CSV format. */

@@ -9,15 +9,26 @@
  *                              the simulated device behind the same entry
  *                              points: alloc/free from 8 threads, the limit,
  *                              empty_cache, record_stream, reset_peaks, stats.
+ *   test_torch_shim json DIR   the stats JSON stays valid JSON in valid UTF-8
+ *                              whatever the configuration holds: it runs
+ *                              itself again (json-child) with a configuration
+ *                              whose stats path (in DIR) and, in a second run,
+ *                              whose bad value hold a quote, a backslash, a
+ *                              control character, 0xff and a cut UTF-8
+ *                              sequence, and checks the JSON returned and the
+ *                              file written at exit.
  *
  * The shim exports only tp_torch_*, so the checks read its stats JSON.
  */
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 void *tp_torch_alloc(ssize_t size, int device, void *stream);
 void tp_torch_free(void *ptr, ssize_t size, int device, void *stream);
@@ -230,9 +241,187 @@ static int run_sim(void) {
     return failures;
 }
 
+/* ----------------------------------------------------------------- json */
+
+/* Well-formed UTF-8 (Unicode table 3-7: no overlongs, no surrogates,
+ * nothing past U+10FFFF); written apart from the shim's own check. */
+static bool valid_utf8(const unsigned char *s, size_t n) {
+    for (size_t i = 0; i < n;) {
+        unsigned c = s[i];
+        unsigned cp, len;
+        if (c < 0x80) { i++; continue; }
+        if ((c & 0xE0) == 0xC0) { len = 2; cp = c & 0x1F; }
+        else if ((c & 0xF0) == 0xE0) { len = 3; cp = c & 0x0F; }
+        else if ((c & 0xF8) == 0xF0) { len = 4; cp = c & 0x07; }
+        else return false;
+        if (i + len > n) return false;
+        for (unsigned k = 1; k < len; k++) {
+            if ((s[i + k] & 0xC0) != 0x80) return false;
+            cp = cp << 6 | (s[i + k] & 0x3F);
+        }
+        static const unsigned min[5] = {0, 0, 0x80, 0x800, 0x10000};
+        if (cp < min[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+        i += len;
+    }
+    return true;
+}
+
+/* A JSON value at p (RFC 8259 syntax); the end of it, or NULL. */
+static const char *json_value(const char *p, int depth);
+
+static const char *json_space(const char *p) {
+    while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') p++;
+    return p;
+}
+
+static const char *json_string(const char *p) {
+    if (*p++ != '"') return NULL;
+    for (;;) {
+        unsigned char c = (unsigned char)*p++;
+        if (c == '"') return p;
+        if (c < 0x20) return NULL; /* the end of the text, or a raw control character */
+        if (c != '\\') continue;
+        c = (unsigned char)*p++;
+        if (c == 'u') {
+            for (int k = 0; k < 4; k++, p++)
+                if (!strchr("0123456789abcdefABCDEF", *p) || !*p) return NULL;
+        } else if (!c || !strchr("\"\\/bfnrt", c)) {
+            return NULL;
+        }
+    }
+}
+
+static const char *json_value(const char *p, int depth) {
+    if (depth > 64) return NULL;
+    p = json_space(p);
+    if (*p == '{' || *p == '[') {
+        char close = *p == '{' ? '}' : ']';
+        p = json_space(p + 1);
+        if (*p == close) return p + 1;
+        for (;;) {
+            if (close == '}') {
+                p = json_string(json_space(p));
+                if (!p) return NULL;
+                p = json_space(p);
+                if (*p++ != ':') return NULL;
+            }
+            p = json_value(p, depth + 1);
+            if (!p) return NULL;
+            p = json_space(p);
+            if (*p == close) return p + 1;
+            if (*p++ != ',') return NULL;
+        }
+    }
+    if (*p == '"') return json_string(p);
+    if (!strncmp(p, "true", 4)) return p + 4;
+    if (!strncmp(p, "false", 5)) return p + 5;
+    if (!strncmp(p, "null", 4)) return p + 4;
+    const char *start = p;
+    if (*p == '-') p++;
+    if (*p == '0') p++;
+    else if (*p >= '1' && *p <= '9') while (*p >= '0' && *p <= '9') p++;
+    else return NULL;
+    if (*p == '.') {
+        if (*++p < '0' || *p > '9') return NULL;
+        while (*p >= '0' && *p <= '9') p++;
+    }
+    if (*p == 'e' || *p == 'E') {
+        p++;
+        if (*p == '+' || *p == '-') p++;
+        if (*p < '0' || *p > '9') return NULL;
+        while (*p >= '0' && *p <= '9') p++;
+    }
+    return p > start ? p : NULL;
+}
+
+/* text is one JSON value (after it: only blanks) in valid UTF-8. */
+static bool valid_json(const char *text) {
+    const char *end = json_value(text, 0);
+    return end && !*json_space(end) && valid_utf8((const unsigned char *)text, strlen(text));
+}
+
+/* A quote, 0xff, a well-formed e-acute (passes as it is), a cut
+ * three-byte sequence (one U+FFFD), a control character and a backslash;
+ * and how the JSON must say them. */
+#define HOSTILE "q\"\xff" "\xc3\xa9" "\xe2\x82" "\x01\\z"
+#define HOSTILE_JSON "q\\\"\\ufffd" "\xc3\xa9" "\\ufffd\\u0001\\\\z"
+
+/* The child: the configuration is in TIDEPOOL_TORCH_CONF already. */
+static int run_json_child(const char *expect) {
+    tp_torch_init(1);
+    /* On the simulated device, a pool's object too. (A configuration with
+     * an error runs on the defaults, whose failed allocation throws.) */
+    const char *conf = getenv("TIDEPOOL_TORCH_CONF");
+    if (conf && strstr(conf, "backend=sim")) {
+        void *p = tp_torch_alloc(4096, 0, NULL);
+        CHECK(p != NULL);
+        if (p) tp_torch_free(p, 4096, 0, NULL);
+    }
+    const char *all = tp_torch_stats_json(-1);
+    printf("%s\n", all);
+    CHECK(valid_json(all));
+    if (!strstr(all, expect)) {
+        fprintf(stderr, "the stats JSON lacks %s\n", expect);
+        failures++;
+    }
+    CHECK(valid_json(tp_torch_stats_json(0)));
+    return failures;
+}
+
+/* Runs this program as json-child with conf; its exit status. */
+static int spawn_json_child(const char *conf, const char *expect) {
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        setenv("TIDEPOOL_TORCH_CONF", conf, 1);
+        setenv("CUDA_VISIBLE_DEVICES", "", 1);
+        execl("/proc/self/exe", "test_torch_shim", "json-child", expect, (char *)NULL);
+        perror("exec /proc/self/exe");
+        _exit(127);
+    }
+    int status = 0;
+    if (pid < 0 || waitpid(pid, &status, 0) != pid) return -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+static int run_json(const char *dir) {
+    char path[1024], conf[1200];
+    /* the stats path: in the JSON's configuration and the file's name */
+    snprintf(path, sizeof path, "%s/stats-" HOSTILE ".json", dir);
+    CHECK(!strchr(dir, ','));
+    remove(path);
+    snprintf(conf, sizeof conf, "backend=sim:1GiB,log=off,oom=null,stats=%s", path);
+    CHECK(spawn_json_child(conf, "/stats-" HOSTILE_JSON ".json\"") == 0);
+    /* the file written at exit holds the same */
+    FILE *f = fopen(path, "rb");
+    CHECK(f != NULL);
+    if (f) {
+        static char text[1 << 16];
+        size_t n = fread(text, 1, sizeof text - 1, f);
+        fclose(f);
+        text[n] = '\0';
+        CHECK(n > 0 && valid_json(text));
+        CHECK(strstr(text, "/stats-" HOSTILE_JSON ".json\"") != NULL);
+        remove(path);
+    }
+    /* a bad value: echoed in the configuration's error */
+    CHECK(spawn_json_child("log=off,oom=null,limit=" HOSTILE, "\"error\":\"limit=" HOSTILE_JSON ": expected") == 0);
+    /* the checks themselves: what they must refuse */
+    CHECK(!valid_json("{\"a\":\"\xff\"}"));
+    CHECK(!valid_json("{\"a\":\"\xe2\x82\"}"));
+    CHECK(!valid_json("{\"a\":\"\xed\xa0\x80\"}")); /* a surrogate */
+    CHECK(!valid_json("{\"a\":\"x\"y\"}"));
+    CHECK(!valid_json("{\"a\":\"\x01\"}"));
+    CHECK(!valid_json("{\"a\":\"\\x\"}"));
+    CHECK(valid_json("{\"a\":[1,-2.5e3,true,null,\"\xc3\xa9\\u00ff\"],\"b\":{}}"));
+    return failures;
+}
+
 int main(int argc, char **argv) {
+    if (argc == 3 && !strcmp(argv[1], "json")) return run_json(argv[2]) ? 1 : 0;
+    if (argc == 3 && !strcmp(argv[1], "json-child")) return run_json_child(argv[2]) ? 1 : 0;
     if (argc != 2) {
-        fprintf(stderr, "usage: test_torch_shim nodevice|sim\n");
+        fprintf(stderr, "usage: test_torch_shim nodevice|sim|json DIR\n");
         return 2;
     }
     int rc = !strcmp(argv[1], "nodevice") ? run_nodevice() : !strcmp(argv[1], "sim") ? run_sim() : -1;

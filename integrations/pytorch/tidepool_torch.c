@@ -839,14 +839,66 @@ static void sb_appendf(sbuf *b, const char *fmt, ...) {
     }
 }
 
-/* JSON string contents: escapes quotes, backslashes and control characters. */
+/* Length of the well-formed UTF-8 sequence at s (1..4), or 0 when s does
+ * not start one; *subpart is then how many bytes form the longest start of
+ * a sequence that went wrong (at least 1: Unicode's "maximal subpart").
+ * Well-formed follows Unicode's table 3-7: no overlong forms, no
+ * surrogates, nothing past U+10FFFF. */
+static size_t utf8_sequence(const unsigned char *s, size_t *subpart) {
+    unsigned char c = s[0];
+    size_t need;
+    unsigned char lo = 0x80, hi = 0xBF; /* the range of the second byte */
+    if (c < 0x80) return 1;
+    if (c >= 0xC2 && c <= 0xDF) need = 1;
+    else if (c >= 0xE0 && c <= 0xEF) {
+        need = 2;
+        if (c == 0xE0) lo = 0xA0;
+        if (c == 0xED) hi = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+        need = 3;
+        if (c == 0xF0) lo = 0x90;
+        if (c == 0xF4) hi = 0x8F;
+    } else {
+        *subpart = 1;
+        return 0;
+    }
+    for (size_t i = 1; i <= need; i++) {
+        unsigned char b = s[i]; /* a NUL ends the string and fails here */
+        bool ok = i == 1 ? b >= lo && b <= hi : b >= 0x80 && b <= 0xBF;
+        if (!ok) {
+            *subpart = i;
+            return 0;
+        }
+    }
+    return need + 1;
+}
+
+/* A JSON string of s, valid UTF-8 whatever s holds (config values and
+ * paths come from the user): quotes and backslashes are escaped, control
+ * characters become \u00XX, well-formed UTF-8 sequences pass through as
+ * they are, and each ill-formed one (a stray byte >= 0x80, a cut or
+ * overlong sequence, a surrogate) becomes one U+FFFD, written \ufffd --
+ * the text is not Latin-1, so its bytes are not read as such. */
 static void sb_json_string(sbuf *b, const char *s) {
     sb_appendf(b, "\"");
-    for (; *s; s++) {
-        unsigned char ch = (unsigned char)*s;
-        if (ch == '"' || ch == '\\') sb_appendf(b, "\\%c", ch);
-        else if (ch < 0x20) sb_appendf(b, "\\u%04x", ch);
-        else sb_appendf(b, "%c", ch);
+    const unsigned char *p = (const unsigned char *)s;
+    while (*p) {
+        const unsigned char *run = p; /* bytes that go out as they are */
+        size_t length, subpart = 1;
+        while (*p && *p != '"' && *p != '\\' && *p >= 0x20 && (length = utf8_sequence(p, &subpart)) != 0)
+            p += length;
+        if (p > run) sb_appendf(b, "%.*s", (int)(p - run), (const char *)run);
+        if (!*p) break;
+        if (*p == '"' || *p == '\\') {
+            sb_appendf(b, "\\%c", *p);
+            p++;
+        } else if (*p < 0x20) {
+            sb_appendf(b, "\\u%04x", *p);
+            p++;
+        } else {
+            sb_appendf(b, "\\ufffd");
+            p += subpart;
+        }
     }
     sb_appendf(b, "\"");
 }

@@ -95,12 +95,44 @@ replay)
     cmp -s "$scratch/qwen2vl_excerpt.csv.json" "$scratch/qwen2vl_excerpt.rmm.csv.json" || fail "RMM and CSV replays differ"
     # frees of addresses allocated before the window: counted, not fatal
     expect 0 '"unknown_frees":[1-9]' "$tide" replay "$data/gemma3_window.csv" --json
+    # a trace cut from a longer recording starts with frees (F2: the first
+    # event a free crashed the replay): counted as unknown, exit 0
+    printf 'time_us,action,addr,size,stream\n0,free,4096,0,0\n' >"$scratch/free_first.csv"
+    expect 0 '"unknown_frees":1,' "$tide" replay "$scratch/free_first.csv" --json --pool vmm,segment,ggml-legacy,ggml-vmm
+    [ "$(grep -c '"unknown_frees":1,' "$out")" -eq 4 ] || fail "free_first.csv: not every pool counted the unknown free"
+    printf 'time_us,action,addr,size,stream\n0,free,4096,0,0\n1,free,0xffffffffffffffff,8,3\n2,free,0,8,0\n3,alloc,8192,100,0\n4,free,8192,100,0\n' |
+        gzip >"$scratch/frees_first.csv.gz"
+    expect 0 '"unknown_frees":3,' "$tide" replay "$scratch/frees_first.csv.gz" --json --pool vmm,segment,ggml-legacy,ggml-vmm
+    [ "$(grep -c '"unknown_frees":3,' "$out")" -eq 4 ] || fail "frees_first.csv.gz: not every pool counted 3 unknown frees"
+    expect 0 "3 frees of addresses the trace never allocated" "$tide" replay "$scratch/frees_first.csv.gz" --plot "$scratch/frees_first.svg"
     # malformed files: exit 1, file and line named
     printf 'time_us,action,addr,size,stream\n1,alloc,1,2,0\n2,alloc,3,four,0\n' >"$scratch/bad.csv"
     expect 1 "bad.csv:3: bad size 'four'" "$tide" replay "$scratch/bad.csv"
     printf 'time,what\n' | gzip >"$scratch/bad_header.csv.gz"
     expect 1 "bad_header.csv.gz:1: unknown header" "$tide" replay "$scratch/bad_header.csv.gz"
     expect 1 "missing.csv: cannot open" "$tide" replay "$scratch/missing.csv"
+    # damaged gzip traces (F9): exit 1 with the file named, no report
+    # a good trace of 4000 events, then cut mid-stream and with bytes flipped
+    i=0; { echo 'time_us,action,addr,size,stream'; while [ $i -lt 2000 ]; do
+        echo "$i,alloc,$(((i + 1) * 4096)),$(((i % 97 + 1) * 256)),0"; echo "$i,free,$(((i + 1) * 4096)),0,0"; i=$((i + 1)); done; } |
+        gzip >"$scratch/good.csv.gz"
+    expect 0 "peak live" "$tide" replay "$scratch/good.csv.gz"
+    size=$(wc -c <"$scratch/good.csv.gz")
+    head -c $((size / 2)) "$scratch/good.csv.gz" >"$scratch/cut.csv.gz"
+    expect 1 "cut.csv.gz:[0-9]+: truncated gzip file" "$tide" replay "$scratch/cut.csv.gz"
+    grep -q "peak live" "$out" && fail "cut.csv.gz: a partial replay was reported"
+    head -c $((size - 4)) "$scratch/good.csv.gz" >"$scratch/cut_trailer.csv.gz"
+    expect 1 "cut_trailer.csv.gz:4002: truncated gzip file" "$tide" replay "$scratch/cut_trailer.csv.gz" --json
+    grep -q "peak_live" "$out" && fail "cut_trailer.csv.gz: a partial replay was reported"
+    cp "$scratch/good.csv.gz" "$scratch/flipped.csv.gz"
+    printf '\132\132\132\132' | dd of="$scratch/flipped.csv.gz" bs=1 seek=$((size / 2)) conv=notrunc 2>/dev/null
+    expect 1 "flipped.csv.gz:[0-9]+: " "$tide" replay "$scratch/flipped.csv.gz"
+    grep -q "peak live" "$out" && fail "flipped.csv.gz: a partial replay was reported"
+    cp "$scratch/good.csv.gz" "$scratch/bad_crc.csv.gz"
+    printf '\000\000\000\000' | dd of="$scratch/bad_crc.csv.gz" bs=1 seek=$((size - 8)) conv=notrunc 2>/dev/null
+    expect 1 "bad_crc.csv.gz:[0-9]+: corrupt gzip data" "$tide" replay "$scratch/bad_crc.csv.gz"
+    # a damaged file among good ones: the good ones are reported, the exit is 1
+    expect 1 "cut.csv.gz:[0-9]+: truncated" "$tide" replay "$scratch/good.csv.gz" "$scratch/cut.csv.gz"
     ;;
 scenario)
     expect 0 "frees out of LIFO order" "$tide" scenario out-of-order --steps 100 --pool ggml-vmm
@@ -148,7 +180,43 @@ svg)
     svg_ok "$scratch/replay.svg"
     expect 0 "wrote" "$tide" scenario high-water --minutes 1 --pool vmm,segment,ggml-legacy --plot "$scratch/scenario.svg"
     svg_ok "$scratch/scenario.svg"
+    # F10: a path that is not a regular file is written through, not
+    # replaced by a renamed temporary. A symbolic link to a file elsewhere:
+    rm -rf "$scratch/elsewhere" "$scratch/link.svg" "$scratch/fifo.svg" "$scratch/adir.svg"
+    rm -f "$scratch"/*.tmp*
+    mkdir -p "$scratch/elsewhere"
+    echo old >"$scratch/elsewhere/target.svg"
+    ln -s "$scratch/elsewhere/target.svg" "$scratch/link.svg"
+    expect 0 "wrote" "$tide" replay "$data/qwen2vl_excerpt.csv" --plot "$scratch/link.svg"
+    [ -L "$scratch/link.svg" ] || fail "--plot replaced the symbolic link link.svg"
+    svg_ok "$scratch/elsewhere/target.svg"
+    # a FIFO, read by a background cat: it gets the SVG and stays a FIFO
+    mkfifo "$scratch/fifo.svg"
+    cat "$scratch/fifo.svg" >"$scratch/from_fifo.svg" &
+    reader=$!
+    expect 0 "wrote" "$tide" scenario fa-decode --context 300 --plot "$scratch/fifo.svg"
+    waited=0
+    while kill -0 "$reader" 2>/dev/null && [ "$waited" -lt 50 ]; do sleep 0.1; waited=$((waited + 1)); done
+    if kill -0 "$reader" 2>/dev/null; then
+        kill "$reader"; fail "--plot never wrote into the FIFO (the reader still waits)"
+    fi
+    wait "$reader" 2>/dev/null
+    [ -p "$scratch/fifo.svg" ] || fail "--plot replaced the FIFO fifo.svg"
+    svg_ok "$scratch/from_fifo.svg"
+    # a regular file is replaced whole; a file named like the temporary is
+    # someone else's and stays as it was
+    echo mine >"$scratch/replay.svg.tmp"
+    expect 0 "wrote" "$tide" replay "$data/qwen2vl_excerpt.csv" --plot "$scratch/replay.svg"
+    svg_ok "$scratch/replay.svg"
+    [ "$(cat "$scratch/replay.svg.tmp")" = mine ] || fail "--plot overwrote replay.svg.tmp"
+    rm -f "$scratch/replay.svg.tmp"
+    # failures leave no temporary behind
+    mkdir "$scratch/adir.svg"
+    expect 1 "adir.svg: cannot create" "$tide" replay "$data/qwen2vl_excerpt.csv" --plot "$scratch/adir.svg"
     expect 1 "cannot create" "$tide" scenario fa-decode --context 300 --plot "$scratch/no/such/dir/x.svg"
+    for leftover in "$scratch"/*.tmp* "$scratch"/adir.svg/*; do
+        [ -e "$leftover" ] && fail "a temporary was left behind: $leftover"
+    done
     expect 0 "wrote" "$tide" scenario graph-churn --requests 200 --plot "$scratch/churn.svg"
     svg_ok "$scratch/churn.svg"
     ;;

@@ -331,6 +331,45 @@ static void test_unknown_free(void) {
     replay_free(run);
 }
 
+/* A trace cut from a longer recording starts with frees of blocks allocated
+ * before the cut: the first event reaches an empty live table (F2: the old
+ * address map indexed its table before it had one and crashed). Addresses
+ * 0 and UINT64_MAX too, every pool, with and without samples. */
+static void test_trace_starting_with_frees(void) {
+    const trace_event events[] = {
+        {0, 4096, 0, 0, TRACE_FREE},          /* the first event: a free, on an empty table */
+        {1, UINT64_MAX, 64, 0, TRACE_FREE},   /* never allocated, the largest address */
+        {2, 0, 64, 1, TRACE_FREE},            /* never allocated, address 0, another stream */
+        {3, 0x2000, 8192, 0, TRACE_ALLOC},
+        {4, 4096, 0, 0, TRACE_FREE},          /* still unknown */
+        {5, 0x2000, 8192, 0, TRACE_FREE},
+        {6, 0x2000, 8192, 0, TRACE_FREE},     /* freed twice: the second is unknown */
+        {7, UINT64_MAX, 128, 0, TRACE_ALLOC}, /* the largest address is a valid identity */
+        {8, UINT64_MAX, 128, 0, TRACE_FREE},
+    };
+    size_t count = sizeof events / sizeof *events;
+    for (int samples = 0; samples < 2; samples++) {
+        replay_options options = {.follow_trace_time = true, .keep_samples = samples != 0};
+        char err[512];
+        replay_run *run = replay_begin("vmm,segment,ggml-legacy,ggml-vmm", &options, err, sizeof err);
+        REQUIRE(run != NULL);
+        /* one event at a time, so the first call holds frees only */
+        for (size_t i = 0; i < count; i++) feed_events(run, &events[i], 1);
+        replay_result *results;
+        size_t n = replay_finish(run, &results);
+        CHECK_EQ_U64(n, 4);
+        for (size_t i = 0; i < n; i++) {
+            const replay_result *r = &results[i];
+            CHECK_MSG(r->unknown_frees == 5 && r->errors == 0 && !r->fatal && r->events == count && r->allocs == 2 &&
+                          r->frees == 7 && r->peak_live_bytes == 8192 && r->ooms == 0,
+                      "%s: unknown %llu errors %llu frees %llu peak %llu", r->pool,
+                      (unsigned long long)r->unknown_frees, (unsigned long long)r->errors,
+                      (unsigned long long)r->frees, (unsigned long long)r->peak_live_bytes);
+        }
+        replay_free(run);
+    }
+}
+
 static void test_unknown_pool_is_refused_with_its_name(void) {
     replay_options options = {.follow_trace_time = true};
     char err[512];
@@ -396,6 +435,7 @@ static const test_case tests[] = {
     TEST_CASE(test_ggml_vmm_counts_lifo_violations_on_out_of_order),
     TEST_CASE(test_legacy_flush_scope),
     TEST_CASE(test_unknown_free),
+    TEST_CASE(test_trace_starting_with_frees),
     TEST_CASE(test_unknown_pool_is_refused_with_its_name),
     TEST_CASE(test_units),
     TEST_CASE(test_plot),

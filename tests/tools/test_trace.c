@@ -8,6 +8,7 @@
 #include "trace.h"
 
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <zlib.h>
 
@@ -257,6 +258,90 @@ static void test_malformed_files(void) {
     CHECK(trace_open(path, err, sizeof err) == NULL && strstr(err, "cannot open"));
 }
 
+static unsigned char *slurp_bytes(const char *path, size_t *out_size) {
+    FILE *f = fopen(path, "rb");
+    REQUIRE(f != NULL);
+    REQUIRE(fseek(f, 0, SEEK_END) == 0);
+    long size = ftell(f);
+    REQUIRE(size > 0 && fseek(f, 0, SEEK_SET) == 0);
+    unsigned char *bytes = malloc((size_t)size);
+    REQUIRE(bytes != NULL);
+    REQUIRE(fread(bytes, 1, (size_t)size, f) == (size_t)size);
+    fclose(f);
+    *out_size = (size_t)size;
+    return bytes;
+}
+
+/* Reads a damaged file: it must fail with "PATH:LINE: " then `what`, never
+ * come back as a shorter trace. Returns LINE (0 when the check failed). */
+static unsigned long long expect_damaged(const char *path, const unsigned char *bytes, size_t size, const char *what) {
+    static trace_event e[MAX_EVENTS];
+    write_text(path, (const char *)bytes, size, false);
+    char err[512] = "";
+    long n = read_file(path, e, NULL, err, sizeof err);
+    CHECK_MSG(n == -1, "%s: read %ld events without an error", path, n);
+    size_t path_len = strlen(path);
+    CHECK_MSG(!strncmp(err, path, path_len) && err[path_len] == ':', "%s: the error does not name the file: '%s'", path,
+              err);
+    unsigned long long line = strtoull(err + path_len + 1, NULL, 10);
+    CHECK_MSG(line > 0, "%s: no line in '%s'", path, err);
+    if (what) CHECK_CONTAINS(err, what);
+    return n == -1 ? line : 0;
+}
+
+/* Truncated and corrupt gzip files are errors that name the file and the
+ * line reached (F9: zlib returned what it could inflate, quietly). */
+static void test_damaged_gzip(void) {
+    /* a good trace, 2 * 2000 events, a few tens of KiB compressed */
+    enum { PAIRS = 2000 };
+    char path[1024], err[512];
+    path_in(path, sizeof path, scratch_dir, "good.csv.gz");
+    trace_writer *w = trace_writer_open(path, err, sizeof err);
+    REQUIRE(w != NULL);
+    for (uint64_t i = 0; i < PAIRS; i++) {
+        trace_event a = {i * 1000, (i + 1) * 4096, (i % 97 + 1) * 256, 0, TRACE_ALLOC};
+        trace_event f = {i * 1000 + 500, (i + 1) * 4096, 0, 0, TRACE_FREE};
+        REQUIRE(trace_write(w, &a) == 0 && trace_write(w, &f) == 0);
+    }
+    REQUIRE(trace_writer_close(w) == 0);
+    static trace_event e[MAX_EVENTS];
+    CHECK_EQ_I64(read_file(path, e, NULL, err, sizeof err), 2 * PAIRS);
+    size_t size;
+    unsigned char *bytes = slurp_bytes(path, &size);
+    REQUIRE(size > 1000);
+
+    /* cut mid-stream: the line reached is inside the trace */
+    path_in(path, sizeof path, scratch_dir, "cut_half.csv.gz");
+    unsigned long long line = expect_damaged(path, bytes, size / 2, "truncated gzip file");
+    CHECK_MSG(line > 1 && line < 2 * PAIRS + 1, "cut at half: line %llu", line);
+    /* cut a few bytes in: not even the header */
+    path_in(path, sizeof path, scratch_dir, "cut_early.csv.gz");
+    expect_damaged(path, bytes, 24, "truncated gzip file");
+    /* every line there, the trailer (CRC, length) missing or half there */
+    path_in(path, sizeof path, scratch_dir, "cut_trailer.csv.gz");
+    line = expect_damaged(path, bytes, size - 8, "truncated gzip file");
+    CHECK_EQ_U64(line, 2 * PAIRS + 2); /* past the last line */
+    path_in(path, sizeof path, scratch_dir, "cut_length.csv.gz");
+    expect_damaged(path, bytes, size - 3, "truncated gzip file");
+
+    /* a wrong CRC: every line parses, only the check says no */
+    unsigned char *copy = malloc(size);
+    REQUIRE(copy != NULL);
+    memcpy(copy, bytes, size);
+    copy[size - 8] ^= 0xff;
+    path_in(path, sizeof path, scratch_dir, "bad_crc.csv.gz");
+    expect_damaged(path, copy, size, "corrupt gzip data");
+    /* bytes flipped in the deflate data: zlib, the CRC or the parser objects */
+    for (size_t at = size / 4; at < size - 16; at += size / 4) {
+        memcpy(copy, bytes, size);
+        for (size_t k = 0; k < 4; k++) copy[at + k] ^= 0x5a;
+        path_in(path, sizeof path, scratch_dir, "flipped.csv.gz");
+        expect_damaged(path, copy, size, NULL);
+    }
+    free(copy);
+    free(bytes);
+}
+
 /* What the writer writes, the reader reads back (times in whole microseconds). */
 static void test_writer_round_trip(void) {
     static trace_event in[MAX_EVENTS], out[MAX_EVENTS];
@@ -290,6 +375,7 @@ static const test_case tests[] = {
     TEST_CASE(test_lenient),
     TEST_CASE(test_malformed_lines),
     TEST_CASE(test_malformed_files),
+    TEST_CASE(test_damaged_gzip),
     TEST_CASE(test_writer_round_trip),
 };
 
