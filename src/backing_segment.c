@@ -102,9 +102,22 @@ static uint32_t find_usable(tpi_core *core, uint64_t size, uint32_t slot, uint64
 
 /* A new segment of segment_bytes (or just the request, if the rounded size
  * does not fit) as a free region; its node goes to *out_node. */
-static tp_status grow(tpi_core *core, uint64_t size, uint64_t segment_bytes, uint32_t *out_node, uint64_t *out_need) {
+/* The pool may grow to its high-water mark (the most it ever had live,
+ * this request included) plus 1/GROWTH_HEADROOM_DIV before it waits for
+ * its own stream to give superseded segments back. */
+#define GROWTH_HEADROOM_DIV 16
+
+static tp_status grow(tpi_core *core, uint64_t size, uint32_t slot, uint64_t segment_bytes, uint32_t *out_node,
+                      uint64_t *out_need) {
     const tp_pool_config *config = &core->config;
     tpi_units_release_before_growth(&core->units, segment_bytes);
+    const tp_pool_stats *s = &core->stats.pub;
+    uint64_t high = TPI_MAX(TPI_MAX(s->allocated_bytes.peak, core->stats.high_water_allocated),
+                            s->allocated_bytes.current + size);
+    uint64_t cap = high > UINT64_MAX / 2 ? UINT64_MAX : high + high / GROWTH_HEADROOM_DIV;
+    if (s->reserved_bytes.current + segment_bytes > cap && s->reserved_bytes.current < UINT64_MAX - segment_bytes &&
+        !tpi_order_stream(&core->order, slot)->capturing)
+        tpi_units_release_own_stream(&core->units, slot, s->reserved_bytes.current + segment_bytes - cap);
     uint64_t reserved = core->stats.pub.reserved_bytes.current;
     uint64_t exact = tpi_align_up(size, config->alignment_bytes);
     if (segment_bytes > config->limit_bytes - TPI_MIN(reserved, config->limit_bytes)) {
@@ -155,7 +168,7 @@ static tp_status segment_try_alloc(tpi_backing *b, uint64_t size, uint32_t slot,
     uint32_t id = find_usable(core, size, slot, TPI_MAX(4 * size, segment_bytes));
     if (id == TPI_RA_NONE) {
         if (!may_grow) return TP_NOT_READY;
-        tp_status st = grow(core, size, segment_bytes, &id, out_need);
+        tp_status st = grow(core, size, slot, segment_bytes, &id, out_need);
         if (st != TP_OK) return st;
     }
     tpi_units *units = &core->units;

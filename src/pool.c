@@ -546,6 +546,7 @@ tp_status tp_pool_capture_begin(tp_pool *pool, tp_stream stream) {
             st = TP_ERR_CAPTURE;
         } else {
             s->capturing = true;
+            pool->core.order.captures++;
             s->captured_count = 0;
         }
     }
@@ -657,6 +658,7 @@ tp_status tp_pool_capture_end(tp_pool *pool, tp_stream stream, tp_range **out_ra
             *out_count = count;
             s->capturing = false;
             s->captured_count = 0;
+            pool->core.order.captures--;
         }
     }
     pthread_mutex_unlock(&pool->lock);

@@ -91,6 +91,7 @@ typedef struct tpi_order {
     tpi_stream *streams; /* index = slot; slot 0 unused */
     size_t stream_count, stream_capacity;
     uint32_t retired_count;
+    uint32_t captures; /* streams between tp_pool_capture_begin and _end */
     tp_stream last_stream; /* one-entry lookup cache */
     uint32_t last_slot;
     uint64_t full_sync_generation;

@@ -12,7 +12,8 @@
  *     working set is not a cache to trim);
  *   - under pressure and on trim: as much as asked, oldest first, waiting
  *     for the last use where the caller allows.
- * A unit goes back only once the work that last used it has completed.
+ * A unit goes back only once the work that last used it has completed,
+ * and never while one of the pool's streams is capturing a graph.
  */
 #include "units.h"
 
@@ -196,6 +197,9 @@ static tp_status release_segment(tpi_units *u, uint32_t id) {
  * up to max_bytes in all. */
 static tp_status release_unit(tpi_units *u, uint32_t id, bool blocking, uint64_t idle_before_ns, uint64_t max_bytes) {
     tpi_unit *unit = &u->units[id];
+    /* During a capture the device is not asked to free or unmap anything:
+     * such calls may synchronise, which a capture does not survive. */
+    if (u->order->captures) return TP_ERR_CAPTURE;
     if (!tpi_order_tag_complete(u->order, unit->tag)) {
         if (!blocking) return TP_NOT_READY;
         tp_status st = tpi_order_tag_wait(u->order, unit->tag);
@@ -257,6 +261,24 @@ void tpi_units_release_before_growth(tpi_units *u, uint64_t grow_bytes) {
         id = next;
     }
     tpi_units_release_idle(u, UINT64_MAX, false, 0, keep);
+}
+
+uint64_t tpi_units_release_own_stream(tpi_units *u, uint32_t slot, uint64_t want_bytes) {
+    uint64_t released = 0;
+    size_t budget = u->count;
+    for (uint32_t id = u->lru_head; id != TPI_UNIT_NONE && budget-- > 0 && released < want_bytes;) {
+        uint32_t next = u->units[id].lru_next;
+        tpi_tag tag = u->units[id].tag;
+        bool own = tag == TPI_TAG_CLEAN || tpi_tag_slot(tag) == slot;
+        if (own || tpi_order_tag_complete(u->order, tag)) {
+            uint64_t reserved = u->stats->pub.reserved_bytes.current;
+            release_unit(u, id, own, UINT64_MAX, want_bytes - released);
+            released += reserved - u->stats->pub.reserved_bytes.current;
+        }
+        if (next != TPI_UNIT_NONE && u->units[next].state != TPI_UNIT_IDLE) next = u->lru_head;
+        id = next;
+    }
+    return released;
 }
 
 void tpi_units_release_aged(tpi_units *u, bool force) {

@@ -119,6 +119,12 @@ void tpi_units_release_idle_down_to(tpi_units *units, uint64_t target_reserved_b
 /* Before growing by grow_bytes: completed idle units go, the large ones
  * first, while idle + grow_bytes exceeds the release threshold. */
 void tpi_units_release_before_growth(tpi_units *units, uint64_t grow_bytes);
+/* Growth past the high-water mark with idle units whose last use is still
+ * queued on the growing stream itself (a host that runs ahead of the
+ * device): those go back, oldest first, after waiting for that stream's
+ * older work -- which the new memory's first use waits for anyway -- until
+ * want_bytes are released. Never waits for another stream. */
+uint64_t tpi_units_release_own_stream(tpi_units *units, uint32_t slot, uint64_t want_bytes);
 /* Cold memory (idle longer than idle_release_ns) beyond the release
  * threshold goes back, oldest first; rate-limited unless forced. */
 void tpi_units_release_aged(tpi_units *units, bool force);

@@ -419,6 +419,42 @@ static void capture_keeps_the_peak_not_the_sum(tp_pool_kind kind) {
 }
 KIND_TEST(capture_keeps_the_peak_not_the_sum)
 
+/* Failure mode 1 with the host running ahead of the device: K and V grow
+ * every other step, 20 small temporaries, all freed in reverse, memsets on
+ * everything, and the host never waits (each step takes it 10 us; the
+ * device needs ~130 us for the largest memsets). Superseded K and V
+ * blocks still have work queued when the next, larger ones are needed.
+ * The pool must not hold much more than the peak live bytes for that (the
+ * segment pool held 2.9x on an H200), nor synchronise the whole device. */
+static void growth_with_the_host_running_ahead(tp_pool_kind kind) {
+    fixture f;
+    fixture_open_with(&f, "sim:8GiB", kind, NULL, false);
+    const uint64_t smalls[10] = {4096, 8192, 16384, 65536, 131072, 262144, 1 << 20, 2048, 512, 98304};
+    const int steps = 1024, speed = 131072 / steps;
+    void *blocks[22];
+    for (int t = 1; t <= steps && !check_failures; t++) {
+        uint64_t n_kv = 256ull * (uint64_t)((512 + speed * t + 255) / 256);
+        for (int i = 0; i < 22; i++) {
+            uint64_t bytes = i < 2 ? n_kv * 2048 : smalls[(i - 2) % 10];
+            REQUIRE_OK(tp_pool_alloc(f.pool, bytes, TP_STREAM_DEFAULT, &blocks[i]));
+            launch(f.dev, TP_STREAM_DEFAULT, bytes / 2000 + 1, blocks[i], bytes); /* ~2 TB/s */
+        }
+        for (int i = 21; i >= 0; i--) CHECK_OK(tp_pool_free(f.pool, blocks[i], TP_STREAM_DEFAULT));
+        CHECK_OK(tp_sim_advance(f.dev, 10000));
+    }
+    CHECK_OK(tp_stream_synchronize(f.dev, TP_STREAM_DEFAULT));
+    tp_pool_stats s;
+    CHECK_OK(tp_pool_get_stats(f.pool, &s));
+    double ratio = (double)s.reserved_bytes.peak / (double)s.requested_bytes.peak;
+    printf("  %s: peak live %.1f MiB, peak held %.1f MiB (%.3fx), %llu device allocations, %llu host waits\n",
+           kind_name(kind), s.requested_bytes.peak / (double)TEST_MiB, s.reserved_bytes.peak / (double)TEST_MiB,
+           ratio, (unsigned long long)s.device_allocs, (unsigned long long)s.synchronizations);
+    CHECK_MSG(ratio <= 1.1, "held %.3fx peak live", ratio);
+    CHECK_LT_U64(s.device_allocs, 300);
+    fixture_close(&f);
+}
+KIND_TEST(growth_with_the_host_running_ahead)
+
 static const test_case tests[] = {
     TEST_CASE(test_vmm_window_waits_for_every_blocking_stream),
     TEST_CASE(test_detach_during_a_reclaim_round_does_not_deadlock),
@@ -429,6 +465,7 @@ static const test_case tests[] = {
     KIND_CASES(pin_of_a_wrapping_range_is_refused),
     TEST_CASE(test_vmm_pool_takes_alignments_above_its_page_size),
     KIND_CASES(capture_keeps_the_peak_not_the_sum),
+    KIND_CASES(growth_with_the_host_running_ahead),
 };
 
 int main(int argc, char **argv) { return TEST_MAIN("test_pool_adversarial", tests, argc, argv); }
