@@ -62,6 +62,32 @@ static void test_bad_specs_are_refused_and_explained(void) {
     CHECK_STATUS(tp_device_open("sim", NULL, NULL), TP_ERR_INVALID_ARGUMENT);
 }
 
+static void test_granularity_is_a_power_of_two_from_4kib_to_1gib(void) {
+    /* gran=1 or 2 once made a 2.4 G-entry page table and a 10 s check. */
+    test_log log = {0};
+    tp_device_config cfg = {.log = test_log_fn, .log_user = &log};
+    const char *bad[] = {"sim,gran=1", "sim,gran=2", "sim,gran=2KiB", "sim,gran=2GiB", "sim,gran=0",
+                         "sim,gran=6KiB"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        tp_device *dev = (tp_device *)0x1;
+        CHECK_STATUS(tp_device_open(bad[i], &cfg, &dev), TP_ERR_BAD_SPEC);
+        CHECK_EQ_PTR(dev, NULL);
+        if (dev && dev != (tp_device *)0x1) tp_device_close(dev);
+    }
+    CHECK_EQ_I64(log.errors, (long long)(sizeof bad / sizeof *bad)); /* each one explained */
+    const char *good[] = {"sim,gran=4KiB", "sim,gran=1GiB"};
+    uint64_t want[] = {4 * 1024, TEST_GiB};
+    for (size_t i = 0; i < 2; i++) {
+        tp_device *dev = NULL;
+        CHECK_OK(tp_device_open(good[i], &cfg, &dev));
+        if (!dev) continue;
+        tp_device_info info;
+        CHECK_OK(tp_device_get_info(dev, &info));
+        CHECK_EQ_U64(info.granularity_bytes, want[i]);
+        CHECK_OK(tp_device_close(dev));
+    }
+}
+
 static void test_status_names(void) {
     CHECK_EQ_STR(tp_status_name(TP_OK), "TP_OK");
     CHECK_EQ_STR(tp_status_name(TP_ERR_OUT_OF_MEMORY), "TP_ERR_OUT_OF_MEMORY");
@@ -308,6 +334,7 @@ static const test_case tests[] = {
     TEST_CASE(test_spec_options_set_capacity_vmm_and_granularity),
     TEST_CASE(test_spec_capacity_may_be_fractional),
     TEST_CASE(test_bad_specs_are_refused_and_explained),
+    TEST_CASE(test_granularity_is_a_power_of_two_from_4kib_to_1gib),
     TEST_CASE(test_status_names),
     TEST_CASE(test_parse_bytes),
     TEST_CASE(test_vmm_memory_map_unmap_and_plain_allocations),
