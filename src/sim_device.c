@@ -140,6 +140,19 @@ static bool is_sim(tp_device *device) {
     return device && device->ops && strcmp(device->ops->backend, "sim") == 0;
 }
 
+/* TP_OK for a simulated device; no device is an invalid argument, another
+ * backend's device TP_ERR_UNSUPPORTED (checked before any other argument). */
+static tp_status sim_device_check(tp_device *device) {
+    if (!device) return TP_ERR_INVALID_ARGUMENT;
+    return is_sim(device) ? TP_OK : TP_ERR_UNSUPPORTED;
+}
+
+#define SIM_REQUIRE_DEVICE(device)                      \
+    do {                                                \
+        tp_status require_st_ = sim_device_check(device); \
+        if (require_st_ != TP_OK) return require_st_;   \
+    } while (0)
+
 static uint64_t physical_used(const sim_device *sim) {
     uint64_t graph = sim->graph_pool ? sim->graph_pool_bytes : sim->graph_bytes;
     return sim->mapped_bytes + sim->allocated_bytes + graph + sim->occupied_bytes;
@@ -497,12 +510,28 @@ static tp_status sim_mem_free(tp_device *device, uint64_t address, uint64_t byte
     return st;
 }
 
+/* A free slot, preferring one none of whose kernels is still pending: a
+ * reused slot's old kernels would count as the new stream's own work. */
+static bool free_stream_slot(sim_device *sim, uint32_t *out_slot) {
+    prune_kernels(sim);
+    uint64_t pending = 0;
+    for (size_t i = 0; i < sim->kernel_count; i++) pending |= 1ull << sim->kernels[i].stream;
+    bool found = false;
+    for (uint32_t i = 1; i < SIM_MAX_STREAMS; i++) {
+        if (sim->streams[i].in_use) continue;
+        if (!found || !(pending & (1ull << i))) *out_slot = i;
+        found = true;
+        if (!(pending & (1ull << i))) break;
+    }
+    return found;
+}
+
 static tp_status sim_stream_create(tp_device *device, tp_stream *out_stream) {
     sim_device *sim = sim_of(device);
-    tp_status st = TP_ERR_HOST_OUT_OF_MEMORY;
+    tp_status st = TP_OK;
     SIM_LOCKED(sim, {
-        for (uint32_t i = 1; i < SIM_MAX_STREAMS; i++) {
-            if (sim->streams[i].in_use) continue;
+        uint32_t i = 0;
+        if (free_stream_slot(sim, &i)) {
             sim_stream *s = &sim->streams[i];
             uint64_t seq = s->seq; /* keep counting so old kernels stay distinguishable */
             memset(s, 0, sizeof *s);
@@ -510,10 +539,14 @@ static tp_status sim_stream_create(tp_device *device, tp_stream *out_stream) {
             s->seq = seq;
             s->vc[i] = seq;
             *out_stream = (tp_stream)(uintptr_t)i;
-            st = TP_OK;
-            break;
+        } else {
+            st = TP_ERR_BUSY;
         }
     });
+    if (st == TP_ERR_BUSY)
+        tpi_logf(&device->logger, TP_LOG_ERROR,
+                "sim: stream_create refused: all %d simulated streams are in use (destroy one first)",
+                SIM_MAX_STREAMS - 1);
     return st;
 }
 
@@ -822,7 +855,7 @@ tp_status tpi_sim_device_create(tp_device *device, const tpi_device_options *opt
 
 tp_status tp_sim_launch(tp_device *device, tp_stream stream, uint64_t duration_ns, const tp_range *ranges,
                         size_t range_count) {
-    if (!is_sim(device)) return device ? TP_ERR_UNSUPPORTED : TP_ERR_INVALID_ARGUMENT;
+    SIM_REQUIRE_DEVICE(device);
     if (range_count && !ranges) return TP_ERR_INVALID_ARGUMENT;
     sim_device *sim = sim_of(device);
     tp_status st;
@@ -835,7 +868,7 @@ tp_status tp_sim_launch(tp_device *device, tp_stream stream, uint64_t duration_n
 }
 
 tp_status tp_sim_advance(tp_device *device, uint64_t ns) {
-    if (!is_sim(device)) return device ? TP_ERR_UNSUPPORTED : TP_ERR_INVALID_ARGUMENT;
+    SIM_REQUIRE_DEVICE(device);
     sim_device *sim = sim_of(device);
     SIM_LOCKED(sim, {
         sim->now_ns = ns > UINT64_MAX - sim->now_ns ? UINT64_MAX : sim->now_ns + ns;
@@ -845,14 +878,15 @@ tp_status tp_sim_advance(tp_device *device, uint64_t ns) {
 }
 
 tp_status tp_sim_now(tp_device *device, uint64_t *out_now_ns) {
-    if (!is_sim(device) || !out_now_ns) return device ? TP_ERR_UNSUPPORTED : TP_ERR_INVALID_ARGUMENT;
+    SIM_REQUIRE_DEVICE(device);
+    if (!out_now_ns) return TP_ERR_INVALID_ARGUMENT;
     *out_now_ns = sim_now_ns(device);
     return TP_OK;
 }
 
 tp_status tp_sim_inject_fault(tp_device *device, tp_sim_op op, uint64_t after_successes, uint64_t fail_count,
                               tp_status status) {
-    if (!is_sim(device)) return device ? TP_ERR_UNSUPPORTED : TP_ERR_INVALID_ARGUMENT;
+    SIM_REQUIRE_DEVICE(device);
     if ((unsigned)op >= (unsigned)TP_SIM_OP_COUNT_ || (unsigned)status >= (unsigned)TP_STATUS_COUNT_)
         return TP_ERR_INVALID_ARGUMENT;
     sim_device *sim = sim_of(device);
@@ -864,14 +898,15 @@ tp_status tp_sim_inject_fault(tp_device *device, tp_sim_op op, uint64_t after_su
 }
 
 tp_status tp_sim_clear_faults(tp_device *device) {
-    if (!is_sim(device)) return device ? TP_ERR_UNSUPPORTED : TP_ERR_INVALID_ARGUMENT;
+    SIM_REQUIRE_DEVICE(device);
     sim_device *sim = sim_of(device);
     SIM_LOCKED(sim, { memset(sim->faults, 0, sizeof sim->faults); });
     return TP_OK;
 }
 
 tp_status tp_sim_get_counters(tp_device *device, tp_sim_counters *out_counters) {
-    if (!is_sim(device) || !out_counters) return device ? TP_ERR_UNSUPPORTED : TP_ERR_INVALID_ARGUMENT;
+    SIM_REQUIRE_DEVICE(device);
+    if (!out_counters) return TP_ERR_INVALID_ARGUMENT;
     sim_device *sim = sim_of(device);
     SIM_LOCKED(sim, {
         prune_kernels(sim);
@@ -882,7 +917,7 @@ tp_status tp_sim_get_counters(tp_device *device, tp_sim_counters *out_counters) 
 }
 
 tp_status tp_sim_occupy(tp_device *device, uint64_t bytes) {
-    if (!is_sim(device)) return device ? TP_ERR_UNSUPPORTED : TP_ERR_INVALID_ARGUMENT;
+    SIM_REQUIRE_DEVICE(device);
     sim_device *sim = sim_of(device);
     tp_status st = TP_OK;
     SIM_LOCKED(sim, {
@@ -899,7 +934,7 @@ tp_status tp_sim_occupy(tp_device *device, uint64_t bytes) {
 }
 
 tp_status tp_sim_graph_create(tp_device *device, const tp_sim_graph_desc *desc, tp_graph *out_graph) {
-    if (!is_sim(device)) return device ? TP_ERR_UNSUPPORTED : TP_ERR_INVALID_ARGUMENT;
+    SIM_REQUIRE_DEVICE(device);
     if (!desc || !out_graph || desc->node_count == 0 || (desc->range_count && !desc->ranges))
         return TP_ERR_INVALID_ARGUMENT;
     sim_graph *g = tpi_host_calloc(&device->host, 1, sizeof *g);
@@ -916,7 +951,7 @@ tp_status tp_sim_graph_create(tp_device *device, const tp_sim_graph_desc *desc, 
 }
 
 tp_status tp_sim_graph_destroy(tp_device *device, tp_graph graph) {
-    if (!is_sim(device)) return device ? TP_ERR_UNSUPPORTED : TP_ERR_INVALID_ARGUMENT;
+    SIM_REQUIRE_DEVICE(device);
     if (!graph) return TP_ERR_INVALID_ARGUMENT;
     sim_graph *g = (sim_graph *)graph;
     free_graph_shape(&device->host, g);

@@ -329,6 +329,73 @@ static void test_occupy_and_graphs(void) {
     CHECK_OK(tp_device_close(dev));
 }
 
+static void test_sim_calls_tell_bad_arguments_from_other_backends(void) {
+    /* A missing output is an invalid argument; UNSUPPORTED means only "not
+     * a simulated device". */
+    test_log log = {0};
+    tp_device *dev = open_sim("sim:1GiB", &log);
+    CHECK_STATUS(tp_sim_now(dev, NULL), TP_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(tp_sim_get_counters(dev, NULL), TP_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(tp_sim_graph_create(dev, NULL, NULL), TP_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(tp_sim_graph_destroy(dev, NULL), TP_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(tp_sim_launch(dev, TP_STREAM_DEFAULT, 1, NULL, 1), TP_ERR_INVALID_ARGUMENT);
+    uint64_t now = 1;
+    tp_sim_counters c;
+    CHECK_STATUS(tp_sim_now(NULL, &now), TP_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(tp_sim_get_counters(NULL, &c), TP_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(tp_sim_advance(NULL, 1), TP_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(tp_sim_occupy(NULL, 1), TP_ERR_INVALID_ARGUMENT);
+    /* Another backend's device (a fake one: only its table's name counts). */
+    tpi_device_ops other_ops = {.backend = "cuda"};
+    tp_device other = {.ops = &other_ops};
+    CHECK_STATUS(tp_sim_now(&other, &now), TP_ERR_UNSUPPORTED);
+    CHECK_STATUS(tp_sim_now(&other, NULL), TP_ERR_UNSUPPORTED);
+    CHECK_STATUS(tp_sim_get_counters(&other, NULL), TP_ERR_UNSUPPORTED);
+    CHECK_STATUS(tp_sim_advance(&other, 1), TP_ERR_UNSUPPORTED);
+    CHECK_STATUS(tp_sim_clear_faults(&other), TP_ERR_UNSUPPORTED);
+    CHECK_OK(tp_device_close(dev));
+}
+
+static void test_streams_run_out_busy_and_slots_are_reused(void) {
+    test_log log = {0};
+    tp_device *dev = open_sim("sim:1GiB", &log);
+    /* Slot 0 is the default stream: 63 more at once. */
+    tp_stream streams[64];
+    int made = 0;
+    for (; made < 64; made++)
+        if (tp_stream_create(dev, &streams[made]) != TP_OK) break;
+    CHECK_EQ_I64(made, 63);
+    tp_stream extra;
+    int errors_before = log.errors;
+    CHECK_STATUS(tp_stream_create(dev, &extra), TP_ERR_BUSY);
+    CHECK_EQ_I64(log.errors, errors_before + 1); /* and says why */
+    for (int i = 0; i < made; i++) CHECK_OK(tp_stream_destroy(dev, streams[i]));
+    /* Destroyed streams give their slot back. */
+    for (int i = 0; i < 10000; i++) {
+        tp_stream s;
+        tp_status st = tp_stream_create(dev, &s);
+        CHECK_OK(st);
+        if (st != TP_OK) break;
+        CHECK_OK(tp_stream_destroy(dev, s));
+    }
+    /* A slot whose old kernels still run is not handed out while another
+     * is free: its kernels would pass as the new stream's own. */
+    uint64_t buf;
+    CHECK_OK(dev->ops->mem_alloc(dev, 4096, &buf));
+    tp_range r = {buf, 4096};
+    tp_stream a, b;
+    CHECK_OK(tp_stream_create(dev, &a));
+    CHECK_OK(tp_sim_launch(dev, a, 1000, &r, 1));
+    CHECK_OK(tp_stream_destroy(dev, a));
+    CHECK_OK(tp_stream_create(dev, &b));
+    CHECK_NE_PTR(b, a);
+    CHECK_EQ_U64(dev->ops->check_handout(dev, buf, 4096, b), 1);
+    CHECK_OK(tp_stream_destroy(dev, b));
+    CHECK_OK(tp_device_synchronize(dev));
+    CHECK_OK(dev->ops->mem_free(dev, buf, 4096));
+    CHECK_OK(tp_device_close(dev));
+}
+
 static const test_case tests[] = {
     TEST_CASE(test_default_spec_is_16gib_with_vmm),
     TEST_CASE(test_spec_options_set_capacity_vmm_and_granularity),
@@ -343,6 +410,8 @@ static const test_case tests[] = {
     TEST_CASE(test_transitive_order),
     TEST_CASE(test_faults),
     TEST_CASE(test_occupy_and_graphs),
+    TEST_CASE(test_sim_calls_tell_bad_arguments_from_other_backends),
+    TEST_CASE(test_streams_run_out_busy_and_slots_are_reused),
 };
 
 int main(int argc, char **argv) { return TEST_MAIN("test_sim_device", tests, argc, argv); }
