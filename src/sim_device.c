@@ -294,6 +294,11 @@ static uint64_t count_conflicts(sim_device *sim, uint64_t address, uint64_t byte
     return found;
 }
 
+/* When everything queued on the stream so far is complete: its own work
+ * and the work of the events it waited on (transitively: an event captures
+ * its stream's wait floor too). */
+static uint64_t stream_done_ns(const sim_stream *st) { return TPI_MAX(st->tail_ns, st->wait_floor_ns); }
+
 static bool stream_index(sim_device *sim, tp_stream stream, uint32_t *out_index) {
     uintptr_t index = (uintptr_t)stream;
     if (index >= SIM_MAX_STREAMS || !sim->streams[index].in_use) return false;
@@ -570,7 +575,8 @@ static tp_status sim_stream_synchronize(tp_device *device, tp_stream stream) {
         uint32_t s;
         st = sim_enter(sim, TP_SIM_OP_SYNC);
         if (st == TP_OK && !stream_index(sim, stream, &s)) st = TP_ERR_INVALID_ARGUMENT;
-        if (st == TP_OK) sim->now_ns = TPI_MAX(sim->now_ns, sim->streams[s].tail_ns);
+        /* Done when its own work and everything that work waited on is. */
+        if (st == TP_OK) sim->now_ns = TPI_MAX(sim->now_ns, stream_done_ns(&sim->streams[s]));
     });
     return st;
 }
@@ -621,7 +627,7 @@ static tp_status sim_event_record(tp_device *device, tp_event event, tp_stream s
             sim_event *e = (sim_event *)event;
             const sim_stream *src = &sim->streams[s];
             e->recorded = true;
-            e->time_ns = TPI_MAX(src->tail_ns, src->wait_floor_ns);
+            e->time_ns = stream_done_ns(src);
             memcpy(e->vc, src->vc, sizeof e->vc);
         }
     });
@@ -656,8 +662,12 @@ static tp_status sim_device_synchronize(tp_device *device) {
     SIM_LOCKED(sim, {
         st = sim_enter(sim, TP_SIM_OP_SYNC);
         if (st == TP_OK) {
+            /* Every stream's work, and what destroyed streams left queued. */
+            uint64_t done = sim->now_ns;
             for (int i = 0; i < SIM_MAX_STREAMS; i++)
-                if (sim->streams[i].in_use) sim->now_ns = TPI_MAX(sim->now_ns, sim->streams[i].tail_ns);
+                if (sim->streams[i].in_use) done = TPI_MAX(done, stream_done_ns(&sim->streams[i]));
+            for (size_t k = 0; k < sim->kernel_count; k++) done = TPI_MAX(done, sim->kernels[k].end_ns);
+            sim->now_ns = done;
         }
     });
     return st;

@@ -396,6 +396,57 @@ static void test_streams_run_out_busy_and_slots_are_reused(void) {
     CHECK_OK(tp_device_close(dev));
 }
 
+static void test_synchronize_waits_for_waited_events(void) {
+    /* s2 waits on s1's work (ends at 5000); its own is empty. Its
+     * synchronize returns only once s1's work is done too. */
+    test_log log = {0};
+    tp_device *dev = open_sim("sim:1GiB,novmm", &log);
+    tp_stream s1, s2, s3;
+    CHECK_OK(tp_stream_create(dev, &s1));
+    CHECK_OK(tp_stream_create(dev, &s2));
+    CHECK_OK(tp_stream_create(dev, &s3));
+    uint64_t buf, now;
+    CHECK_OK(dev->ops->mem_alloc(dev, 4096, &buf));
+    tp_range r = {buf, 4096};
+    CHECK_OK(tp_sim_launch(dev, s1, 5000, &r, 1));
+    tp_event e, f;
+    CHECK_OK(tp_event_create(dev, &e));
+    CHECK_OK(tp_event_create(dev, &f));
+    CHECK_OK(tp_event_record(dev, e, s1));
+    CHECK_OK(tp_stream_wait_event(dev, s2, e));
+    CHECK_OK(tp_stream_synchronize(dev, s2));
+    CHECK_OK(tp_sim_now(dev, &now));
+    CHECK_EQ_U64(now, 5000);
+    /* So freeing after that synchronize is no hazard. */
+    tp_sim_counters c;
+    CHECK_OK(tp_sim_get_counters(dev, &c));
+    CHECK_EQ_U64(c.pending_kernels, 0);
+    /* Transitively: s3 waits on s2, which waited on s1's next kernel. */
+    CHECK_OK(tp_sim_launch(dev, s1, 3000, &r, 1)); /* 5000..8000 */
+    CHECK_OK(tp_event_record(dev, e, s1));
+    CHECK_OK(tp_stream_wait_event(dev, s2, e));
+    CHECK_OK(tp_event_record(dev, f, s2));
+    CHECK_OK(tp_stream_wait_event(dev, s3, f));
+    CHECK_OK(tp_stream_synchronize(dev, s3));
+    CHECK_OK(tp_sim_now(dev, &now));
+    CHECK_EQ_U64(now, 8000);
+    /* A destroyed stream's queued work still runs: a device synchronize
+     * waits for it. */
+    CHECK_OK(tp_sim_launch(dev, s1, 1000, &r, 1)); /* 8000..9000 */
+    CHECK_OK(tp_stream_destroy(dev, s1));
+    CHECK_OK(tp_device_synchronize(dev));
+    CHECK_OK(tp_sim_now(dev, &now));
+    CHECK_EQ_U64(now, 9000);
+    CHECK_OK(dev->ops->mem_free(dev, buf, 4096));
+    CHECK_OK(tp_sim_get_counters(dev, &c));
+    CHECK_EQ_U64(c.hazards, 0);
+    CHECK_OK(tp_event_destroy(dev, e));
+    CHECK_OK(tp_event_destroy(dev, f));
+    CHECK_OK(tp_stream_destroy(dev, s2));
+    CHECK_OK(tp_stream_destroy(dev, s3));
+    CHECK_OK(tp_device_close(dev));
+}
+
 static const test_case tests[] = {
     TEST_CASE(test_default_spec_is_16gib_with_vmm),
     TEST_CASE(test_spec_options_set_capacity_vmm_and_granularity),
@@ -408,6 +459,7 @@ static const test_case tests[] = {
     TEST_CASE(test_novmm_refuses_reservations_and_allocates_without_host_memory),
     TEST_CASE(test_clock_events_hazards),
     TEST_CASE(test_transitive_order),
+    TEST_CASE(test_synchronize_waits_for_waited_events),
     TEST_CASE(test_faults),
     TEST_CASE(test_occupy_and_graphs),
     TEST_CASE(test_sim_calls_tell_bad_arguments_from_other_backends),
