@@ -158,6 +158,23 @@ static uint64_t physical_used(const sim_device *sim) {
     return sim->mapped_bytes + sim->allocated_bytes + graph + sim->occupied_bytes;
 }
 
+/* Whether bytes more fit on the device (never a wrapping sum). */
+static bool fits_capacity(const sim_device *sim, uint64_t bytes) {
+    uint64_t used = physical_used(sim);
+    return used <= sim->capacity_bytes && bytes <= sim->capacity_bytes - used;
+}
+
+/* Whether [address, address + bytes) is representable: it ends at or below
+ * UINT64_MAX, so no sum of its bounds wraps. Every range the simulator
+ * takes is checked with this before it is stored or compared. */
+static bool range_valid(uint64_t address, uint64_t bytes) { return bytes <= UINT64_MAX - address; }
+
+static bool ranges_valid(const tp_range *ranges, size_t count) {
+    for (size_t i = 0; i < count; i++)
+        if (!range_valid(ranges[i].address, ranges[i].bytes)) return false;
+    return true;
+}
+
 static void note_physical(sim_device *sim) {
     sim->counters.physical_used_bytes = physical_used(sim);
     if (sim->counters.physical_used_bytes > sim->counters.physical_peak_bytes)
@@ -309,6 +326,11 @@ static bool stream_index(sim_device *sim, tp_stream stream, uint32_t *out_index)
 /* Queues work touching ranges on stream s; the caller holds the lock. */
 static tp_status queue_work(sim_device *sim, uint32_t s, uint64_t duration_ns, const tp_range *ranges,
                             size_t range_count) {
+    sim_stream *st = &sim->streams[s];
+    uint64_t start = TPI_MAX(sim->now_ns, stream_done_ns(st));
+    /* Refused, not wrapped: an end past the clock's range, or a range past
+     * the address space's end, would slip past every later check. */
+    if (duration_ns > UINT64_MAX - start || !ranges_valid(ranges, range_count)) return TP_ERR_INVALID_ARGUMENT;
     for (size_t r = 0; r < range_count; r++) {
         if (ranges[r].bytes && !resident_covers(sim, ranges[r].address, ranges[r].bytes)) {
             sim->counters.invalid_accesses++;
@@ -326,8 +348,6 @@ static tp_status queue_work(sim_device *sim, uint32_t s, uint64_t duration_ns, c
         if (!copy) return TP_ERR_HOST_OUT_OF_MEMORY;
         memcpy(copy, ranges, range_count * sizeof *copy);
     }
-    sim_stream *st = &sim->streams[s];
-    uint64_t start = TPI_MAX(sim->now_ns, TPI_MAX(st->tail_ns, st->wait_floor_ns));
     st->tail_ns = start + duration_ns;
     st->seq++;
     st->vc[s] = st->seq;
@@ -373,13 +393,19 @@ static tp_status sim_va_reserve(tp_device *device, uint64_t bytes, uint64_t alig
     tp_status st;
     SIM_LOCKED(sim, {
         st = sim_enter(sim, TP_SIM_OP_VA_RESERVE);
-        if (st == TP_OK && (!sim->vmm || bytes == 0 || bytes % sim->granularity_bytes)) st = TP_ERR_INVALID_ARGUMENT;
+        if (st == TP_OK && (!sim->vmm || bytes == 0 || bytes % sim->granularity_bytes ||
+                            (alignment && !tpi_is_pow2(alignment))))
+            st = TP_ERR_INVALID_ARGUMENT;
+        uint64_t align = TPI_MAX(alignment, sim->granularity_bytes);
+        /* The reservation and its guard gap must end inside the address
+         * space (the last VA region runs to 2^64): else it is exhausted. */
+        uint64_t va = sim->next_va > UINT64_MAX - (align - 1) ? 0 : tpi_align_up(sim->next_va, align);
+        if (st == TP_OK && (va == 0 || bytes > UINT64_MAX - va || bytes + va > UINT64_MAX - sim->granularity_bytes))
+            st = TP_ERR_OUT_OF_MEMORY;
         if (st == TP_OK && !tpi_host_grow(&device->host, (void **)&sim->reservations, sizeof *sim->reservations,
                                          &sim->reservation_capacity, sim->reservation_count + 1))
             st = TP_ERR_HOST_OUT_OF_MEMORY;
         if (st == TP_OK) {
-            uint64_t align = TPI_MAX(alignment, sim->granularity_bytes);
-            uint64_t va = tpi_align_up(sim->next_va, align);
             sim->next_va = va + bytes + sim->granularity_bytes; /* a guard gap between reservations */
             sim->reservations[sim->reservation_count++] = (sim_reservation){va, bytes};
             *out_va = va;
@@ -436,10 +462,11 @@ static tp_status sim_map(tp_device *device, uint64_t va, uint64_t bytes) {
     tp_status st;
     SIM_LOCKED(sim, {
         st = sim_enter(sim, TP_SIM_OP_MAP);
-        if (st == TP_OK && (bytes == 0 || va % sim->granularity_bytes || bytes % sim->granularity_bytes ||
-                            !inside_reservation(sim, va, bytes) || resident_overlaps(sim, va, bytes)))
+        if (st == TP_OK && (bytes == 0 || !range_valid(va, bytes) || va % sim->granularity_bytes ||
+                            bytes % sim->granularity_bytes || !inside_reservation(sim, va, bytes) ||
+                            resident_overlaps(sim, va, bytes)))
             st = TP_ERR_INVALID_ARGUMENT;
-        if (st == TP_OK && physical_used(sim) + bytes > sim->capacity_bytes) st = TP_ERR_OUT_OF_MEMORY;
+        if (st == TP_OK && !fits_capacity(sim, bytes)) st = TP_ERR_OUT_OF_MEMORY;
         if (st == TP_OK) {
             size_t pages = (size_t)(bytes / sim->granularity_bytes);
             st = resident_insert_run(sim, (sim_resident){va, sim->granularity_bytes, RESIDENT_MAP}, pages,
@@ -459,8 +486,8 @@ static tp_status sim_unmap(tp_device *device, uint64_t va, uint64_t bytes) {
     SIM_LOCKED(sim, {
         st = sim_enter(sim, TP_SIM_OP_UNMAP);
         size_t i = 0, pages = 0;
-        if (st == TP_OK && (bytes == 0 || va % sim->granularity_bytes || bytes % sim->granularity_bytes ||
-                            !resident_find_exact(sim, va, RESIDENT_MAP, &i)))
+        if (st == TP_OK && (bytes == 0 || !range_valid(va, bytes) || va % sim->granularity_bytes ||
+                            bytes % sim->granularity_bytes || !resident_find_exact(sim, va, RESIDENT_MAP, &i)))
             st = TP_ERR_INVALID_ARGUMENT;
         if (st == TP_OK) {
             pages = (size_t)(bytes / sim->granularity_bytes);
@@ -483,9 +510,14 @@ static tp_status sim_mem_alloc(tp_device *device, uint64_t bytes, uint64_t *out_
     SIM_LOCKED(sim, {
         st = sim_enter(sim, TP_SIM_OP_MALLOC);
         if (st == TP_OK && bytes == 0) st = TP_ERR_INVALID_ARGUMENT;
-        if (st == TP_OK && physical_used(sim) + bytes > sim->capacity_bytes) st = TP_ERR_OUT_OF_MEMORY;
+        if (st == TP_OK && !fits_capacity(sim, bytes)) st = TP_ERR_OUT_OF_MEMORY;
+        /* Allocations live below SIM_VA_BASE, with a 2 MiB gap after each:
+         * a device larger than that address space runs out of it first. */
+        uint64_t address = sim->next_malloc;
+        if (st == TP_OK && (address > SIM_VA_BASE || bytes > SIM_VA_BASE - address ||
+                            SIM_VA_BASE - address - bytes < 4 * TPI_MiB))
+            st = TP_ERR_OUT_OF_MEMORY;
         if (st == TP_OK) {
-            uint64_t address = sim->next_malloc;
             /* Like cudaMalloc: 512-byte aligned, and never adjacent to the
              * previous allocation, so segments cannot silently merge. */
             sim->next_malloc = tpi_align_up(address + bytes, 2 * TPI_MiB) + 2 * TPI_MiB;
@@ -506,7 +538,8 @@ static tp_status sim_mem_free(tp_device *device, uint64_t address, uint64_t byte
     SIM_LOCKED(sim, {
         st = sim_enter(sim, TP_SIM_OP_FREE);
         size_t i;
-        if (st == TP_OK && (!resident_find_exact(sim, address, RESIDENT_ALLOC, &i) || sim->resident[i].bytes != bytes))
+        if (st == TP_OK && (!range_valid(address, bytes) || !resident_find_exact(sim, address, RESIDENT_ALLOC, &i) ||
+                            sim->resident[i].bytes != bytes))
             st = TP_ERR_INVALID_ARGUMENT;
         if (st == TP_OK) {
             give_back(sim, i, 1, address, bytes, &sim->allocated_bytes, &sim->counters.hazards_free, "device free");
@@ -683,6 +716,7 @@ static uint64_t sim_check_handout(tp_device *device, uint64_t address, uint64_t 
     SIM_LOCKED(sim, {
         uint32_t s;
         if (sim->check && sim->kernel_count && stream_index(sim, stream, &s)) {
+            bytes = TPI_MIN(bytes, UINT64_MAX - address); /* no error to return: clamp, never wrap */
             found = count_conflicts(sim, address, bytes, (int)s, "hand-out");
             sim->counters.hazards_handout += found;
             sim->counters.hazards += found;
@@ -722,7 +756,11 @@ static tp_status sim_graph_instantiate(tp_device *device, tp_graph graph, tpi_gr
         tpi_host_free(&device->host, exec, sizeof *exec);
         return st;
     }
-    exec->bytes = (uint64_t)g->node_count * sim->graph_node_bytes + sim->graph_exec_bytes;
+    /* Saturating: a cost past 2^64 cannot fit, and must not wrap into one that does. */
+    uint64_t node_bytes = 0;
+    if (__builtin_mul_overflow((uint64_t)g->node_count, sim->graph_node_bytes, &node_bytes) ||
+        __builtin_add_overflow(node_bytes, sim->graph_exec_bytes, &exec->bytes))
+        exec->bytes = UINT64_MAX;
     SIM_LOCKED(sim, {
         st = sim_enter(sim, TP_SIM_OP_GRAPH_INSTANTIATE);
         /* With graphpool, only growth of the pool takes new memory. */
@@ -731,7 +769,7 @@ static tp_status sim_graph_instantiate(tp_device *device, tp_graph graph, tpi_gr
             uint64_t room = sim->graph_pool_bytes - sim->graph_bytes;
             growth = exec->bytes > room ? exec->bytes - room : 0;
         }
-        if (st == TP_OK && physical_used(sim) + growth > sim->capacity_bytes) st = TP_ERR_OUT_OF_MEMORY;
+        if (st == TP_OK && !fits_capacity(sim, growth)) st = TP_ERR_OUT_OF_MEMORY;
         if (st == TP_OK) {
             sim->graph_bytes += exec->bytes;
             sim->graph_pool_bytes += growth;
@@ -933,7 +971,7 @@ tp_status tp_sim_occupy(tp_device *device, uint64_t bytes) {
     SIM_LOCKED(sim, {
         if (bytes == 0) {
             sim->occupied_bytes = 0;
-        } else if (physical_used(sim) + bytes > sim->capacity_bytes) {
+        } else if (!fits_capacity(sim, bytes)) {
             st = TP_ERR_OUT_OF_MEMORY;
         } else {
             sim->occupied_bytes += bytes;
@@ -945,7 +983,8 @@ tp_status tp_sim_occupy(tp_device *device, uint64_t bytes) {
 
 tp_status tp_sim_graph_create(tp_device *device, const tp_sim_graph_desc *desc, tp_graph *out_graph) {
     SIM_REQUIRE_DEVICE(device);
-    if (!desc || !out_graph || desc->node_count == 0 || (desc->range_count && !desc->ranges))
+    if (!desc || !out_graph || desc->node_count == 0 || (desc->range_count && !desc->ranges) ||
+        !ranges_valid(desc->ranges, desc->range_count))
         return TP_ERR_INVALID_ARGUMENT;
     sim_graph *g = tpi_host_calloc(&device->host, 1, sizeof *g);
     if (!g) return TP_ERR_HOST_OUT_OF_MEMORY;

@@ -447,6 +447,90 @@ static void test_synchronize_waits_for_waited_events(void) {
     CHECK_OK(tp_device_close(dev));
 }
 
+static void test_arithmetic_refuses_instead_of_wrapping(void) {
+    test_log log = {0};
+    tp_device *dev = open_sim("sim:1GiB", &log);
+    const tpi_device_ops *ops = dev->ops;
+    /* Occupy: used + request must not wrap past the capacity check. */
+    CHECK_OK(tp_sim_occupy(dev, TEST_MiB));
+    CHECK_STATUS(tp_sim_occupy(dev, UINT64_MAX), TP_ERR_OUT_OF_MEMORY);
+    CHECK_STATUS(tp_sim_occupy(dev, UINT64_MAX - TEST_MiB + 1), TP_ERR_OUT_OF_MEMORY);
+    CHECK_STATUS(tp_sim_occupy(dev, TEST_GiB), TP_ERR_OUT_OF_MEMORY);
+    CHECK_OK(tp_sim_occupy(dev, TEST_GiB - TEST_MiB));
+    CHECK_OK(tp_sim_occupy(dev, 0));
+    /* Map, malloc: the same check. */
+    uint64_t va = 0, p = 0;
+    CHECK_OK(ops->va_reserve(dev, 4 * TEST_MiB, 0, &va));
+    CHECK_OK(ops->map(dev, va, 2 * TEST_MiB));
+    CHECK_STATUS(ops->mem_alloc(dev, UINT64_MAX - TEST_MiB, &p), TP_ERR_OUT_OF_MEMORY);
+    /* Ranges that run past 2^64 are refused wherever a range is taken. */
+    uint64_t wrap_len = UINT64_MAX - va + 1 + 2 * TEST_MiB; /* va + wrap_len wraps to 2 MiB */
+    CHECK_STATUS(ops->map(dev, va, wrap_len - wrap_len % (2 * TEST_MiB)), TP_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(ops->unmap(dev, va, wrap_len - wrap_len % (2 * TEST_MiB)), TP_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(ops->mem_free(dev, UINT64_MAX - 10, 100), TP_ERR_INVALID_ARGUMENT);
+    tp_range wrapping = {UINT64_MAX - 10, 100};
+    CHECK_STATUS(tp_sim_launch(dev, TP_STREAM_DEFAULT, 10, &wrapping, 1), TP_ERR_INVALID_ARGUMENT);
+    tp_sim_graph_desc desc = {.node_count = 1, .topology_id = 1, .duration_ns = 10, .ranges = &wrapping,
+                              .range_count = 1};
+    tp_graph g = NULL;
+    CHECK_STATUS(tp_sim_graph_create(dev, &desc, &g), TP_ERR_INVALID_ARGUMENT);
+    tp_sim_counters c;
+    CHECK_OK(tp_sim_get_counters(dev, &c));
+    CHECK_EQ_U64(c.pending_kernels, 0);
+    CHECK_EQ_U64(c.invalid_accesses, 0);
+    /* A kernel whose end would pass 2^64 ns is refused, not wrapped into
+     * the past (where it would count as complete at once). */
+    tp_range r = {va, 2 * TEST_MiB};
+    CHECK_OK(tp_sim_launch(dev, TP_STREAM_DEFAULT, 10, &r, 1)); /* 0..10 */
+    CHECK_STATUS(tp_sim_launch(dev, TP_STREAM_DEFAULT, UINT64_MAX, &r, 1), TP_ERR_INVALID_ARGUMENT);
+    CHECK_OK(tp_sim_advance(dev, UINT64_MAX - 1000));
+    CHECK_STATUS(tp_sim_launch(dev, TP_STREAM_DEFAULT, 1001, &r, 1), TP_ERR_INVALID_ARGUMENT);
+    CHECK_OK(tp_sim_launch(dev, TP_STREAM_DEFAULT, 1000, &r, 1)); /* ends at UINT64_MAX exactly */
+    CHECK_STATUS(tp_sim_launch(dev, TP_STREAM_DEFAULT, 1, &r, 1), TP_ERR_INVALID_ARGUMENT); /* after it */
+    /* A graph of that length cannot be launched either. */
+    desc.ranges = &r;
+    desc.duration_ns = UINT64_MAX;
+    CHECK_OK(tp_sim_graph_create(dev, &desc, &g));
+    tpi_graph_exec x;
+    uint64_t bytes;
+    CHECK_OK(ops->graph_instantiate(dev, g, &x, &bytes));
+    CHECK_STATUS(ops->graph_launch(dev, x, TP_STREAM_DEFAULT), TP_ERR_INVALID_ARGUMENT);
+    CHECK_OK(ops->graph_destroy(dev, x));
+    CHECK_OK(tp_sim_graph_destroy(dev, g));
+    /* The pending kernel still counts: unmapping under it is a hazard. */
+    CHECK_OK(ops->unmap(dev, va, 2 * TEST_MiB));
+    CHECK_OK(tp_sim_get_counters(dev, &c));
+    CHECK_EQ_U64(c.hazards_unmap, 1);
+    /* Address space: reservations past 2^64 and a non-power-of-two
+     * alignment are refused. */
+    uint64_t big = 0;
+    CHECK_STATUS(ops->va_reserve(dev, 1ull << 63, 0, &big), TP_OK);
+    CHECK_STATUS(ops->va_reserve(dev, 1ull << 63, 0, &big), TP_ERR_OUT_OF_MEMORY);
+    CHECK_STATUS(ops->va_reserve(dev, 4 * TEST_MiB, 3 * TEST_MiB, &big), TP_ERR_INVALID_ARGUMENT);
+    CHECK_OK(ops->va_release(dev, va, 4 * TEST_MiB));
+    CHECK_OK(tp_device_close(dev));
+
+    /* Graph executable cost: node_count x graph_node_bytes saturates. */
+    dev = open_sim("sim:1GiB,graph_node_bytes=16000000TiB", &log);
+    tp_sim_graph_desc many = {.node_count = 1u << 20, .topology_id = 2, .duration_ns = 1};
+    CHECK_OK(tp_sim_graph_create(dev, &many, &g));
+    CHECK_STATUS(dev->ops->graph_instantiate(dev, g, &x, &bytes), TP_ERR_OUT_OF_MEMORY);
+    CHECK_OK(tp_sim_graph_destroy(dev, g));
+    CHECK_OK(tp_sim_get_counters(dev, &c));
+    CHECK_EQ_U64(c.graph_exec_bytes, 0);
+    CHECK_OK(tp_device_close(dev));
+
+    /* A device larger than its malloc address space: allocations run out
+     * of addresses (OUT_OF_MEMORY) before any sum wraps or two overlap. */
+    dev = open_sim("sim:16000000TiB,novmm", &log);
+    uint64_t a = 0, b = 0;
+    CHECK_STATUS(dev->ops->mem_alloc(dev, 1ull << 59, &a), TP_OK);
+    CHECK_STATUS(dev->ops->mem_alloc(dev, 1ull << 63, &b), TP_ERR_OUT_OF_MEMORY);
+    CHECK_STATUS(dev->ops->mem_alloc(dev, UINT64_MAX - (1ull << 59), &b), TP_ERR_OUT_OF_MEMORY);
+    CHECK_OK(dev->ops->mem_free(dev, a, 1ull << 59));
+    CHECK_OK(tp_device_close(dev));
+}
+
 static const test_case tests[] = {
     TEST_CASE(test_default_spec_is_16gib_with_vmm),
     TEST_CASE(test_spec_options_set_capacity_vmm_and_granularity),
@@ -462,6 +546,7 @@ static const test_case tests[] = {
     TEST_CASE(test_synchronize_waits_for_waited_events),
     TEST_CASE(test_faults),
     TEST_CASE(test_occupy_and_graphs),
+    TEST_CASE(test_arithmetic_refuses_instead_of_wrapping),
     TEST_CASE(test_sim_calls_tell_bad_arguments_from_other_backends),
     TEST_CASE(test_streams_run_out_busy_and_slots_are_reused),
 };
