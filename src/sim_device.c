@@ -3,14 +3,24 @@
  *
  * Memory: addresses are fake 64-bit numbers; what is mapped or allocated is a
  * sorted array of resident ranges, so host memory grows with the number of
- * mappings, never with the device's size. Physical use (maps + mallocs +
- * graph executables + memory another tenant occupies) never exceeds the
- * capacity: a call that would exceed it fails with TP_ERR_OUT_OF_MEMORY.
+ * mappings, never with the device's size. Mallocs live in [2^44, 2^60),
+ * reservations in [2^60, 2^64). Physical use (maps + mallocs + graph
+ * executables + memory another tenant occupies) never exceeds the capacity:
+ * a call that would exceed it fails with TP_ERR_OUT_OF_MEMORY, as does one
+ * that runs out of address space.
  *
  * Time: a virtual clock that only tp_sim_advance and host waits move. A
  * kernel launched on a stream starts when the stream's earlier work and the
  * events it waits on are done (start = max(now, stream tail, wait floor)) and
- * completes at start + duration. Events capture the stream's tail.
+ * completes at start + duration. An event takes max(tail, wait floor) of its
+ * stream, so the wait floor is transitive. A stream synchronize moves the
+ * clock to max(tail, wait floor); a device synchronize to the end of every
+ * pending kernel, destroyed streams' included.
+ *
+ * Arithmetic never wraps: a range with address + bytes past 2^64-1 is
+ * refused (TP_ERR_INVALID_ARGUMENT) by every call that takes one, as is a
+ * kernel whose end would pass 2^64-1 ns; capacity checks compare against
+ * what is left, never a sum.
  *
  * Ordering: each stream carries a vector clock: vc[s] is the number of
  * kernels of stream s that work queued next on this stream is ordered after
@@ -22,21 +32,49 @@
  *   - launching work on memory that is not mapped or allocated.
  * Each is counted and reported through the log callback.
  *
+ * Capture (CUDA's relaxed stream capture): a capturing stream records the
+ * kernels and graphs launched on it -- their ranges, summed duration, node
+ * count and a hash of the node sequence (the topology) -- instead of
+ * queuing them; its tail, seq and vector clock do not move and the hazard
+ * checker never sees the record. tp_sim_capture_end turns the record into a
+ * graph template (ranges merged), which is checked when an executable of it
+ * is launched. An event recorded on a capturing stream is marked with the
+ * capture's id and keeps its last real record. Synchronising the stream or
+ * the device, querying or synchronising a marked event of an open capture,
+ * or another stream waiting on one, invalidates the capture (counted,
+ * logged) and fails with TP_ERR_CAPTURE; every later op on that stream
+ * fails the same way until tp_sim_capture_end, which always leaves capture
+ * mode.
+ *
  * Faults: per operation kind, after N further successes the next M calls
  * fail with a chosen status; TP_SIM_OP_ANY counts every call.
  *
  * Invariants: resident ranges are sorted and disjoint; every map lies inside
- * a reservation; physical_used_bytes equals the sum of what is held.
- * One mutex guards the whole device; no call blocks on the host.
+ * a reservation; physical_used_bytes equals the sum of what is held and is
+ * at most the capacity; no stored range or kernel end wraps past 2^64; only
+ * streams in use capture. One mutex guards the whole device; no call blocks
+ * on the host.
  */
 #include "internal.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define SIM_MAX_STREAMS 64
 #define SIM_VA_BASE (1ull << 60)
 #define SIM_MALLOC_BASE (1ull << 44)
+
+/* A stream's capture: what it recorded so far (see "capture" below). */
+typedef struct sim_capture {
+    tp_sim_capture_state state;
+    uint64_t id;          /* unique per capture; events recorded in it carry it */
+    uint32_t node_count;
+    uint64_t topology;    /* FNV-1a over the sequence of nodes */
+    uint64_t duration_ns; /* sum of the nodes' durations */
+    tp_range *ranges;     /* every non-empty range a node touches, unmerged */
+    size_t range_count, range_capacity;
+} sim_capture;
 
 typedef struct sim_stream {
     bool in_use;
@@ -44,10 +82,13 @@ typedef struct sim_stream {
     uint64_t wait_floor_ns; /* latest completion of waited-on events */
     uint64_t seq;           /* kernels launched so far */
     uint64_t vc[SIM_MAX_STREAMS];
+    sim_capture capture;
 } sim_stream;
 
 typedef struct sim_event {
     bool recorded;
+    uint32_t capture_stream; /* last recorded during capture capture_id there */
+    uint64_t capture_id;     /* (0: last recorded outside any capture) */
     uint64_t time_ns;
     uint64_t vc[SIM_MAX_STREAMS];
 } sim_event;
@@ -121,6 +162,7 @@ typedef struct sim_device {
     uint64_t graph_pool_bytes;
     sim_fault faults[TP_SIM_OP_COUNT_];
     tp_sim_counters counters;
+    uint64_t last_capture_id;
 } sim_device;
 
 static const char *const sim_op_names[] = {
@@ -357,6 +399,119 @@ static tp_status queue_work(sim_device *sim, uint32_t s, uint64_t duration_ns, c
     return TP_OK;
 }
 
+/* ----------------------------------------------------------- graph shapes */
+
+static void free_graph_shape(const tpi_host *host, sim_graph *g) {
+    tpi_host_free(host, g->ranges, g->range_count * sizeof *g->ranges);
+    g->ranges = NULL;
+    g->range_count = 0;
+}
+
+static tp_status copy_graph_shape(const tpi_host *host, sim_graph *dst, const sim_graph *src) {
+    tp_range *ranges = NULL;
+    if (src->range_count) {
+        ranges = tpi_host_alloc(host, src->range_count * sizeof *ranges);
+        if (!ranges) return TP_ERR_HOST_OUT_OF_MEMORY;
+        memcpy(ranges, src->ranges, src->range_count * sizeof *ranges);
+    }
+    *dst = *src;
+    dst->ranges = ranges;
+    return TP_OK;
+}
+
+/* ---------------------------------------------------------------- capture */
+
+#define SIM_FNV_BASIS 0xcbf29ce484222325ull
+#define SIM_FNV_PRIME 0x100000001b3ull
+enum { NODE_KERNEL = 1, NODE_GRAPH = 2 }; /* topology tokens */
+
+static bool capturing(const sim_stream *st) { return st->capture.state != TP_SIM_CAPTURE_NONE; }
+
+static void capture_reset(sim_device *sim, sim_capture *c) {
+    tpi_host_free(&sim->device->host, c->ranges, c->range_capacity * sizeof *c->ranges);
+    memset(c, 0, sizeof *c);
+}
+
+/* Invalidates the capture on stream s (if still active) because of `why`. */
+static void capture_invalidate(sim_device *sim, uint32_t s, const char *why) {
+    sim_capture *c = &sim->streams[s].capture;
+    if (c->state != TP_SIM_CAPTURE_ACTIVE) return;
+    c->state = TP_SIM_CAPTURE_INVALIDATED;
+    sim->counters.captures_invalidated++;
+    tpi_logf(&sim->device->logger, TP_LOG_WARN, "sim capture: %s during the capture on stream %u invalidates it",
+            why, s);
+}
+
+/* The stream whose capture (still open) recorded the event last, or -1. */
+static int event_capture(const sim_device *sim, const sim_event *e) {
+    if (!e->capture_id) return -1;
+    const sim_stream *st = &sim->streams[e->capture_stream];
+    return st->in_use && capturing(st) && st->capture.id == e->capture_id ? (int)e->capture_stream : -1;
+}
+
+/* Records a node (node_count kernels of the given topology token) into the
+ * active capture on s instead of running it. */
+static tp_status capture_record(sim_device *sim, uint32_t s, uint64_t duration_ns, const tp_range *ranges,
+                                size_t range_count, uint32_t node_count, uint64_t token) {
+    sim_capture *c = &sim->streams[s].capture;
+    if (!ranges_valid(ranges, range_count) || duration_ns > UINT64_MAX - c->duration_ns ||
+        node_count > UINT32_MAX - c->node_count)
+        return TP_ERR_INVALID_ARGUMENT;
+    if (range_count && !tpi_host_grow(&sim->device->host, (void **)&c->ranges, sizeof *c->ranges,
+                                      &c->range_capacity, c->range_count + range_count))
+        return TP_ERR_HOST_OUT_OF_MEMORY;
+    for (size_t r = 0; r < range_count; r++)
+        if (ranges[r].bytes) c->ranges[c->range_count++] = ranges[r];
+    c->duration_ns += duration_ns;
+    c->node_count += node_count;
+    for (int b = 0; b < 64; b += 8) c->topology = (c->topology ^ ((token >> b) & 0xff)) * SIM_FNV_PRIME;
+    return TP_OK;
+}
+
+/* Work submitted to stream s: queued, recorded into its capture, or
+ * refused once that capture is invalidated. Caller holds the lock. */
+static tp_status submit_work(sim_device *sim, uint32_t s, uint64_t duration_ns, const tp_range *ranges,
+                             size_t range_count, uint32_t node_count, uint64_t token) {
+    switch (sim->streams[s].capture.state) {
+    case TP_SIM_CAPTURE_ACTIVE: return capture_record(sim, s, duration_ns, ranges, range_count, node_count, token);
+    case TP_SIM_CAPTURE_INVALIDATED: return TP_ERR_CAPTURE;
+    default: return queue_work(sim, s, duration_ns, ranges, range_count);
+    }
+}
+
+static int compare_ranges(const void *a, const void *b) {
+    const tp_range *x = a, *y = b;
+    return x->address < y->address ? -1 : x->address > y->address;
+}
+
+/* The capture's graph: its ranges sorted with overlapping or adjacent ones
+ * merged. Caller holds the lock. */
+static tp_status capture_graph(sim_device *sim, sim_capture *c, sim_graph **out_graph) {
+    const tpi_host *host = &sim->device->host;
+    size_t n = 0;
+    if (c->range_count) {
+        qsort(c->ranges, c->range_count, sizeof *c->ranges, compare_ranges);
+        for (size_t i = 1; i < c->range_count; i++) {
+            tp_range *last = &c->ranges[n], next = c->ranges[i];
+            uint64_t end = last->address + last->bytes; /* no wrap: checked when recorded */
+            if (next.address <= end)
+                last->bytes = TPI_MAX(end, next.address + next.bytes) - last->address;
+            else
+                c->ranges[++n] = next;
+        }
+        n++;
+    }
+    sim_graph *g = tpi_host_calloc(host, 1, sizeof *g);
+    if (!g) return TP_ERR_HOST_OUT_OF_MEMORY;
+    sim_graph shape = {c->node_count, c->topology, c->duration_ns, n, c->ranges};
+    if (copy_graph_shape(host, g, &shape) != TP_OK) {
+        tpi_host_free(host, g, sizeof *g);
+        return TP_ERR_HOST_OUT_OF_MEMORY;
+    }
+    *out_graph = g;
+    return TP_OK;
+}
+
 /* ------------------------------------------------------------------- ops */
 
 /* Runs the statements with the device lock held. */
@@ -375,6 +530,7 @@ static void sim_close(tp_device *device) {
     tpi_host_free(host, sim->kernels, sim->kernel_capacity * sizeof *sim->kernels);
     tpi_host_free(host, sim->resident, sim->resident_capacity * sizeof *sim->resident);
     tpi_host_free(host, sim->reservations, sim->reservation_capacity * sizeof *sim->reservations);
+    for (int i = 0; i < SIM_MAX_STREAMS; i++) capture_reset(sim, &sim->streams[i].capture);
     pthread_mutex_destroy(&sim->lock);
     tpi_host_free(host, sim, sizeof *sim);
 }
@@ -594,6 +750,8 @@ static tp_status sim_stream_destroy(tp_device *device, tp_stream stream) {
     SIM_LOCKED(sim, {
         uint32_t s;
         if (stream_index(sim, stream, &s) && s != 0) {
+            capture_invalidate(sim, s, "destroying the stream");
+            capture_reset(sim, &sim->streams[s].capture);
             sim->streams[s].in_use = false;
             st = TP_OK;
         }
@@ -608,6 +766,10 @@ static tp_status sim_stream_synchronize(tp_device *device, tp_stream stream) {
         uint32_t s;
         st = sim_enter(sim, TP_SIM_OP_SYNC);
         if (st == TP_OK && !stream_index(sim, stream, &s)) st = TP_ERR_INVALID_ARGUMENT;
+        if (st == TP_OK && capturing(&sim->streams[s])) {
+            capture_invalidate(sim, s, "synchronizing the stream");
+            st = TP_ERR_CAPTURE;
+        }
         /* Done when its own work and everything that work waited on is. */
         if (st == TP_OK) sim->now_ns = TPI_MAX(sim->now_ns, stream_done_ns(&sim->streams[s]));
     });
@@ -621,8 +783,18 @@ static tp_status sim_stream_wait_event(tp_device *device, tp_stream stream, tp_e
         uint32_t s;
         st = sim_enter(sim, TP_SIM_OP_EVENT);
         if (st == TP_OK && !stream_index(sim, stream, &s)) st = TP_ERR_INVALID_ARGUMENT;
-        if (st == TP_OK) {
-            const sim_event *e = (const sim_event *)event;
+        const sim_event *e = (const sim_event *)event;
+        int from = st == TP_OK ? event_capture(sim, e) : -1;
+        tp_sim_capture_state state = st == TP_OK ? sim->streams[s].capture.state : TP_SIM_CAPTURE_NONE;
+        if (st == TP_OK && state == TP_SIM_CAPTURE_INVALIDATED) {
+            st = TP_ERR_CAPTURE;
+        } else if (st == TP_OK && from >= 0 && (uint32_t)from != s) {
+            /* CUDA would pull this stream into that capture (a fork), or
+             * merge two captures; neither is modelled: both fail. */
+            capture_invalidate(sim, (uint32_t)from, "another stream waiting on an event recorded in it");
+            capture_invalidate(sim, s, "waiting on an event of another capture");
+            st = TP_ERR_CAPTURE;
+        } else if (st == TP_OK && state == TP_SIM_CAPTURE_NONE) {
             if (e->recorded) {
                 sim_stream *target = &sim->streams[s];
                 target->wait_floor_ns = TPI_MAX(target->wait_floor_ns, e->time_ns);
@@ -656,9 +828,16 @@ static tp_status sim_event_record(tp_device *device, tp_event event, tp_stream s
         uint32_t s;
         st = sim_enter(sim, TP_SIM_OP_EVENT);
         if (st == TP_OK && !stream_index(sim, stream, &s)) st = TP_ERR_INVALID_ARGUMENT;
-        if (st == TP_OK) {
-            sim_event *e = (sim_event *)event;
-            const sim_stream *src = &sim->streams[s];
+        sim_event *e = (sim_event *)event;
+        const sim_stream *src = st == TP_OK ? &sim->streams[s] : NULL;
+        if (src && src->capture.state == TP_SIM_CAPTURE_INVALIDATED) {
+            st = TP_ERR_CAPTURE;
+        } else if (src && capturing(src)) {
+            /* Marks a point in the capture; the last real record stays. */
+            e->capture_stream = s;
+            e->capture_id = src->capture.id;
+        } else if (src) {
+            e->capture_id = 0;
             e->recorded = true;
             e->time_ns = stream_done_ns(src);
             memcpy(e->vc, src->vc, sizeof e->vc);
@@ -673,6 +852,11 @@ static tp_status sim_event_query(tp_device *device, tp_event event) {
     SIM_LOCKED(sim, {
         const sim_event *e = (const sim_event *)event;
         st = sim_enter(sim, TP_SIM_OP_EVENT);
+        int from = st == TP_OK ? event_capture(sim, e) : -1;
+        if (from >= 0) {
+            capture_invalidate(sim, (uint32_t)from, "querying an event recorded in it");
+            st = TP_ERR_CAPTURE;
+        }
         if (st == TP_OK) st = (!e->recorded || e->time_ns <= sim->now_ns) ? TP_OK : TP_NOT_READY;
     });
     return st;
@@ -684,6 +868,11 @@ static tp_status sim_event_synchronize(tp_device *device, tp_event event) {
     SIM_LOCKED(sim, {
         const sim_event *e = (const sim_event *)event;
         st = sim_enter(sim, TP_SIM_OP_SYNC);
+        int from = st == TP_OK ? event_capture(sim, e) : -1;
+        if (from >= 0) {
+            capture_invalidate(sim, (uint32_t)from, "synchronizing an event recorded in it");
+            st = TP_ERR_CAPTURE;
+        }
         if (st == TP_OK && e->recorded) sim->now_ns = TPI_MAX(sim->now_ns, e->time_ns);
     });
     return st;
@@ -694,6 +883,10 @@ static tp_status sim_device_synchronize(tp_device *device) {
     tp_status st;
     SIM_LOCKED(sim, {
         st = sim_enter(sim, TP_SIM_OP_SYNC);
+        for (uint32_t i = 0; st != TP_ERR_CAPTURE && i < SIM_MAX_STREAMS; i++)
+            if (st == TP_OK && sim->streams[i].in_use && capturing(&sim->streams[i])) st = TP_ERR_CAPTURE;
+        for (uint32_t i = 0; st == TP_ERR_CAPTURE && i < SIM_MAX_STREAMS; i++)
+            if (sim->streams[i].in_use) capture_invalidate(sim, i, "synchronizing the device");
         if (st == TP_OK) {
             /* Every stream's work, and what destroyed streams left queued. */
             uint64_t done = sim->now_ns;
@@ -702,6 +895,19 @@ static tp_status sim_device_synchronize(tp_device *device) {
             for (size_t k = 0; k < sim->kernel_count; k++) done = TPI_MAX(done, sim->kernels[k].end_ns);
             sim->now_ns = done;
         }
+    });
+    return st;
+}
+
+static tp_status sim_stream_capturing(tp_device *device, tp_stream stream, bool *out_capturing) {
+    sim_device *sim = sim_of(device);
+    tp_status st = TP_OK;
+    SIM_LOCKED(sim, {
+        uint32_t s;
+        if (stream_index(sim, stream, &s))
+            *out_capturing = capturing(&sim->streams[s]); /* an invalidated capture too: hands off */
+        else
+            st = TP_ERR_INVALID_ARGUMENT;
     });
     return st;
 }
@@ -726,24 +932,6 @@ static uint64_t sim_check_handout(tp_device *device, uint64_t address, uint64_t 
 }
 
 /* ----------------------------------------------------------------- graphs */
-
-static void free_graph_shape(const tpi_host *host, sim_graph *g) {
-    tpi_host_free(host, g->ranges, g->range_count * sizeof *g->ranges);
-    g->ranges = NULL;
-    g->range_count = 0;
-}
-
-static tp_status copy_graph_shape(const tpi_host *host, sim_graph *dst, const sim_graph *src) {
-    tp_range *ranges = NULL;
-    if (src->range_count) {
-        ranges = tpi_host_alloc(host, src->range_count * sizeof *ranges);
-        if (!ranges) return TP_ERR_HOST_OUT_OF_MEMORY;
-        memcpy(ranges, src->ranges, src->range_count * sizeof *ranges);
-    }
-    *dst = *src;
-    dst->ranges = ranges;
-    return TP_OK;
-}
 
 static tp_status sim_graph_instantiate(tp_device *device, tp_graph graph, tpi_graph_exec *out_exec,
                                        uint64_t *out_bytes) {
@@ -813,7 +1001,9 @@ static tp_status sim_graph_launch(tp_device *device, tpi_graph_exec exec_handle,
         uint32_t s;
         st = sim_enter(sim, TP_SIM_OP_GRAPH_LAUNCH);
         if (st == TP_OK && !stream_index(sim, stream, &s)) st = TP_ERR_INVALID_ARGUMENT;
-        if (st == TP_OK) st = queue_work(sim, s, exec->shape.duration_ns, exec->shape.ranges, exec->shape.range_count);
+        if (st == TP_OK)
+            st = submit_work(sim, s, exec->shape.duration_ns, exec->shape.ranges, exec->shape.range_count,
+                             exec->shape.node_count, NODE_GRAPH ^ (exec->shape.topology_id * SIM_FNV_PRIME));
     });
     return st;
 }
@@ -857,6 +1047,7 @@ static const tpi_device_ops sim_ops = {
     .event_query = sim_event_query,
     .event_synchronize = sim_event_synchronize,
     .device_synchronize = sim_device_synchronize,
+    .stream_capturing = sim_stream_capturing,
     .now_ns = sim_now_ns,
     .check_handout = sim_check_handout,
     .graph_instantiate = sim_graph_instantiate,
@@ -909,7 +1100,7 @@ tp_status tp_sim_launch(tp_device *device, tp_stream stream, uint64_t duration_n
     tp_status st;
     SIM_LOCKED(sim, {
         uint32_t s;
-        st = stream_index(sim, stream, &s) ? queue_work(sim, s, duration_ns, ranges, range_count)
+        st = stream_index(sim, stream, &s) ? submit_work(sim, s, duration_ns, ranges, range_count, 1, NODE_KERNEL)
                                            : TP_ERR_INVALID_ARGUMENT;
     });
     return st;
@@ -1006,4 +1197,65 @@ tp_status tp_sim_graph_destroy(tp_device *device, tp_graph graph) {
     free_graph_shape(&device->host, g);
     tpi_host_free(&device->host, g, sizeof *g);
     return TP_OK;
+}
+
+tp_status tp_sim_capture_begin(tp_device *device, tp_stream stream) {
+    SIM_REQUIRE_DEVICE(device);
+    sim_device *sim = sim_of(device);
+    tp_status st = TP_OK;
+    SIM_LOCKED(sim, {
+        uint32_t s;
+        if (!stream_index(sim, stream, &s)) {
+            st = TP_ERR_INVALID_ARGUMENT;
+        } else if (s == 0 || capturing(&sim->streams[s])) {
+            st = TP_ERR_CAPTURE; /* the legacy default stream cannot capture */
+        } else {
+            sim_capture *c = &sim->streams[s].capture;
+            capture_reset(sim, c);
+            c->state = TP_SIM_CAPTURE_ACTIVE;
+            c->id = ++sim->last_capture_id;
+            c->topology = SIM_FNV_BASIS;
+            sim->counters.captures++;
+        }
+    });
+    return st;
+}
+
+tp_status tp_sim_capture_end(tp_device *device, tp_stream stream, tp_graph *out_graph) {
+    SIM_REQUIRE_DEVICE(device);
+    if (!out_graph) return TP_ERR_INVALID_ARGUMENT;
+    *out_graph = NULL;
+    sim_device *sim = sim_of(device);
+    tp_status st = TP_OK;
+    sim_graph *g = NULL;
+    SIM_LOCKED(sim, {
+        uint32_t s;
+        if (!stream_index(sim, stream, &s)) {
+            st = TP_ERR_INVALID_ARGUMENT;
+        } else {
+            sim_capture *c = &sim->streams[s].capture;
+            if (c->state != TP_SIM_CAPTURE_ACTIVE)
+                st = TP_ERR_CAPTURE; /* not capturing, or invalidated */
+            else
+                st = capture_graph(sim, c, &g);
+            capture_reset(sim, c);
+        }
+    });
+    if (st == TP_OK) *out_graph = (tp_graph)g;
+    return st;
+}
+
+tp_status tp_sim_capture_status(tp_device *device, tp_stream stream, tp_sim_capture_state *out_state) {
+    SIM_REQUIRE_DEVICE(device);
+    if (!out_state) return TP_ERR_INVALID_ARGUMENT;
+    sim_device *sim = sim_of(device);
+    tp_status st = TP_OK;
+    SIM_LOCKED(sim, {
+        uint32_t s;
+        if (stream_index(sim, stream, &s))
+            *out_state = sim->streams[s].capture.state;
+        else
+            st = TP_ERR_INVALID_ARGUMENT;
+    });
+    return st;
 }
