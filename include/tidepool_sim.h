@@ -1,7 +1,8 @@
 /*
  * tidepool_sim.h -- the simulated device's hooks: a virtual clock, kernels
  * of a given length that touch given ranges, fault injection, counters
- * (hazards among them) and graph templates. The simulated device itself is
+ * (hazards among them), graph templates and stream capture. The simulated
+ * device itself is
  * opened through tidepool.h ("sim", "sim:6GiB,novmm"); these calls drive it
  * from tests, tools and demos. On any other backend they return
  * TP_ERR_UNSUPPORTED.
@@ -54,6 +55,8 @@ typedef struct tp_sim_counters {
     uint64_t graph_execs;
     uint64_t pending_kernels;          /* launched work not yet complete */
     uint64_t now_ns;                   /* virtual clock */
+    uint64_t captures;                 /* stream captures begun */
+    uint64_t captures_invalidated;     /* ... invalidated by an illegal call during them */
 } tp_sim_counters;
 
 /* Simulated-device calls return TP_ERR_UNSUPPORTED on other backends. */
@@ -90,6 +93,42 @@ typedef struct tp_sim_graph_desc {
 
 TP_API tp_status tp_sim_graph_create(tp_device *device, const tp_sim_graph_desc *desc, tp_graph *out_graph);
 TP_API tp_status tp_sim_graph_destroy(tp_device *device, tp_graph graph);
+
+/* Stream capture, as cuStreamBeginCapture in relaxed mode models it.
+ *
+ * While a stream captures, kernels launched on it (tp_sim_launch) and graph
+ * executables launched on it are recorded, not run: they take no virtual
+ * time, do not move the stream's tail and are not queued work for the hazard
+ * checker. Recording an event on it and making it wait on an event are
+ * legal (the wait is not replayed when the graph runs). Illegal, as on
+ * CUDA, and they INVALIDATE the capture and return TP_ERR_CAPTURE:
+ * synchronising the stream or the device, querying or synchronising an
+ * event recorded on the stream during the capture, and another stream
+ * waiting on such an event (CUDA would pull that stream into the capture;
+ * the simulator does not model joined streams). Once invalidated, every op
+ * on the stream returns TP_ERR_CAPTURE until tp_sim_capture_end.
+ *
+ * begin: TP_ERR_CAPTURE if the stream already captures or is the default
+ * stream (which cannot capture). end: leaves capture mode in every case;
+ * returns TP_ERR_CAPTURE (and no graph) if the stream was not capturing or
+ * the capture was invalidated, else a graph template as tp_sim_graph_create
+ * makes (free it with tp_sim_graph_destroy): one node per recorded kernel
+ * (an executable's nodes for a recorded graph), the sum of their durations,
+ * the union of the ranges they touch (sorted, overlaps merged) and a
+ * topology identity that depends only on the sequence of nodes, so two
+ * captures of the same kernel sequence update each other's executables.
+ * The graph runs, and the hazard checker sees its ranges, when an
+ * executable of it is launched. Destroying a capturing stream invalidates
+ * its capture. */
+typedef enum tp_sim_capture_state {
+    TP_SIM_CAPTURE_NONE = 0,        /* not capturing */
+    TP_SIM_CAPTURE_ACTIVE = 1,      /* capturing */
+    TP_SIM_CAPTURE_INVALIDATED = 2  /* capturing, but the capture failed: end it */
+} tp_sim_capture_state;
+
+TP_API tp_status tp_sim_capture_begin(tp_device *device, tp_stream stream);
+TP_API tp_status tp_sim_capture_end(tp_device *device, tp_stream stream, tp_graph *out_graph);
+TP_API tp_status tp_sim_capture_status(tp_device *device, tp_stream stream, tp_sim_capture_state *out_state);
 
 #ifdef __cplusplus
 }

@@ -23,7 +23,9 @@
  * CUstream (TP_STREAM_DEFAULT = NULL = the legacy default stream), a
  * tp_event a CUevent (CU_EVENT_DISABLE_TIMING). The plain, non-_ptsz entry
  * points are used, so the special handles CU_STREAM_LEGACY and
- * CU_STREAM_PER_THREAD work when a caller passes them.
+ * CU_STREAM_PER_THREAD work when a caller passes them. stream_capturing
+ * asks cuStreamIsCapturing (optional: without it, nothing captures); an
+ * active or an invalidated capture both read as capturing.
  *
  * VMM: map(va, bytes) backs every page of the device's granularity with its
  * own physical allocation (cuMemCreate, pinned device memory), maps each
@@ -103,6 +105,7 @@ enum {
     CUDA_ERROR_NOT_READY = 600,
     CUDA_ERROR_NOT_SUPPORTED = 801,
     CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900,    /* 900..908: stream capture */
+    CUDA_ERROR_STREAM_CAPTURE_IMPLICIT = 906,
     CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD = 908,
     CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE = 910,
 };
@@ -116,6 +119,8 @@ enum { CU_MEM_LOCATION_TYPE_DEVICE = 0x1 };
 enum { CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 0x3 };
 enum { CU_MEM_ALLOC_GRANULARITY_MINIMUM = 0x0 };
 enum { CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED = 0x2 };
+/* CUstreamCaptureStatus */
+enum { CU_STREAM_CAPTURE_STATUS_NONE = 0, CU_STREAM_CAPTURE_STATUS_ACTIVE = 1, CU_STREAM_CAPTURE_STATUS_INVALIDATED = 2 };
 
 /* Layouts as in cuda.h (CUmemLocation_v1, CUmemAllocationProp_v1,
  * CUmemAccessDesc_v1, CUgraphExecUpdateResultInfo_v1); enums are int-sized. */
@@ -182,6 +187,7 @@ typedef struct cu_api {
     CUresult (*EventRecord)(CUevent event, CUstream stream);
     CUresult (*EventQuery)(CUevent event);
     CUresult (*EventSynchronize)(CUevent event);
+    CUresult (*StreamIsCapturing)(CUstream stream, int *status); /* optional; status: CUstreamCaptureStatus */
     /* VMM */
     CUresult (*MemAddressReserve)(CUdeviceptr *ptr, size_t bytes, size_t alignment, CUdeviceptr addr,
                                   unsigned long long flags);
@@ -241,6 +247,7 @@ static const cu_symbol cu_symbols[] = {
     CU_SYM(EventRecord, SYM_REQUIRED, "cuEventRecord"),
     CU_SYM(EventQuery, SYM_REQUIRED, "cuEventQuery"),
     CU_SYM(EventSynchronize, SYM_REQUIRED, "cuEventSynchronize"),
+    CU_SYM(StreamIsCapturing, SYM_OPTIONAL, "cuStreamIsCapturing"),
     CU_SYM(MemAddressReserve, SYM_VMM, "cuMemAddressReserve"),
     CU_SYM(MemAddressFree, SYM_VMM, "cuMemAddressFree"),
     CU_SYM(MemCreate, SYM_VMM, "cuMemCreate"),
@@ -486,6 +493,32 @@ static tp_status cuda_stream_wait_event(tp_device *device, tp_stream stream, tp_
     cuda_device *cu = cu_of(device);
     tp_status st;
     CU_DO(cu, "cuStreamWaitEvent", cu->api.StreamWaitEvent((CUstream)stream, (CUevent)event, 0), st);
+    return st;
+}
+
+/* cuStreamIsCapturing. An invalidated capture counts as capturing (the
+ * stream is still in capture mode until cuStreamEndCapture: hands off), as
+ * does the legacy stream while a global-mode capture forbids its use
+ * (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT). A driver without the entry point
+ * (before CUDA 10) cannot capture at all. */
+static tp_status cuda_stream_capturing(tp_device *device, tp_stream stream, bool *out_capturing) {
+    cuda_device *cu = cu_of(device);
+    *out_capturing = false;
+    if (!cu->api.StreamIsCapturing) return TP_OK;
+    int status = CU_STREAM_CAPTURE_STATUS_NONE;
+    ctx_scope scope;
+    tp_status st = ctx_enter(cu, &scope);
+    if (st != TP_OK) return st;
+    CUresult r = cu->api.StreamIsCapturing((CUstream)stream, &status);
+    ctx_exit(cu, &scope);
+    if (r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) {
+        *out_capturing = true;
+        return TP_OK;
+    }
+    st = cu_check(cu, r, "cuStreamIsCapturing");
+    if (st == TP_OK)
+        *out_capturing =
+            status == CU_STREAM_CAPTURE_STATUS_ACTIVE || status == CU_STREAM_CAPTURE_STATUS_INVALIDATED;
     return st;
 }
 
@@ -920,6 +953,7 @@ static const tpi_device_ops cuda_ops = {
     .event_query = cuda_event_query,
     .event_synchronize = cuda_event_synchronize,
     .device_synchronize = cuda_device_synchronize,
+    .stream_capturing = cuda_stream_capturing,
     .now_ns = cuda_now_ns,
     .check_handout = NULL,
     .graph_instantiate = cuda_graph_instantiate,

@@ -24,8 +24,15 @@ static tp_status parse_option(tpi_device_options *options, const char *option, c
     } else if (KEY_IS("graphpool") && !value) {
         options->graphpool = true;
     } else if (KEY_IS("gran") && value) {
-        if (!tp_parse_bytes(value, &options->granularity_bytes) || !tpi_is_pow2(options->granularity_bytes))
-            goto bad;
+        /* A page table of 2.4 G entries for gran=1 helps no one: a power of
+         * two from 4 KiB (the smallest page anywhere) to 1 GiB. */
+        uint64_t gran = 0;
+        if (!tp_parse_bytes(value, &gran) || !tpi_is_pow2(gran) || gran < 4 * TPI_KiB || gran > TPI_GiB) {
+            tpi_logf(logger, TP_LOG_ERROR,
+                    "device spec: bad option '%s' (gran=SIZE: a power of two from 4KiB to 1GiB)", option);
+            return TP_ERR_BAD_SPEC;
+        }
+        options->granularity_bytes = gran;
     } else if (KEY_IS("graph_node_bytes") && value) {
         if (!tp_parse_bytes(value, &options->graph_node_bytes)) goto bad;
     } else if (KEY_IS("graph_exec_bytes") && value) {

@@ -3,14 +3,24 @@
  *
  * Memory: addresses are fake 64-bit numbers; what is mapped or allocated is a
  * sorted array of resident ranges, so host memory grows with the number of
- * mappings, never with the device's size. Physical use (maps + mallocs +
- * graph executables + memory another tenant occupies) never exceeds the
- * capacity: a call that would exceed it fails with TP_ERR_OUT_OF_MEMORY.
+ * mappings, never with the device's size. Mallocs live in [2^44, 2^60),
+ * reservations in [2^60, 2^64). Physical use (maps + mallocs + graph
+ * executables + memory another tenant occupies) never exceeds the capacity:
+ * a call that would exceed it fails with TP_ERR_OUT_OF_MEMORY, as does one
+ * that runs out of address space.
  *
  * Time: a virtual clock that only tp_sim_advance and host waits move. A
  * kernel launched on a stream starts when the stream's earlier work and the
  * events it waits on are done (start = max(now, stream tail, wait floor)) and
- * completes at start + duration. Events capture the stream's tail.
+ * completes at start + duration. An event takes max(tail, wait floor) of its
+ * stream, so the wait floor is transitive. A stream synchronize moves the
+ * clock to max(tail, wait floor); a device synchronize to the end of every
+ * pending kernel, destroyed streams' included.
+ *
+ * Arithmetic never wraps: a range with address + bytes past 2^64-1 is
+ * refused (TP_ERR_INVALID_ARGUMENT) by every call that takes one, as is a
+ * kernel whose end would pass 2^64-1 ns; capacity checks compare against
+ * what is left, never a sum.
  *
  * Ordering: each stream carries a vector clock: vc[s] is the number of
  * kernels of stream s that work queued next on this stream is ordered after
@@ -22,21 +32,49 @@
  *   - launching work on memory that is not mapped or allocated.
  * Each is counted and reported through the log callback.
  *
+ * Capture (CUDA's relaxed stream capture): a capturing stream records the
+ * kernels and graphs launched on it -- their ranges, summed duration, node
+ * count and a hash of the node sequence (the topology) -- instead of
+ * queuing them; its tail, seq and vector clock do not move and the hazard
+ * checker never sees the record. tp_sim_capture_end turns the record into a
+ * graph template (ranges merged), which is checked when an executable of it
+ * is launched. An event recorded on a capturing stream is marked with the
+ * capture's id and keeps its last real record. Synchronising the stream or
+ * the device, querying or synchronising a marked event of an open capture,
+ * or another stream waiting on one, invalidates the capture (counted,
+ * logged) and fails with TP_ERR_CAPTURE; every later op on that stream
+ * fails the same way until tp_sim_capture_end, which always leaves capture
+ * mode.
+ *
  * Faults: per operation kind, after N further successes the next M calls
  * fail with a chosen status; TP_SIM_OP_ANY counts every call.
  *
  * Invariants: resident ranges are sorted and disjoint; every map lies inside
- * a reservation; physical_used_bytes equals the sum of what is held.
- * One mutex guards the whole device; no call blocks on the host.
+ * a reservation; physical_used_bytes equals the sum of what is held and is
+ * at most the capacity; no stored range or kernel end wraps past 2^64; only
+ * streams in use capture. One mutex guards the whole device; no call blocks
+ * on the host.
  */
 #include "internal.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define SIM_MAX_STREAMS 64
 #define SIM_VA_BASE (1ull << 60)
 #define SIM_MALLOC_BASE (1ull << 44)
+
+/* A stream's capture: what it recorded so far (see "capture" below). */
+typedef struct sim_capture {
+    tp_sim_capture_state state;
+    uint64_t id;          /* unique per capture; events recorded in it carry it */
+    uint32_t node_count;
+    uint64_t topology;    /* FNV-1a over the sequence of nodes */
+    uint64_t duration_ns; /* sum of the nodes' durations */
+    tp_range *ranges;     /* every non-empty range a node touches, unmerged */
+    size_t range_count, range_capacity;
+} sim_capture;
 
 typedef struct sim_stream {
     bool in_use;
@@ -44,10 +82,13 @@ typedef struct sim_stream {
     uint64_t wait_floor_ns; /* latest completion of waited-on events */
     uint64_t seq;           /* kernels launched so far */
     uint64_t vc[SIM_MAX_STREAMS];
+    sim_capture capture;
 } sim_stream;
 
 typedef struct sim_event {
     bool recorded;
+    uint32_t capture_stream; /* last recorded during capture capture_id there */
+    uint64_t capture_id;     /* (0: last recorded outside any capture) */
     uint64_t time_ns;
     uint64_t vc[SIM_MAX_STREAMS];
 } sim_event;
@@ -121,6 +162,7 @@ typedef struct sim_device {
     uint64_t graph_pool_bytes;
     sim_fault faults[TP_SIM_OP_COUNT_];
     tp_sim_counters counters;
+    uint64_t last_capture_id;
 } sim_device;
 
 static const char *const sim_op_names[] = {
@@ -140,9 +182,39 @@ static bool is_sim(tp_device *device) {
     return device && device->ops && strcmp(device->ops->backend, "sim") == 0;
 }
 
+/* TP_OK for a simulated device; no device is an invalid argument, another
+ * backend's device TP_ERR_UNSUPPORTED (checked before any other argument). */
+static tp_status sim_device_check(tp_device *device) {
+    if (!device) return TP_ERR_INVALID_ARGUMENT;
+    return is_sim(device) ? TP_OK : TP_ERR_UNSUPPORTED;
+}
+
+#define SIM_REQUIRE_DEVICE(device)                      \
+    do {                                                \
+        tp_status require_st_ = sim_device_check(device); \
+        if (require_st_ != TP_OK) return require_st_;   \
+    } while (0)
+
 static uint64_t physical_used(const sim_device *sim) {
     uint64_t graph = sim->graph_pool ? sim->graph_pool_bytes : sim->graph_bytes;
     return sim->mapped_bytes + sim->allocated_bytes + graph + sim->occupied_bytes;
+}
+
+/* Whether bytes more fit on the device (never a wrapping sum). */
+static bool fits_capacity(const sim_device *sim, uint64_t bytes) {
+    uint64_t used = physical_used(sim);
+    return used <= sim->capacity_bytes && bytes <= sim->capacity_bytes - used;
+}
+
+/* Whether [address, address + bytes) is representable: it ends at or below
+ * UINT64_MAX, so no sum of its bounds wraps. Every range the simulator
+ * takes is checked with this before it is stored or compared. */
+static bool range_valid(uint64_t address, uint64_t bytes) { return bytes <= UINT64_MAX - address; }
+
+static bool ranges_valid(const tp_range *ranges, size_t count) {
+    for (size_t i = 0; i < count; i++)
+        if (!range_valid(ranges[i].address, ranges[i].bytes)) return false;
+    return true;
 }
 
 static void note_physical(sim_device *sim) {
@@ -281,6 +353,11 @@ static uint64_t count_conflicts(sim_device *sim, uint64_t address, uint64_t byte
     return found;
 }
 
+/* When everything queued on the stream so far is complete: its own work
+ * and the work of the events it waited on (transitively: an event captures
+ * its stream's wait floor too). */
+static uint64_t stream_done_ns(const sim_stream *st) { return TPI_MAX(st->tail_ns, st->wait_floor_ns); }
+
 static bool stream_index(sim_device *sim, tp_stream stream, uint32_t *out_index) {
     uintptr_t index = (uintptr_t)stream;
     if (index >= SIM_MAX_STREAMS || !sim->streams[index].in_use) return false;
@@ -291,6 +368,11 @@ static bool stream_index(sim_device *sim, tp_stream stream, uint32_t *out_index)
 /* Queues work touching ranges on stream s; the caller holds the lock. */
 static tp_status queue_work(sim_device *sim, uint32_t s, uint64_t duration_ns, const tp_range *ranges,
                             size_t range_count) {
+    sim_stream *st = &sim->streams[s];
+    uint64_t start = TPI_MAX(sim->now_ns, stream_done_ns(st));
+    /* Refused, not wrapped: an end past the clock's range, or a range past
+     * the address space's end, would slip past every later check. */
+    if (duration_ns > UINT64_MAX - start || !ranges_valid(ranges, range_count)) return TP_ERR_INVALID_ARGUMENT;
     for (size_t r = 0; r < range_count; r++) {
         if (ranges[r].bytes && !resident_covers(sim, ranges[r].address, ranges[r].bytes)) {
             sim->counters.invalid_accesses++;
@@ -308,14 +390,125 @@ static tp_status queue_work(sim_device *sim, uint32_t s, uint64_t duration_ns, c
         if (!copy) return TP_ERR_HOST_OUT_OF_MEMORY;
         memcpy(copy, ranges, range_count * sizeof *copy);
     }
-    sim_stream *st = &sim->streams[s];
-    uint64_t start = TPI_MAX(sim->now_ns, TPI_MAX(st->tail_ns, st->wait_floor_ns));
     st->tail_ns = start + duration_ns;
     st->seq++;
     st->vc[s] = st->seq;
     sim->kernels[sim->kernel_count++] =
         (sim_kernel){.end_ns = st->tail_ns, .stream = s, .seq = st->seq, .range_count = range_count, .ranges = copy};
     sim->counters.pending_kernels = sim->kernel_count;
+    return TP_OK;
+}
+
+/* ----------------------------------------------------------- graph shapes */
+
+static void free_graph_shape(const tpi_host *host, sim_graph *g) {
+    tpi_host_free(host, g->ranges, g->range_count * sizeof *g->ranges);
+    g->ranges = NULL;
+    g->range_count = 0;
+}
+
+static tp_status copy_graph_shape(const tpi_host *host, sim_graph *dst, const sim_graph *src) {
+    tp_range *ranges = NULL;
+    if (src->range_count) {
+        ranges = tpi_host_alloc(host, src->range_count * sizeof *ranges);
+        if (!ranges) return TP_ERR_HOST_OUT_OF_MEMORY;
+        memcpy(ranges, src->ranges, src->range_count * sizeof *ranges);
+    }
+    *dst = *src;
+    dst->ranges = ranges;
+    return TP_OK;
+}
+
+/* ---------------------------------------------------------------- capture */
+
+#define SIM_FNV_BASIS 0xcbf29ce484222325ull
+#define SIM_FNV_PRIME 0x100000001b3ull
+enum { NODE_KERNEL = 1, NODE_GRAPH = 2 }; /* topology tokens */
+
+static bool capturing(const sim_stream *st) { return st->capture.state != TP_SIM_CAPTURE_NONE; }
+
+static void capture_reset(sim_device *sim, sim_capture *c) {
+    tpi_host_free(&sim->device->host, c->ranges, c->range_capacity * sizeof *c->ranges);
+    memset(c, 0, sizeof *c);
+}
+
+/* Invalidates the capture on stream s (if still active) because of `why`. */
+static void capture_invalidate(sim_device *sim, uint32_t s, const char *why) {
+    sim_capture *c = &sim->streams[s].capture;
+    if (c->state != TP_SIM_CAPTURE_ACTIVE) return;
+    c->state = TP_SIM_CAPTURE_INVALIDATED;
+    sim->counters.captures_invalidated++;
+    tpi_logf(&sim->device->logger, TP_LOG_WARN, "sim capture: %s during the capture on stream %u invalidates it",
+            why, s);
+}
+
+/* The stream whose capture (still open) recorded the event last, or -1. */
+static int event_capture(const sim_device *sim, const sim_event *e) {
+    if (!e->capture_id) return -1;
+    const sim_stream *st = &sim->streams[e->capture_stream];
+    return st->in_use && capturing(st) && st->capture.id == e->capture_id ? (int)e->capture_stream : -1;
+}
+
+/* Records a node (node_count kernels of the given topology token) into the
+ * active capture on s instead of running it. */
+static tp_status capture_record(sim_device *sim, uint32_t s, uint64_t duration_ns, const tp_range *ranges,
+                                size_t range_count, uint32_t node_count, uint64_t token) {
+    sim_capture *c = &sim->streams[s].capture;
+    if (!ranges_valid(ranges, range_count) || duration_ns > UINT64_MAX - c->duration_ns ||
+        node_count > UINT32_MAX - c->node_count)
+        return TP_ERR_INVALID_ARGUMENT;
+    if (range_count && !tpi_host_grow(&sim->device->host, (void **)&c->ranges, sizeof *c->ranges,
+                                      &c->range_capacity, c->range_count + range_count))
+        return TP_ERR_HOST_OUT_OF_MEMORY;
+    for (size_t r = 0; r < range_count; r++)
+        if (ranges[r].bytes) c->ranges[c->range_count++] = ranges[r];
+    c->duration_ns += duration_ns;
+    c->node_count += node_count;
+    for (int b = 0; b < 64; b += 8) c->topology = (c->topology ^ ((token >> b) & 0xff)) * SIM_FNV_PRIME;
+    return TP_OK;
+}
+
+/* Work submitted to stream s: queued, recorded into its capture, or
+ * refused once that capture is invalidated. Caller holds the lock. */
+static tp_status submit_work(sim_device *sim, uint32_t s, uint64_t duration_ns, const tp_range *ranges,
+                             size_t range_count, uint32_t node_count, uint64_t token) {
+    switch (sim->streams[s].capture.state) {
+    case TP_SIM_CAPTURE_ACTIVE: return capture_record(sim, s, duration_ns, ranges, range_count, node_count, token);
+    case TP_SIM_CAPTURE_INVALIDATED: return TP_ERR_CAPTURE;
+    default: return queue_work(sim, s, duration_ns, ranges, range_count);
+    }
+}
+
+static int compare_ranges(const void *a, const void *b) {
+    const tp_range *x = a, *y = b;
+    return x->address < y->address ? -1 : x->address > y->address;
+}
+
+/* The capture's graph: its ranges sorted with overlapping or adjacent ones
+ * merged. Caller holds the lock. */
+static tp_status capture_graph(sim_device *sim, sim_capture *c, sim_graph **out_graph) {
+    const tpi_host *host = &sim->device->host;
+    size_t n = 0;
+    if (c->range_count) {
+        qsort(c->ranges, c->range_count, sizeof *c->ranges, compare_ranges);
+        for (size_t i = 1; i < c->range_count; i++) {
+            tp_range *last = &c->ranges[n], next = c->ranges[i];
+            uint64_t end = last->address + last->bytes; /* no wrap: checked when recorded */
+            if (next.address <= end)
+                last->bytes = TPI_MAX(end, next.address + next.bytes) - last->address;
+            else
+                c->ranges[++n] = next;
+        }
+        n++;
+    }
+    sim_graph *g = tpi_host_calloc(host, 1, sizeof *g);
+    if (!g) return TP_ERR_HOST_OUT_OF_MEMORY;
+    sim_graph shape = {c->node_count, c->topology, c->duration_ns, n, c->ranges};
+    if (copy_graph_shape(host, g, &shape) != TP_OK) {
+        tpi_host_free(host, g, sizeof *g);
+        return TP_ERR_HOST_OUT_OF_MEMORY;
+    }
+    *out_graph = g;
     return TP_OK;
 }
 
@@ -337,6 +530,7 @@ static void sim_close(tp_device *device) {
     tpi_host_free(host, sim->kernels, sim->kernel_capacity * sizeof *sim->kernels);
     tpi_host_free(host, sim->resident, sim->resident_capacity * sizeof *sim->resident);
     tpi_host_free(host, sim->reservations, sim->reservation_capacity * sizeof *sim->reservations);
+    for (int i = 0; i < SIM_MAX_STREAMS; i++) capture_reset(sim, &sim->streams[i].capture);
     pthread_mutex_destroy(&sim->lock);
     tpi_host_free(host, sim, sizeof *sim);
 }
@@ -355,13 +549,19 @@ static tp_status sim_va_reserve(tp_device *device, uint64_t bytes, uint64_t alig
     tp_status st;
     SIM_LOCKED(sim, {
         st = sim_enter(sim, TP_SIM_OP_VA_RESERVE);
-        if (st == TP_OK && (!sim->vmm || bytes == 0 || bytes % sim->granularity_bytes)) st = TP_ERR_INVALID_ARGUMENT;
+        if (st == TP_OK && (!sim->vmm || bytes == 0 || bytes % sim->granularity_bytes ||
+                            (alignment && !tpi_is_pow2(alignment))))
+            st = TP_ERR_INVALID_ARGUMENT;
+        uint64_t align = TPI_MAX(alignment, sim->granularity_bytes);
+        /* The reservation and its guard gap must end inside the address
+         * space (the last VA region runs to 2^64): else it is exhausted. */
+        uint64_t va = sim->next_va > UINT64_MAX - (align - 1) ? 0 : tpi_align_up(sim->next_va, align);
+        if (st == TP_OK && (va == 0 || bytes > UINT64_MAX - va || bytes + va > UINT64_MAX - sim->granularity_bytes))
+            st = TP_ERR_OUT_OF_MEMORY;
         if (st == TP_OK && !tpi_host_grow(&device->host, (void **)&sim->reservations, sizeof *sim->reservations,
                                          &sim->reservation_capacity, sim->reservation_count + 1))
             st = TP_ERR_HOST_OUT_OF_MEMORY;
         if (st == TP_OK) {
-            uint64_t align = TPI_MAX(alignment, sim->granularity_bytes);
-            uint64_t va = tpi_align_up(sim->next_va, align);
             sim->next_va = va + bytes + sim->granularity_bytes; /* a guard gap between reservations */
             sim->reservations[sim->reservation_count++] = (sim_reservation){va, bytes};
             *out_va = va;
@@ -418,10 +618,11 @@ static tp_status sim_map(tp_device *device, uint64_t va, uint64_t bytes) {
     tp_status st;
     SIM_LOCKED(sim, {
         st = sim_enter(sim, TP_SIM_OP_MAP);
-        if (st == TP_OK && (bytes == 0 || va % sim->granularity_bytes || bytes % sim->granularity_bytes ||
-                            !inside_reservation(sim, va, bytes) || resident_overlaps(sim, va, bytes)))
+        if (st == TP_OK && (bytes == 0 || !range_valid(va, bytes) || va % sim->granularity_bytes ||
+                            bytes % sim->granularity_bytes || !inside_reservation(sim, va, bytes) ||
+                            resident_overlaps(sim, va, bytes)))
             st = TP_ERR_INVALID_ARGUMENT;
-        if (st == TP_OK && physical_used(sim) + bytes > sim->capacity_bytes) st = TP_ERR_OUT_OF_MEMORY;
+        if (st == TP_OK && !fits_capacity(sim, bytes)) st = TP_ERR_OUT_OF_MEMORY;
         if (st == TP_OK) {
             size_t pages = (size_t)(bytes / sim->granularity_bytes);
             st = resident_insert_run(sim, (sim_resident){va, sim->granularity_bytes, RESIDENT_MAP}, pages,
@@ -441,8 +642,8 @@ static tp_status sim_unmap(tp_device *device, uint64_t va, uint64_t bytes) {
     SIM_LOCKED(sim, {
         st = sim_enter(sim, TP_SIM_OP_UNMAP);
         size_t i = 0, pages = 0;
-        if (st == TP_OK && (bytes == 0 || va % sim->granularity_bytes || bytes % sim->granularity_bytes ||
-                            !resident_find_exact(sim, va, RESIDENT_MAP, &i)))
+        if (st == TP_OK && (bytes == 0 || !range_valid(va, bytes) || va % sim->granularity_bytes ||
+                            bytes % sim->granularity_bytes || !resident_find_exact(sim, va, RESIDENT_MAP, &i)))
             st = TP_ERR_INVALID_ARGUMENT;
         if (st == TP_OK) {
             pages = (size_t)(bytes / sim->granularity_bytes);
@@ -465,9 +666,14 @@ static tp_status sim_mem_alloc(tp_device *device, uint64_t bytes, uint64_t *out_
     SIM_LOCKED(sim, {
         st = sim_enter(sim, TP_SIM_OP_MALLOC);
         if (st == TP_OK && bytes == 0) st = TP_ERR_INVALID_ARGUMENT;
-        if (st == TP_OK && physical_used(sim) + bytes > sim->capacity_bytes) st = TP_ERR_OUT_OF_MEMORY;
+        if (st == TP_OK && !fits_capacity(sim, bytes)) st = TP_ERR_OUT_OF_MEMORY;
+        /* Allocations live below SIM_VA_BASE, with a 2 MiB gap after each:
+         * a device larger than that address space runs out of it first. */
+        uint64_t address = sim->next_malloc;
+        if (st == TP_OK && (address > SIM_VA_BASE || bytes > SIM_VA_BASE - address ||
+                            SIM_VA_BASE - address - bytes < 4 * TPI_MiB))
+            st = TP_ERR_OUT_OF_MEMORY;
         if (st == TP_OK) {
-            uint64_t address = sim->next_malloc;
             /* Like cudaMalloc: 512-byte aligned, and never adjacent to the
              * previous allocation, so segments cannot silently merge. */
             sim->next_malloc = tpi_align_up(address + bytes, 2 * TPI_MiB) + 2 * TPI_MiB;
@@ -488,7 +694,8 @@ static tp_status sim_mem_free(tp_device *device, uint64_t address, uint64_t byte
     SIM_LOCKED(sim, {
         st = sim_enter(sim, TP_SIM_OP_FREE);
         size_t i;
-        if (st == TP_OK && (!resident_find_exact(sim, address, RESIDENT_ALLOC, &i) || sim->resident[i].bytes != bytes))
+        if (st == TP_OK && (!range_valid(address, bytes) || !resident_find_exact(sim, address, RESIDENT_ALLOC, &i) ||
+                            sim->resident[i].bytes != bytes))
             st = TP_ERR_INVALID_ARGUMENT;
         if (st == TP_OK) {
             give_back(sim, i, 1, address, bytes, &sim->allocated_bytes, &sim->counters.hazards_free, "device free");
@@ -497,12 +704,28 @@ static tp_status sim_mem_free(tp_device *device, uint64_t address, uint64_t byte
     return st;
 }
 
+/* A free slot, preferring one none of whose kernels is still pending: a
+ * reused slot's old kernels would count as the new stream's own work. */
+static bool free_stream_slot(sim_device *sim, uint32_t *out_slot) {
+    prune_kernels(sim);
+    uint64_t pending = 0;
+    for (size_t i = 0; i < sim->kernel_count; i++) pending |= 1ull << sim->kernels[i].stream;
+    bool found = false;
+    for (uint32_t i = 1; i < SIM_MAX_STREAMS; i++) {
+        if (sim->streams[i].in_use) continue;
+        if (!found || !(pending & (1ull << i))) *out_slot = i;
+        found = true;
+        if (!(pending & (1ull << i))) break;
+    }
+    return found;
+}
+
 static tp_status sim_stream_create(tp_device *device, tp_stream *out_stream) {
     sim_device *sim = sim_of(device);
-    tp_status st = TP_ERR_HOST_OUT_OF_MEMORY;
+    tp_status st = TP_OK;
     SIM_LOCKED(sim, {
-        for (uint32_t i = 1; i < SIM_MAX_STREAMS; i++) {
-            if (sim->streams[i].in_use) continue;
+        uint32_t i = 0;
+        if (free_stream_slot(sim, &i)) {
             sim_stream *s = &sim->streams[i];
             uint64_t seq = s->seq; /* keep counting so old kernels stay distinguishable */
             memset(s, 0, sizeof *s);
@@ -510,10 +733,14 @@ static tp_status sim_stream_create(tp_device *device, tp_stream *out_stream) {
             s->seq = seq;
             s->vc[i] = seq;
             *out_stream = (tp_stream)(uintptr_t)i;
-            st = TP_OK;
-            break;
+        } else {
+            st = TP_ERR_BUSY;
         }
     });
+    if (st == TP_ERR_BUSY)
+        tpi_logf(&device->logger, TP_LOG_ERROR,
+                "sim: stream_create refused: all %d simulated streams are in use (destroy one first)",
+                SIM_MAX_STREAMS - 1);
     return st;
 }
 
@@ -523,6 +750,8 @@ static tp_status sim_stream_destroy(tp_device *device, tp_stream stream) {
     SIM_LOCKED(sim, {
         uint32_t s;
         if (stream_index(sim, stream, &s) && s != 0) {
+            capture_invalidate(sim, s, "destroying the stream");
+            capture_reset(sim, &sim->streams[s].capture);
             sim->streams[s].in_use = false;
             st = TP_OK;
         }
@@ -537,7 +766,12 @@ static tp_status sim_stream_synchronize(tp_device *device, tp_stream stream) {
         uint32_t s;
         st = sim_enter(sim, TP_SIM_OP_SYNC);
         if (st == TP_OK && !stream_index(sim, stream, &s)) st = TP_ERR_INVALID_ARGUMENT;
-        if (st == TP_OK) sim->now_ns = TPI_MAX(sim->now_ns, sim->streams[s].tail_ns);
+        if (st == TP_OK && capturing(&sim->streams[s])) {
+            capture_invalidate(sim, s, "synchronizing the stream");
+            st = TP_ERR_CAPTURE;
+        }
+        /* Done when its own work and everything that work waited on is. */
+        if (st == TP_OK) sim->now_ns = TPI_MAX(sim->now_ns, stream_done_ns(&sim->streams[s]));
     });
     return st;
 }
@@ -549,8 +783,18 @@ static tp_status sim_stream_wait_event(tp_device *device, tp_stream stream, tp_e
         uint32_t s;
         st = sim_enter(sim, TP_SIM_OP_EVENT);
         if (st == TP_OK && !stream_index(sim, stream, &s)) st = TP_ERR_INVALID_ARGUMENT;
-        if (st == TP_OK) {
-            const sim_event *e = (const sim_event *)event;
+        const sim_event *e = (const sim_event *)event;
+        int from = st == TP_OK ? event_capture(sim, e) : -1;
+        tp_sim_capture_state state = st == TP_OK ? sim->streams[s].capture.state : TP_SIM_CAPTURE_NONE;
+        if (st == TP_OK && state == TP_SIM_CAPTURE_INVALIDATED) {
+            st = TP_ERR_CAPTURE;
+        } else if (st == TP_OK && from >= 0 && (uint32_t)from != s) {
+            /* CUDA would pull this stream into that capture (a fork), or
+             * merge two captures; neither is modelled: both fail. */
+            capture_invalidate(sim, (uint32_t)from, "another stream waiting on an event recorded in it");
+            capture_invalidate(sim, s, "waiting on an event of another capture");
+            st = TP_ERR_CAPTURE;
+        } else if (st == TP_OK && state == TP_SIM_CAPTURE_NONE) {
             if (e->recorded) {
                 sim_stream *target = &sim->streams[s];
                 target->wait_floor_ns = TPI_MAX(target->wait_floor_ns, e->time_ns);
@@ -584,11 +828,18 @@ static tp_status sim_event_record(tp_device *device, tp_event event, tp_stream s
         uint32_t s;
         st = sim_enter(sim, TP_SIM_OP_EVENT);
         if (st == TP_OK && !stream_index(sim, stream, &s)) st = TP_ERR_INVALID_ARGUMENT;
-        if (st == TP_OK) {
-            sim_event *e = (sim_event *)event;
-            const sim_stream *src = &sim->streams[s];
+        sim_event *e = (sim_event *)event;
+        const sim_stream *src = st == TP_OK ? &sim->streams[s] : NULL;
+        if (src && src->capture.state == TP_SIM_CAPTURE_INVALIDATED) {
+            st = TP_ERR_CAPTURE;
+        } else if (src && capturing(src)) {
+            /* Marks a point in the capture; the last real record stays. */
+            e->capture_stream = s;
+            e->capture_id = src->capture.id;
+        } else if (src) {
+            e->capture_id = 0;
             e->recorded = true;
-            e->time_ns = TPI_MAX(src->tail_ns, src->wait_floor_ns);
+            e->time_ns = stream_done_ns(src);
             memcpy(e->vc, src->vc, sizeof e->vc);
         }
     });
@@ -601,6 +852,11 @@ static tp_status sim_event_query(tp_device *device, tp_event event) {
     SIM_LOCKED(sim, {
         const sim_event *e = (const sim_event *)event;
         st = sim_enter(sim, TP_SIM_OP_EVENT);
+        int from = st == TP_OK ? event_capture(sim, e) : -1;
+        if (from >= 0) {
+            capture_invalidate(sim, (uint32_t)from, "querying an event recorded in it");
+            st = TP_ERR_CAPTURE;
+        }
         if (st == TP_OK) st = (!e->recorded || e->time_ns <= sim->now_ns) ? TP_OK : TP_NOT_READY;
     });
     return st;
@@ -612,6 +868,11 @@ static tp_status sim_event_synchronize(tp_device *device, tp_event event) {
     SIM_LOCKED(sim, {
         const sim_event *e = (const sim_event *)event;
         st = sim_enter(sim, TP_SIM_OP_SYNC);
+        int from = st == TP_OK ? event_capture(sim, e) : -1;
+        if (from >= 0) {
+            capture_invalidate(sim, (uint32_t)from, "synchronizing an event recorded in it");
+            st = TP_ERR_CAPTURE;
+        }
         if (st == TP_OK && e->recorded) sim->now_ns = TPI_MAX(sim->now_ns, e->time_ns);
     });
     return st;
@@ -622,10 +883,31 @@ static tp_status sim_device_synchronize(tp_device *device) {
     tp_status st;
     SIM_LOCKED(sim, {
         st = sim_enter(sim, TP_SIM_OP_SYNC);
+        for (uint32_t i = 0; st != TP_ERR_CAPTURE && i < SIM_MAX_STREAMS; i++)
+            if (st == TP_OK && sim->streams[i].in_use && capturing(&sim->streams[i])) st = TP_ERR_CAPTURE;
+        for (uint32_t i = 0; st == TP_ERR_CAPTURE && i < SIM_MAX_STREAMS; i++)
+            if (sim->streams[i].in_use) capture_invalidate(sim, i, "synchronizing the device");
         if (st == TP_OK) {
+            /* Every stream's work, and what destroyed streams left queued. */
+            uint64_t done = sim->now_ns;
             for (int i = 0; i < SIM_MAX_STREAMS; i++)
-                if (sim->streams[i].in_use) sim->now_ns = TPI_MAX(sim->now_ns, sim->streams[i].tail_ns);
+                if (sim->streams[i].in_use) done = TPI_MAX(done, stream_done_ns(&sim->streams[i]));
+            for (size_t k = 0; k < sim->kernel_count; k++) done = TPI_MAX(done, sim->kernels[k].end_ns);
+            sim->now_ns = done;
         }
+    });
+    return st;
+}
+
+static tp_status sim_stream_capturing(tp_device *device, tp_stream stream, bool *out_capturing) {
+    sim_device *sim = sim_of(device);
+    tp_status st = TP_OK;
+    SIM_LOCKED(sim, {
+        uint32_t s;
+        if (stream_index(sim, stream, &s))
+            *out_capturing = capturing(&sim->streams[s]); /* an invalidated capture too: hands off */
+        else
+            st = TP_ERR_INVALID_ARGUMENT;
     });
     return st;
 }
@@ -640,6 +922,7 @@ static uint64_t sim_check_handout(tp_device *device, uint64_t address, uint64_t 
     SIM_LOCKED(sim, {
         uint32_t s;
         if (sim->check && sim->kernel_count && stream_index(sim, stream, &s)) {
+            bytes = TPI_MIN(bytes, UINT64_MAX - address); /* no error to return: clamp, never wrap */
             found = count_conflicts(sim, address, bytes, (int)s, "hand-out");
             sim->counters.hazards_handout += found;
             sim->counters.hazards += found;
@@ -649,24 +932,6 @@ static uint64_t sim_check_handout(tp_device *device, uint64_t address, uint64_t 
 }
 
 /* ----------------------------------------------------------------- graphs */
-
-static void free_graph_shape(const tpi_host *host, sim_graph *g) {
-    tpi_host_free(host, g->ranges, g->range_count * sizeof *g->ranges);
-    g->ranges = NULL;
-    g->range_count = 0;
-}
-
-static tp_status copy_graph_shape(const tpi_host *host, sim_graph *dst, const sim_graph *src) {
-    tp_range *ranges = NULL;
-    if (src->range_count) {
-        ranges = tpi_host_alloc(host, src->range_count * sizeof *ranges);
-        if (!ranges) return TP_ERR_HOST_OUT_OF_MEMORY;
-        memcpy(ranges, src->ranges, src->range_count * sizeof *ranges);
-    }
-    *dst = *src;
-    dst->ranges = ranges;
-    return TP_OK;
-}
 
 static tp_status sim_graph_instantiate(tp_device *device, tp_graph graph, tpi_graph_exec *out_exec,
                                        uint64_t *out_bytes) {
@@ -679,7 +944,11 @@ static tp_status sim_graph_instantiate(tp_device *device, tp_graph graph, tpi_gr
         tpi_host_free(&device->host, exec, sizeof *exec);
         return st;
     }
-    exec->bytes = (uint64_t)g->node_count * sim->graph_node_bytes + sim->graph_exec_bytes;
+    /* Saturating: a cost past 2^64 cannot fit, and must not wrap into one that does. */
+    uint64_t node_bytes = 0;
+    if (__builtin_mul_overflow((uint64_t)g->node_count, sim->graph_node_bytes, &node_bytes) ||
+        __builtin_add_overflow(node_bytes, sim->graph_exec_bytes, &exec->bytes))
+        exec->bytes = UINT64_MAX;
     SIM_LOCKED(sim, {
         st = sim_enter(sim, TP_SIM_OP_GRAPH_INSTANTIATE);
         /* With graphpool, only growth of the pool takes new memory. */
@@ -688,7 +957,7 @@ static tp_status sim_graph_instantiate(tp_device *device, tp_graph graph, tpi_gr
             uint64_t room = sim->graph_pool_bytes - sim->graph_bytes;
             growth = exec->bytes > room ? exec->bytes - room : 0;
         }
-        if (st == TP_OK && physical_used(sim) + growth > sim->capacity_bytes) st = TP_ERR_OUT_OF_MEMORY;
+        if (st == TP_OK && !fits_capacity(sim, growth)) st = TP_ERR_OUT_OF_MEMORY;
         if (st == TP_OK) {
             sim->graph_bytes += exec->bytes;
             sim->graph_pool_bytes += growth;
@@ -732,7 +1001,9 @@ static tp_status sim_graph_launch(tp_device *device, tpi_graph_exec exec_handle,
         uint32_t s;
         st = sim_enter(sim, TP_SIM_OP_GRAPH_LAUNCH);
         if (st == TP_OK && !stream_index(sim, stream, &s)) st = TP_ERR_INVALID_ARGUMENT;
-        if (st == TP_OK) st = queue_work(sim, s, exec->shape.duration_ns, exec->shape.ranges, exec->shape.range_count);
+        if (st == TP_OK)
+            st = submit_work(sim, s, exec->shape.duration_ns, exec->shape.ranges, exec->shape.range_count,
+                             exec->shape.node_count, NODE_GRAPH ^ (exec->shape.topology_id * SIM_FNV_PRIME));
     });
     return st;
 }
@@ -776,6 +1047,7 @@ static const tpi_device_ops sim_ops = {
     .event_query = sim_event_query,
     .event_synchronize = sim_event_synchronize,
     .device_synchronize = sim_device_synchronize,
+    .stream_capturing = sim_stream_capturing,
     .now_ns = sim_now_ns,
     .check_handout = sim_check_handout,
     .graph_instantiate = sim_graph_instantiate,
@@ -822,20 +1094,20 @@ tp_status tpi_sim_device_create(tp_device *device, const tpi_device_options *opt
 
 tp_status tp_sim_launch(tp_device *device, tp_stream stream, uint64_t duration_ns, const tp_range *ranges,
                         size_t range_count) {
-    if (!is_sim(device)) return device ? TP_ERR_UNSUPPORTED : TP_ERR_INVALID_ARGUMENT;
+    SIM_REQUIRE_DEVICE(device);
     if (range_count && !ranges) return TP_ERR_INVALID_ARGUMENT;
     sim_device *sim = sim_of(device);
     tp_status st;
     SIM_LOCKED(sim, {
         uint32_t s;
-        st = stream_index(sim, stream, &s) ? queue_work(sim, s, duration_ns, ranges, range_count)
+        st = stream_index(sim, stream, &s) ? submit_work(sim, s, duration_ns, ranges, range_count, 1, NODE_KERNEL)
                                            : TP_ERR_INVALID_ARGUMENT;
     });
     return st;
 }
 
 tp_status tp_sim_advance(tp_device *device, uint64_t ns) {
-    if (!is_sim(device)) return device ? TP_ERR_UNSUPPORTED : TP_ERR_INVALID_ARGUMENT;
+    SIM_REQUIRE_DEVICE(device);
     sim_device *sim = sim_of(device);
     SIM_LOCKED(sim, {
         sim->now_ns = ns > UINT64_MAX - sim->now_ns ? UINT64_MAX : sim->now_ns + ns;
@@ -845,14 +1117,15 @@ tp_status tp_sim_advance(tp_device *device, uint64_t ns) {
 }
 
 tp_status tp_sim_now(tp_device *device, uint64_t *out_now_ns) {
-    if (!is_sim(device) || !out_now_ns) return device ? TP_ERR_UNSUPPORTED : TP_ERR_INVALID_ARGUMENT;
+    SIM_REQUIRE_DEVICE(device);
+    if (!out_now_ns) return TP_ERR_INVALID_ARGUMENT;
     *out_now_ns = sim_now_ns(device);
     return TP_OK;
 }
 
 tp_status tp_sim_inject_fault(tp_device *device, tp_sim_op op, uint64_t after_successes, uint64_t fail_count,
                               tp_status status) {
-    if (!is_sim(device)) return device ? TP_ERR_UNSUPPORTED : TP_ERR_INVALID_ARGUMENT;
+    SIM_REQUIRE_DEVICE(device);
     if ((unsigned)op >= (unsigned)TP_SIM_OP_COUNT_ || (unsigned)status >= (unsigned)TP_STATUS_COUNT_)
         return TP_ERR_INVALID_ARGUMENT;
     sim_device *sim = sim_of(device);
@@ -864,14 +1137,15 @@ tp_status tp_sim_inject_fault(tp_device *device, tp_sim_op op, uint64_t after_su
 }
 
 tp_status tp_sim_clear_faults(tp_device *device) {
-    if (!is_sim(device)) return device ? TP_ERR_UNSUPPORTED : TP_ERR_INVALID_ARGUMENT;
+    SIM_REQUIRE_DEVICE(device);
     sim_device *sim = sim_of(device);
     SIM_LOCKED(sim, { memset(sim->faults, 0, sizeof sim->faults); });
     return TP_OK;
 }
 
 tp_status tp_sim_get_counters(tp_device *device, tp_sim_counters *out_counters) {
-    if (!is_sim(device) || !out_counters) return device ? TP_ERR_UNSUPPORTED : TP_ERR_INVALID_ARGUMENT;
+    SIM_REQUIRE_DEVICE(device);
+    if (!out_counters) return TP_ERR_INVALID_ARGUMENT;
     sim_device *sim = sim_of(device);
     SIM_LOCKED(sim, {
         prune_kernels(sim);
@@ -882,13 +1156,13 @@ tp_status tp_sim_get_counters(tp_device *device, tp_sim_counters *out_counters) 
 }
 
 tp_status tp_sim_occupy(tp_device *device, uint64_t bytes) {
-    if (!is_sim(device)) return device ? TP_ERR_UNSUPPORTED : TP_ERR_INVALID_ARGUMENT;
+    SIM_REQUIRE_DEVICE(device);
     sim_device *sim = sim_of(device);
     tp_status st = TP_OK;
     SIM_LOCKED(sim, {
         if (bytes == 0) {
             sim->occupied_bytes = 0;
-        } else if (physical_used(sim) + bytes > sim->capacity_bytes) {
+        } else if (!fits_capacity(sim, bytes)) {
             st = TP_ERR_OUT_OF_MEMORY;
         } else {
             sim->occupied_bytes += bytes;
@@ -899,8 +1173,9 @@ tp_status tp_sim_occupy(tp_device *device, uint64_t bytes) {
 }
 
 tp_status tp_sim_graph_create(tp_device *device, const tp_sim_graph_desc *desc, tp_graph *out_graph) {
-    if (!is_sim(device)) return device ? TP_ERR_UNSUPPORTED : TP_ERR_INVALID_ARGUMENT;
-    if (!desc || !out_graph || desc->node_count == 0 || (desc->range_count && !desc->ranges))
+    SIM_REQUIRE_DEVICE(device);
+    if (!desc || !out_graph || desc->node_count == 0 || (desc->range_count && !desc->ranges) ||
+        !ranges_valid(desc->ranges, desc->range_count))
         return TP_ERR_INVALID_ARGUMENT;
     sim_graph *g = tpi_host_calloc(&device->host, 1, sizeof *g);
     if (!g) return TP_ERR_HOST_OUT_OF_MEMORY;
@@ -916,10 +1191,71 @@ tp_status tp_sim_graph_create(tp_device *device, const tp_sim_graph_desc *desc, 
 }
 
 tp_status tp_sim_graph_destroy(tp_device *device, tp_graph graph) {
-    if (!is_sim(device)) return device ? TP_ERR_UNSUPPORTED : TP_ERR_INVALID_ARGUMENT;
+    SIM_REQUIRE_DEVICE(device);
     if (!graph) return TP_ERR_INVALID_ARGUMENT;
     sim_graph *g = (sim_graph *)graph;
     free_graph_shape(&device->host, g);
     tpi_host_free(&device->host, g, sizeof *g);
     return TP_OK;
+}
+
+tp_status tp_sim_capture_begin(tp_device *device, tp_stream stream) {
+    SIM_REQUIRE_DEVICE(device);
+    sim_device *sim = sim_of(device);
+    tp_status st = TP_OK;
+    SIM_LOCKED(sim, {
+        uint32_t s;
+        if (!stream_index(sim, stream, &s)) {
+            st = TP_ERR_INVALID_ARGUMENT;
+        } else if (s == 0 || capturing(&sim->streams[s])) {
+            st = TP_ERR_CAPTURE; /* the legacy default stream cannot capture */
+        } else {
+            sim_capture *c = &sim->streams[s].capture;
+            capture_reset(sim, c);
+            c->state = TP_SIM_CAPTURE_ACTIVE;
+            c->id = ++sim->last_capture_id;
+            c->topology = SIM_FNV_BASIS;
+            sim->counters.captures++;
+        }
+    });
+    return st;
+}
+
+tp_status tp_sim_capture_end(tp_device *device, tp_stream stream, tp_graph *out_graph) {
+    SIM_REQUIRE_DEVICE(device);
+    if (!out_graph) return TP_ERR_INVALID_ARGUMENT;
+    *out_graph = NULL;
+    sim_device *sim = sim_of(device);
+    tp_status st = TP_OK;
+    sim_graph *g = NULL;
+    SIM_LOCKED(sim, {
+        uint32_t s;
+        if (!stream_index(sim, stream, &s)) {
+            st = TP_ERR_INVALID_ARGUMENT;
+        } else {
+            sim_capture *c = &sim->streams[s].capture;
+            if (c->state != TP_SIM_CAPTURE_ACTIVE)
+                st = TP_ERR_CAPTURE; /* not capturing, or invalidated */
+            else
+                st = capture_graph(sim, c, &g);
+            capture_reset(sim, c);
+        }
+    });
+    if (st == TP_OK) *out_graph = (tp_graph)g;
+    return st;
+}
+
+tp_status tp_sim_capture_status(tp_device *device, tp_stream stream, tp_sim_capture_state *out_state) {
+    SIM_REQUIRE_DEVICE(device);
+    if (!out_state) return TP_ERR_INVALID_ARGUMENT;
+    sim_device *sim = sim_of(device);
+    tp_status st = TP_OK;
+    SIM_LOCKED(sim, {
+        uint32_t s;
+        if (stream_index(sim, stream, &s))
+            *out_state = sim->streams[s].capture.state;
+        else
+            st = TP_ERR_INVALID_ARGUMENT;
+    });
+    return st;
 }

@@ -62,6 +62,32 @@ static void test_bad_specs_are_refused_and_explained(void) {
     CHECK_STATUS(tp_device_open("sim", NULL, NULL), TP_ERR_INVALID_ARGUMENT);
 }
 
+static void test_granularity_is_a_power_of_two_from_4kib_to_1gib(void) {
+    /* gran=1 or 2 once made a 2.4 G-entry page table and a 10 s check. */
+    test_log log = {0};
+    tp_device_config cfg = {.log = test_log_fn, .log_user = &log};
+    const char *bad[] = {"sim,gran=1", "sim,gran=2", "sim,gran=2KiB", "sim,gran=2GiB", "sim,gran=0",
+                         "sim,gran=6KiB"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        tp_device *dev = (tp_device *)0x1;
+        CHECK_STATUS(tp_device_open(bad[i], &cfg, &dev), TP_ERR_BAD_SPEC);
+        CHECK_EQ_PTR(dev, NULL);
+        if (dev && dev != (tp_device *)0x1) tp_device_close(dev);
+    }
+    CHECK_EQ_I64(log.errors, (long long)(sizeof bad / sizeof *bad)); /* each one explained */
+    const char *good[] = {"sim,gran=4KiB", "sim,gran=1GiB"};
+    uint64_t want[] = {4 * 1024, TEST_GiB};
+    for (size_t i = 0; i < 2; i++) {
+        tp_device *dev = NULL;
+        CHECK_OK(tp_device_open(good[i], &cfg, &dev));
+        if (!dev) continue;
+        tp_device_info info;
+        CHECK_OK(tp_device_get_info(dev, &info));
+        CHECK_EQ_U64(info.granularity_bytes, want[i]);
+        CHECK_OK(tp_device_close(dev));
+    }
+}
+
 static void test_status_names(void) {
     CHECK_EQ_STR(tp_status_name(TP_OK), "TP_OK");
     CHECK_EQ_STR(tp_status_name(TP_ERR_OUT_OF_MEMORY), "TP_ERR_OUT_OF_MEMORY");
@@ -303,19 +329,226 @@ static void test_occupy_and_graphs(void) {
     CHECK_OK(tp_device_close(dev));
 }
 
+static void test_sim_calls_tell_bad_arguments_from_other_backends(void) {
+    /* A missing output is an invalid argument; UNSUPPORTED means only "not
+     * a simulated device". */
+    test_log log = {0};
+    tp_device *dev = open_sim("sim:1GiB", &log);
+    CHECK_STATUS(tp_sim_now(dev, NULL), TP_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(tp_sim_get_counters(dev, NULL), TP_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(tp_sim_graph_create(dev, NULL, NULL), TP_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(tp_sim_graph_destroy(dev, NULL), TP_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(tp_sim_launch(dev, TP_STREAM_DEFAULT, 1, NULL, 1), TP_ERR_INVALID_ARGUMENT);
+    uint64_t now = 1;
+    tp_sim_counters c;
+    CHECK_STATUS(tp_sim_now(NULL, &now), TP_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(tp_sim_get_counters(NULL, &c), TP_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(tp_sim_advance(NULL, 1), TP_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(tp_sim_occupy(NULL, 1), TP_ERR_INVALID_ARGUMENT);
+    /* Another backend's device (a fake one: only its table's name counts). */
+    tpi_device_ops other_ops = {.backend = "cuda"};
+    tp_device other = {.ops = &other_ops};
+    CHECK_STATUS(tp_sim_now(&other, &now), TP_ERR_UNSUPPORTED);
+    CHECK_STATUS(tp_sim_now(&other, NULL), TP_ERR_UNSUPPORTED);
+    CHECK_STATUS(tp_sim_get_counters(&other, NULL), TP_ERR_UNSUPPORTED);
+    CHECK_STATUS(tp_sim_advance(&other, 1), TP_ERR_UNSUPPORTED);
+    CHECK_STATUS(tp_sim_clear_faults(&other), TP_ERR_UNSUPPORTED);
+    CHECK_OK(tp_device_close(dev));
+}
+
+static void test_streams_run_out_busy_and_slots_are_reused(void) {
+    test_log log = {0};
+    tp_device *dev = open_sim("sim:1GiB", &log);
+    /* Slot 0 is the default stream: 63 more at once. */
+    tp_stream streams[64];
+    int made = 0;
+    for (; made < 64; made++)
+        if (tp_stream_create(dev, &streams[made]) != TP_OK) break;
+    CHECK_EQ_I64(made, 63);
+    tp_stream extra;
+    int errors_before = log.errors;
+    CHECK_STATUS(tp_stream_create(dev, &extra), TP_ERR_BUSY);
+    CHECK_EQ_I64(log.errors, errors_before + 1); /* and says why */
+    for (int i = 0; i < made; i++) CHECK_OK(tp_stream_destroy(dev, streams[i]));
+    /* Destroyed streams give their slot back. */
+    for (int i = 0; i < 10000; i++) {
+        tp_stream s;
+        tp_status st = tp_stream_create(dev, &s);
+        CHECK_OK(st);
+        if (st != TP_OK) break;
+        CHECK_OK(tp_stream_destroy(dev, s));
+    }
+    /* A slot whose old kernels still run is not handed out while another
+     * is free: its kernels would pass as the new stream's own. */
+    uint64_t buf;
+    CHECK_OK(dev->ops->mem_alloc(dev, 4096, &buf));
+    tp_range r = {buf, 4096};
+    tp_stream a, b;
+    CHECK_OK(tp_stream_create(dev, &a));
+    CHECK_OK(tp_sim_launch(dev, a, 1000, &r, 1));
+    CHECK_OK(tp_stream_destroy(dev, a));
+    CHECK_OK(tp_stream_create(dev, &b));
+    CHECK_NE_PTR(b, a);
+    CHECK_EQ_U64(dev->ops->check_handout(dev, buf, 4096, b), 1);
+    CHECK_OK(tp_stream_destroy(dev, b));
+    CHECK_OK(tp_device_synchronize(dev));
+    CHECK_OK(dev->ops->mem_free(dev, buf, 4096));
+    CHECK_OK(tp_device_close(dev));
+}
+
+static void test_synchronize_waits_for_waited_events(void) {
+    /* s2 waits on s1's work (ends at 5000); its own is empty. Its
+     * synchronize returns only once s1's work is done too. */
+    test_log log = {0};
+    tp_device *dev = open_sim("sim:1GiB,novmm", &log);
+    tp_stream s1, s2, s3;
+    CHECK_OK(tp_stream_create(dev, &s1));
+    CHECK_OK(tp_stream_create(dev, &s2));
+    CHECK_OK(tp_stream_create(dev, &s3));
+    uint64_t buf, now;
+    CHECK_OK(dev->ops->mem_alloc(dev, 4096, &buf));
+    tp_range r = {buf, 4096};
+    CHECK_OK(tp_sim_launch(dev, s1, 5000, &r, 1));
+    tp_event e, f;
+    CHECK_OK(tp_event_create(dev, &e));
+    CHECK_OK(tp_event_create(dev, &f));
+    CHECK_OK(tp_event_record(dev, e, s1));
+    CHECK_OK(tp_stream_wait_event(dev, s2, e));
+    CHECK_OK(tp_stream_synchronize(dev, s2));
+    CHECK_OK(tp_sim_now(dev, &now));
+    CHECK_EQ_U64(now, 5000);
+    /* So freeing after that synchronize is no hazard. */
+    tp_sim_counters c;
+    CHECK_OK(tp_sim_get_counters(dev, &c));
+    CHECK_EQ_U64(c.pending_kernels, 0);
+    /* Transitively: s3 waits on s2, which waited on s1's next kernel. */
+    CHECK_OK(tp_sim_launch(dev, s1, 3000, &r, 1)); /* 5000..8000 */
+    CHECK_OK(tp_event_record(dev, e, s1));
+    CHECK_OK(tp_stream_wait_event(dev, s2, e));
+    CHECK_OK(tp_event_record(dev, f, s2));
+    CHECK_OK(tp_stream_wait_event(dev, s3, f));
+    CHECK_OK(tp_stream_synchronize(dev, s3));
+    CHECK_OK(tp_sim_now(dev, &now));
+    CHECK_EQ_U64(now, 8000);
+    /* A destroyed stream's queued work still runs: a device synchronize
+     * waits for it. */
+    CHECK_OK(tp_sim_launch(dev, s1, 1000, &r, 1)); /* 8000..9000 */
+    CHECK_OK(tp_stream_destroy(dev, s1));
+    CHECK_OK(tp_device_synchronize(dev));
+    CHECK_OK(tp_sim_now(dev, &now));
+    CHECK_EQ_U64(now, 9000);
+    CHECK_OK(dev->ops->mem_free(dev, buf, 4096));
+    CHECK_OK(tp_sim_get_counters(dev, &c));
+    CHECK_EQ_U64(c.hazards, 0);
+    CHECK_OK(tp_event_destroy(dev, e));
+    CHECK_OK(tp_event_destroy(dev, f));
+    CHECK_OK(tp_stream_destroy(dev, s2));
+    CHECK_OK(tp_stream_destroy(dev, s3));
+    CHECK_OK(tp_device_close(dev));
+}
+
+static void test_arithmetic_refuses_instead_of_wrapping(void) {
+    test_log log = {0};
+    tp_device *dev = open_sim("sim:1GiB", &log);
+    const tpi_device_ops *ops = dev->ops;
+    /* Occupy: used + request must not wrap past the capacity check. */
+    CHECK_OK(tp_sim_occupy(dev, TEST_MiB));
+    CHECK_STATUS(tp_sim_occupy(dev, UINT64_MAX), TP_ERR_OUT_OF_MEMORY);
+    CHECK_STATUS(tp_sim_occupy(dev, UINT64_MAX - TEST_MiB + 1), TP_ERR_OUT_OF_MEMORY);
+    CHECK_STATUS(tp_sim_occupy(dev, TEST_GiB), TP_ERR_OUT_OF_MEMORY);
+    CHECK_OK(tp_sim_occupy(dev, TEST_GiB - TEST_MiB));
+    CHECK_OK(tp_sim_occupy(dev, 0));
+    /* Map, malloc: the same check. */
+    uint64_t va = 0, p = 0;
+    CHECK_OK(ops->va_reserve(dev, 4 * TEST_MiB, 0, &va));
+    CHECK_OK(ops->map(dev, va, 2 * TEST_MiB));
+    CHECK_STATUS(ops->mem_alloc(dev, UINT64_MAX - TEST_MiB, &p), TP_ERR_OUT_OF_MEMORY);
+    /* Ranges that run past 2^64 are refused wherever a range is taken. */
+    uint64_t wrap_len = UINT64_MAX - va + 1 + 2 * TEST_MiB; /* va + wrap_len wraps to 2 MiB */
+    CHECK_STATUS(ops->map(dev, va, wrap_len - wrap_len % (2 * TEST_MiB)), TP_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(ops->unmap(dev, va, wrap_len - wrap_len % (2 * TEST_MiB)), TP_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(ops->mem_free(dev, UINT64_MAX - 10, 100), TP_ERR_INVALID_ARGUMENT);
+    tp_range wrapping = {UINT64_MAX - 10, 100};
+    CHECK_STATUS(tp_sim_launch(dev, TP_STREAM_DEFAULT, 10, &wrapping, 1), TP_ERR_INVALID_ARGUMENT);
+    tp_sim_graph_desc desc = {.node_count = 1, .topology_id = 1, .duration_ns = 10, .ranges = &wrapping,
+                              .range_count = 1};
+    tp_graph g = NULL;
+    CHECK_STATUS(tp_sim_graph_create(dev, &desc, &g), TP_ERR_INVALID_ARGUMENT);
+    tp_sim_counters c;
+    CHECK_OK(tp_sim_get_counters(dev, &c));
+    CHECK_EQ_U64(c.pending_kernels, 0);
+    CHECK_EQ_U64(c.invalid_accesses, 0);
+    /* A kernel whose end would pass 2^64 ns is refused, not wrapped into
+     * the past (where it would count as complete at once). */
+    tp_range r = {va, 2 * TEST_MiB};
+    CHECK_OK(tp_sim_launch(dev, TP_STREAM_DEFAULT, 10, &r, 1)); /* 0..10 */
+    CHECK_STATUS(tp_sim_launch(dev, TP_STREAM_DEFAULT, UINT64_MAX, &r, 1), TP_ERR_INVALID_ARGUMENT);
+    CHECK_OK(tp_sim_advance(dev, UINT64_MAX - 1000));
+    CHECK_STATUS(tp_sim_launch(dev, TP_STREAM_DEFAULT, 1001, &r, 1), TP_ERR_INVALID_ARGUMENT);
+    CHECK_OK(tp_sim_launch(dev, TP_STREAM_DEFAULT, 1000, &r, 1)); /* ends at UINT64_MAX exactly */
+    CHECK_STATUS(tp_sim_launch(dev, TP_STREAM_DEFAULT, 1, &r, 1), TP_ERR_INVALID_ARGUMENT); /* after it */
+    /* A graph of that length cannot be launched either. */
+    desc.ranges = &r;
+    desc.duration_ns = UINT64_MAX;
+    CHECK_OK(tp_sim_graph_create(dev, &desc, &g));
+    tpi_graph_exec x;
+    uint64_t bytes;
+    CHECK_OK(ops->graph_instantiate(dev, g, &x, &bytes));
+    CHECK_STATUS(ops->graph_launch(dev, x, TP_STREAM_DEFAULT), TP_ERR_INVALID_ARGUMENT);
+    CHECK_OK(ops->graph_destroy(dev, x));
+    CHECK_OK(tp_sim_graph_destroy(dev, g));
+    /* The pending kernel still counts: unmapping under it is a hazard. */
+    CHECK_OK(ops->unmap(dev, va, 2 * TEST_MiB));
+    CHECK_OK(tp_sim_get_counters(dev, &c));
+    CHECK_EQ_U64(c.hazards_unmap, 1);
+    /* Address space: reservations past 2^64 and a non-power-of-two
+     * alignment are refused. */
+    uint64_t big = 0;
+    CHECK_STATUS(ops->va_reserve(dev, 1ull << 63, 0, &big), TP_OK);
+    CHECK_STATUS(ops->va_reserve(dev, 1ull << 63, 0, &big), TP_ERR_OUT_OF_MEMORY);
+    CHECK_STATUS(ops->va_reserve(dev, 4 * TEST_MiB, 3 * TEST_MiB, &big), TP_ERR_INVALID_ARGUMENT);
+    CHECK_OK(ops->va_release(dev, va, 4 * TEST_MiB));
+    CHECK_OK(tp_device_close(dev));
+
+    /* Graph executable cost: node_count x graph_node_bytes saturates. */
+    dev = open_sim("sim:1GiB,graph_node_bytes=16000000TiB", &log);
+    tp_sim_graph_desc many = {.node_count = 1u << 20, .topology_id = 2, .duration_ns = 1};
+    CHECK_OK(tp_sim_graph_create(dev, &many, &g));
+    CHECK_STATUS(dev->ops->graph_instantiate(dev, g, &x, &bytes), TP_ERR_OUT_OF_MEMORY);
+    CHECK_OK(tp_sim_graph_destroy(dev, g));
+    CHECK_OK(tp_sim_get_counters(dev, &c));
+    CHECK_EQ_U64(c.graph_exec_bytes, 0);
+    CHECK_OK(tp_device_close(dev));
+
+    /* A device larger than its malloc address space: allocations run out
+     * of addresses (OUT_OF_MEMORY) before any sum wraps or two overlap. */
+    dev = open_sim("sim:16000000TiB,novmm", &log);
+    uint64_t a = 0, b = 0;
+    CHECK_STATUS(dev->ops->mem_alloc(dev, 1ull << 59, &a), TP_OK);
+    CHECK_STATUS(dev->ops->mem_alloc(dev, 1ull << 63, &b), TP_ERR_OUT_OF_MEMORY);
+    CHECK_STATUS(dev->ops->mem_alloc(dev, UINT64_MAX - (1ull << 59), &b), TP_ERR_OUT_OF_MEMORY);
+    CHECK_OK(dev->ops->mem_free(dev, a, 1ull << 59));
+    CHECK_OK(tp_device_close(dev));
+}
+
 static const test_case tests[] = {
     TEST_CASE(test_default_spec_is_16gib_with_vmm),
     TEST_CASE(test_spec_options_set_capacity_vmm_and_granularity),
     TEST_CASE(test_spec_capacity_may_be_fractional),
     TEST_CASE(test_bad_specs_are_refused_and_explained),
+    TEST_CASE(test_granularity_is_a_power_of_two_from_4kib_to_1gib),
     TEST_CASE(test_status_names),
     TEST_CASE(test_parse_bytes),
     TEST_CASE(test_vmm_memory_map_unmap_and_plain_allocations),
     TEST_CASE(test_novmm_refuses_reservations_and_allocates_without_host_memory),
     TEST_CASE(test_clock_events_hazards),
     TEST_CASE(test_transitive_order),
+    TEST_CASE(test_synchronize_waits_for_waited_events),
     TEST_CASE(test_faults),
     TEST_CASE(test_occupy_and_graphs),
+    TEST_CASE(test_arithmetic_refuses_instead_of_wrapping),
+    TEST_CASE(test_sim_calls_tell_bad_arguments_from_other_backends),
+    TEST_CASE(test_streams_run_out_busy_and_slots_are_reused),
 };
 
 int main(int argc, char **argv) { return TEST_MAIN("test_sim_device", tests, argc, argv); }
