@@ -55,8 +55,16 @@ uint32_t tpi_order_find_slot(const tpi_order *o, tp_stream handle) {
     return 0;
 }
 
+/* A stream the device says it does not know is refused: a pool that kept
+ * it would fail to wait for it later (destroy, trim). */
+static bool device_knows(tpi_order *o, tp_stream handle) {
+    bool capturing;
+    return !o->ops->stream_capturing || o->ops->stream_capturing(o->device, handle, &capturing) != TP_ERR_INVALID_ARGUMENT;
+}
+
 tp_status tpi_order_slot_lookup(tpi_order *o, tp_stream handle, uint32_t *out_slot) {
     uint32_t slot = tpi_order_find_slot(o, handle);
+    if (!slot && !device_knows(o, handle)) return TP_ERR_INVALID_ARGUMENT;
     if (!slot && o->retired_count) {
         /* Reuse a forgotten stream's slot: its epochs go on, so its old
          * tags stay complete. */
@@ -313,7 +321,10 @@ tp_status tpi_order_tag_wait(tpi_order *o, tpi_tag tag) {
     uint32_t slot = tpi_tag_slot(tag);
     if (slot == TPI_SLOT_MULTI) {
         if (o->full_sync_generation >= tpi_tag_epoch(tag)) return TP_OK;
-        return tpi_order_sync_pending_frees(o, NULL);
+        tp_status st = tpi_order_sync_pending_frees(o, NULL);
+        if (st != TP_OK) return st;
+        /* A capturing stream's frees could not be waited for. */
+        return o->full_sync_generation >= tpi_tag_epoch(tag) ? TP_OK : TP_ERR_CAPTURE;
     }
     return epoch_wait(o, slot, tpi_tag_epoch(tag));
 }

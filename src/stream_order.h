@@ -104,7 +104,8 @@ tp_status tpi_order_init(tpi_order *order, tp_device *device, tpi_stats *stats);
 /* Destroys every event; the caller has synchronised the streams. */
 void tpi_order_destroy(tpi_order *order);
 
-/* The slot of a stream, added if new (TP_ERR_BUSY past TPI_MAX_SLOTS).
+/* The slot of a stream, added if new (TP_ERR_BUSY past TPI_MAX_SLOTS;
+ * TP_ERR_INVALID_ARGUMENT for a stream the device says it does not know).
  * Inline for the stream the pool saw last (the hit path). */
 tp_status tpi_order_slot_lookup(tpi_order *order, tp_stream handle, uint32_t *out_slot);
 static inline tp_status tpi_order_slot(tpi_order *order, tp_stream handle, uint32_t *out_slot) {

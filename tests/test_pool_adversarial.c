@@ -455,6 +455,83 @@ static void growth_with_the_host_running_ahead(tp_pool_kind kind) {
 }
 KIND_TEST(growth_with_the_host_running_ahead)
 
+/* F13: a free on a stream the device does not know is refused (it used to
+ * succeed, and destroying the pool failed later); the block stays live. */
+static void free_on_an_unknown_stream_is_refused(tp_pool_kind kind) {
+    fixture f;
+    fixture_open(&f, "sim:1GiB", kind, NULL);
+    void *p;
+    REQUIRE_OK(tp_pool_alloc(f.pool, 4096, TP_STREAM_DEFAULT, &p));
+    tp_stream bogus = (tp_stream)(uintptr_t)0xdead0;
+    CHECK_STATUS(tp_pool_free(f.pool, p, bogus), TP_ERR_INVALID_ARGUMENT);
+    void *q = NULL;
+    CHECK_STATUS(tp_pool_alloc(f.pool, 4096, bogus, &q), TP_ERR_INVALID_ARGUMENT);
+    size_t size;
+    CHECK_OK(tp_pool_block_size(f.pool, p, &size));
+    CHECK_OK(tp_pool_free(f.pool, p, TP_STREAM_DEFAULT));
+    fixture_close(&f); /* destroy succeeds */
+}
+KIND_TEST(free_on_an_unknown_stream_is_refused)
+
+/* Capture on the device (the simulator models it as CUDA does: work is
+ * recorded, not run; a query, wait or synchronise on the capturing stream
+ * invalidates the capture). Another stream allocating and freeing all the
+ * while, trims and ticks included, must never make the pool touch the
+ * capturing stream -- told of the capture or not. */
+static void capture_is_never_invalidated_by_the_pool(tp_pool_kind kind, bool pool_told) {
+    fixture f;
+    fixture_open(&f, "sim:4GiB", kind, NULL);
+    tp_stream cs, other;
+    REQUIRE_OK(tp_stream_create(f.dev, &cs));
+    REQUIRE_OK(tp_stream_create(f.dev, &other));
+    void *before;
+    REQUIRE_OK(tp_pool_alloc(f.pool, 8 * TEST_MiB, cs, &before)); /* eager work, then freed in the capture */
+    launch(f.dev, cs, 50 * MS, before, 8 * TEST_MiB);
+    REQUIRE_OK(tp_sim_capture_begin(f.dev, cs));
+    if (pool_told) REQUIRE_OK(tp_pool_capture_begin(f.pool, cs));
+    CHECK_OK(tp_pool_free(f.pool, before, cs));
+    test_rng rng = {11};
+    void *mine[3] = {0};
+    for (int step = 0; step < 60; step++) {
+        int k = step % 3;
+        if (mine[k]) CHECK_OK(tp_pool_free(f.pool, mine[k], cs));
+        REQUIRE_OK(tp_pool_alloc(f.pool, rng_log_uniform(&rng, 4096, 16 * TEST_MiB), cs, &mine[k]));
+        launch(f.dev, cs, MS, mine[k], 4096);
+        void *q;
+        tp_status st = tp_pool_alloc(f.pool, rng_log_uniform(&rng, 4096, 16 * TEST_MiB), other, &q);
+        CHECK_OK(st);
+        if (st == TP_OK) {
+            launch(f.dev, other, MS, q, 4096);
+            CHECK_OK(tp_pool_free(f.pool, q, other));
+        }
+        if (step % 20 == 10) {
+            uint64_t released;
+            CHECK_OK(tp_pool_trim(f.pool, 0, &released));
+            CHECK_OK(tp_pool_tick(f.pool));
+        }
+    }
+    tp_sim_counters c = counters(f.dev);
+    CHECK_EQ_U64(c.captures_invalidated, 0);
+    tp_graph graph;
+    CHECK_OK(tp_sim_capture_end(f.dev, cs, &graph));
+    tp_range *ranges = NULL;
+    size_t count = 0;
+    if (pool_told) CHECK_OK(tp_pool_capture_end(f.pool, cs, &ranges, &count));
+    for (int k = 0; k < 3; k++) CHECK_OK(tp_pool_free(f.pool, mine[k], cs));
+    for (size_t i = 0; i < count; i++) CHECK_OK(tp_pool_unpin(f.pool, (void *)(uintptr_t)ranges[i].address, ranges[i].bytes));
+    tp_pool_free_ranges(f.pool, ranges);
+    CHECK_OK(tp_sim_graph_destroy(f.dev, graph));
+    CHECK_OK(tp_pool_destroy(f.pool));
+    f.pool = NULL;
+    CHECK_OK(tp_stream_destroy(f.dev, cs));
+    CHECK_OK(tp_stream_destroy(f.dev, other));
+    fixture_close(&f);
+}
+static void capture_told(tp_pool_kind kind) { capture_is_never_invalidated_by_the_pool(kind, true); }
+static void capture_untold(tp_pool_kind kind) { capture_is_never_invalidated_by_the_pool(kind, false); }
+KIND_TEST(capture_told)
+KIND_TEST(capture_untold)
+
 static const test_case tests[] = {
     TEST_CASE(test_vmm_window_waits_for_every_blocking_stream),
     TEST_CASE(test_detach_during_a_reclaim_round_does_not_deadlock),
@@ -466,6 +543,9 @@ static const test_case tests[] = {
     TEST_CASE(test_vmm_pool_takes_alignments_above_its_page_size),
     KIND_CASES(capture_keeps_the_peak_not_the_sum),
     KIND_CASES(growth_with_the_host_running_ahead),
+    KIND_CASES(free_on_an_unknown_stream_is_refused),
+    KIND_CASES(capture_told),
+    KIND_CASES(capture_untold),
 };
 
 int main(int argc, char **argv) { return TEST_MAIN("test_pool_adversarial", tests, argc, argv); }
