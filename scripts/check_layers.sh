@@ -27,7 +27,7 @@ rank_of() {
     src/stream_order.[ch]) echo 20 ;;
     src/pool_stats.h) echo 15 ;;
     src/range_alloc.[ch]) echo 10 ;;
-    src/device.c|src/sim_device.c|src/cuda_device.c) echo 5 ;;
+    src/device.c|src/sim_device.c|src/sim_hooks.c|src/sim_internal.h|src/cuda_device.c) echo 5 ;;
     common/tpi_map.h) echo 1 ;;
     src/common.c|src/internal.h|include/*) echo 0 ;;
     *) echo -1 ;;

@@ -1,5 +1,8 @@
 /*
- * sim_device.c -- the simulated device: the default backend everywhere.
+ * sim_device.c -- the simulated device: the default backend everywhere. This
+ * file is its model (resident map, kernels and the hazard checker, capture
+ * recording) and the device table the pools call through; sim_hooks.c holds
+ * the calls tidepool_sim.h declares, sim_internal.h the types both share.
  *
  * Memory: addresses are fake 64-bit numbers; what is mapped or allocated is a
  * sorted array of resident ranges, so host memory grows with the number of
@@ -55,145 +58,14 @@
  * streams in use capture. One mutex guards the whole device; no call blocks
  * on the host.
  */
-#include "internal.h"
+#include "sim_internal.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define SIM_MAX_STREAMS 64
 #define SIM_VA_BASE (1ull << 60)
 #define SIM_MALLOC_BASE (1ull << 44)
-
-/* A stream's capture: what it recorded so far (see "capture" below). */
-typedef struct sim_capture {
-    tp_sim_capture_state state;
-    uint64_t id;          /* unique per capture; events recorded in it carry it */
-    uint32_t node_count;
-    uint64_t topology;    /* FNV-1a over the sequence of nodes */
-    uint64_t duration_ns; /* sum of the nodes' durations */
-    tp_range *ranges;     /* every non-empty range a node touches, unmerged */
-    size_t range_count, range_capacity;
-} sim_capture;
-
-typedef struct sim_stream {
-    bool in_use;
-    uint64_t tail_ns;       /* completion time of the last queued work */
-    uint64_t wait_floor_ns; /* latest completion of waited-on events */
-    uint64_t seq;           /* kernels launched so far */
-    uint64_t vc[SIM_MAX_STREAMS];
-    sim_capture capture;
-} sim_stream;
-
-typedef struct sim_event {
-    bool recorded;
-    uint32_t capture_stream; /* last recorded during capture capture_id there */
-    uint64_t capture_id;     /* (0: last recorded outside any capture) */
-    uint64_t time_ns;
-    uint64_t vc[SIM_MAX_STREAMS];
-} sim_event;
-
-typedef struct sim_kernel {
-    uint64_t end_ns;
-    uint32_t stream;
-    uint64_t seq;
-    size_t range_count;
-    tp_range *ranges;
-} sim_kernel;
-
-enum { RESIDENT_MAP = 1, RESIDENT_ALLOC = 2 };
-
-typedef struct sim_resident {
-    uint64_t start;
-    uint64_t bytes;
-    int kind;
-} sim_resident;
-
-typedef struct sim_reservation {
-    uint64_t va;
-    uint64_t bytes;
-} sim_reservation;
-
-typedef struct sim_fault {
-    bool armed;
-    uint64_t skip;
-    uint64_t fail;
-    tp_status status;
-} sim_fault;
-
-typedef struct sim_graph {
-    uint32_t node_count;
-    uint64_t topology_id;
-    uint64_t duration_ns;
-    size_t range_count;
-    tp_range *ranges;
-} sim_graph;
-
-typedef struct sim_exec {
-    sim_graph shape; /* a copy of the template it was made from */
-    uint64_t bytes;
-} sim_exec;
-
-typedef struct sim_device {
-    pthread_mutex_t lock;
-    tp_device *device;
-    uint64_t capacity_bytes;
-    uint64_t granularity_bytes;
-    uint64_t graph_node_bytes, graph_exec_bytes;
-    bool vmm;
-    bool check;
-    _Atomic uint64_t now_ns; /* written under the lock, read without it */
-
-    sim_stream streams[SIM_MAX_STREAMS];
-
-    sim_kernel *kernels;
-    size_t kernel_count, kernel_capacity;
-
-    sim_resident *resident;
-    size_t resident_count, resident_capacity;
-    sim_reservation *reservations;
-    size_t reservation_count, reservation_capacity;
-    uint64_t next_va, next_malloc;
-
-    uint64_t mapped_bytes, allocated_bytes, graph_bytes, occupied_bytes;
-    /* graphpool: memory the "driver" holds for executables, never given
-     * back: the high-water mark of graph_bytes. */
-    bool graph_pool;
-    uint64_t graph_pool_bytes;
-    sim_fault faults[TP_SIM_OP_COUNT_];
-    tp_sim_counters counters;
-    uint64_t last_capture_id;
-} sim_device;
-
-static const char *const sim_op_names[] = {
-#define TP_SIM_OP_NAME_(name, label) label,
-    TP_SIM_OP_LIST(TP_SIM_OP_NAME_)
-#undef TP_SIM_OP_NAME_
-};
-
-const char *tp_sim_op_name(tp_sim_op op) {
-    if ((unsigned)op >= (unsigned)TP_SIM_OP_COUNT_) return "unknown";
-    return sim_op_names[op];
-}
-
-static sim_device *sim_of(tp_device *device) { return (sim_device *)device->impl; }
-
-static bool is_sim(tp_device *device) {
-    return device && device->ops && strcmp(device->ops->backend, "sim") == 0;
-}
-
-/* TP_OK for a simulated device; no device is an invalid argument, another
- * backend's device TP_ERR_UNSUPPORTED (checked before any other argument). */
-static tp_status sim_device_check(tp_device *device) {
-    if (!device) return TP_ERR_INVALID_ARGUMENT;
-    return is_sim(device) ? TP_OK : TP_ERR_UNSUPPORTED;
-}
-
-#define SIM_REQUIRE_DEVICE(device)                      \
-    do {                                                \
-        tp_status require_st_ = sim_device_check(device); \
-        if (require_st_ != TP_OK) return require_st_;   \
-    } while (0)
 
 static uint64_t physical_used(const sim_device *sim) {
     uint64_t graph = sim->graph_pool ? sim->graph_pool_bytes : sim->graph_bytes;
@@ -201,7 +73,7 @@ static uint64_t physical_used(const sim_device *sim) {
 }
 
 /* Whether bytes more fit on the device (never a wrapping sum). */
-static bool fits_capacity(const sim_device *sim, uint64_t bytes) {
+bool sim_fits_capacity(const sim_device *sim, uint64_t bytes) {
     uint64_t used = physical_used(sim);
     return used <= sim->capacity_bytes && bytes <= sim->capacity_bytes - used;
 }
@@ -211,13 +83,13 @@ static bool fits_capacity(const sim_device *sim, uint64_t bytes) {
  * takes is checked with this before it is stored or compared. */
 static bool range_valid(uint64_t address, uint64_t bytes) { return bytes <= UINT64_MAX - address; }
 
-static bool ranges_valid(const tp_range *ranges, size_t count) {
+bool sim_ranges_valid(const tp_range *ranges, size_t count) {
     for (size_t i = 0; i < count; i++)
         if (!range_valid(ranges[i].address, ranges[i].bytes)) return false;
     return true;
 }
 
-static void note_physical(sim_device *sim) {
+void sim_note_physical(sim_device *sim) {
     sim->counters.physical_used_bytes = physical_used(sim);
     if (sim->counters.physical_used_bytes > sim->counters.physical_peak_bytes)
         sim->counters.physical_peak_bytes = sim->counters.physical_used_bytes;
@@ -311,7 +183,7 @@ static void resident_remove_run(sim_device *sim, size_t i, size_t count) {
 
 /* ---------------------------------------------------------------- kernels */
 
-static void prune_kernels(sim_device *sim) {
+void sim_prune_kernels(sim_device *sim) {
     size_t kept = 0;
     for (size_t i = 0; i < sim->kernel_count; i++) {
         sim_kernel *k = &sim->kernels[i];
@@ -333,7 +205,7 @@ static bool ranges_overlap(uint64_t a, uint64_t a_bytes, uint64_t b, uint64_t b_
  * before future work on `stream` (stream < 0: ordered before nothing). */
 static uint64_t count_conflicts(sim_device *sim, uint64_t address, uint64_t bytes, int stream,
                                 const char *what) {
-    prune_kernels(sim);
+    sim_prune_kernels(sim);
     uint64_t found = 0;
     for (size_t i = 0; i < sim->kernel_count; i++) {
         const sim_kernel *k = &sim->kernels[i];
@@ -358,7 +230,7 @@ static uint64_t count_conflicts(sim_device *sim, uint64_t address, uint64_t byte
  * its stream's wait floor too). */
 static uint64_t stream_done_ns(const sim_stream *st) { return TPI_MAX(st->tail_ns, st->wait_floor_ns); }
 
-static bool stream_index(sim_device *sim, tp_stream stream, uint32_t *out_index) {
+bool sim_stream_index(sim_device *sim, tp_stream stream, uint32_t *out_index) {
     uintptr_t index = (uintptr_t)stream;
     if (index >= SIM_MAX_STREAMS || !sim->streams[index].in_use) return false;
     *out_index = (uint32_t)index;
@@ -372,7 +244,7 @@ static tp_status queue_work(sim_device *sim, uint32_t s, uint64_t duration_ns, c
     uint64_t start = TPI_MAX(sim->now_ns, stream_done_ns(st));
     /* Refused, not wrapped: an end past the clock's range, or a range past
      * the address space's end, would slip past every later check. */
-    if (duration_ns > UINT64_MAX - start || !ranges_valid(ranges, range_count)) return TP_ERR_INVALID_ARGUMENT;
+    if (duration_ns > UINT64_MAX - start || !sim_ranges_valid(ranges, range_count)) return TP_ERR_INVALID_ARGUMENT;
     for (size_t r = 0; r < range_count; r++) {
         if (ranges[r].bytes && !resident_covers(sim, ranges[r].address, ranges[r].bytes)) {
             sim->counters.invalid_accesses++;
@@ -401,13 +273,13 @@ static tp_status queue_work(sim_device *sim, uint32_t s, uint64_t duration_ns, c
 
 /* ----------------------------------------------------------- graph shapes */
 
-static void free_graph_shape(const tpi_host *host, sim_graph *g) {
+void sim_free_graph_shape(const tpi_host *host, sim_graph *g) {
     tpi_host_free(host, g->ranges, g->range_count * sizeof *g->ranges);
     g->ranges = NULL;
     g->range_count = 0;
 }
 
-static tp_status copy_graph_shape(const tpi_host *host, sim_graph *dst, const sim_graph *src) {
+tp_status sim_copy_graph_shape(const tpi_host *host, sim_graph *dst, const sim_graph *src) {
     tp_range *ranges = NULL;
     if (src->range_count) {
         ranges = tpi_host_alloc(host, src->range_count * sizeof *ranges);
@@ -421,13 +293,7 @@ static tp_status copy_graph_shape(const tpi_host *host, sim_graph *dst, const si
 
 /* ---------------------------------------------------------------- capture */
 
-#define SIM_FNV_BASIS 0xcbf29ce484222325ull
-#define SIM_FNV_PRIME 0x100000001b3ull
-enum { NODE_KERNEL = 1, NODE_GRAPH = 2 }; /* topology tokens */
-
-static bool capturing(const sim_stream *st) { return st->capture.state != TP_SIM_CAPTURE_NONE; }
-
-static void capture_reset(sim_device *sim, sim_capture *c) {
+void sim_capture_reset(sim_device *sim, sim_capture *c) {
     tpi_host_free(&sim->device->host, c->ranges, c->range_capacity * sizeof *c->ranges);
     memset(c, 0, sizeof *c);
 }
@@ -446,7 +312,7 @@ static void capture_invalidate(sim_device *sim, uint32_t s, const char *why) {
 static int event_capture(const sim_device *sim, const sim_event *e) {
     if (!e->capture_id) return -1;
     const sim_stream *st = &sim->streams[e->capture_stream];
-    return st->in_use && capturing(st) && st->capture.id == e->capture_id ? (int)e->capture_stream : -1;
+    return st->in_use && sim_capturing(st) && st->capture.id == e->capture_id ? (int)e->capture_stream : -1;
 }
 
 /* Records a node (node_count kernels of the given topology token) into the
@@ -454,7 +320,7 @@ static int event_capture(const sim_device *sim, const sim_event *e) {
 static tp_status capture_record(sim_device *sim, uint32_t s, uint64_t duration_ns, const tp_range *ranges,
                                 size_t range_count, uint32_t node_count, uint64_t token) {
     sim_capture *c = &sim->streams[s].capture;
-    if (!ranges_valid(ranges, range_count) || duration_ns > UINT64_MAX - c->duration_ns ||
+    if (!sim_ranges_valid(ranges, range_count) || duration_ns > UINT64_MAX - c->duration_ns ||
         node_count > UINT32_MAX - c->node_count)
         return TP_ERR_INVALID_ARGUMENT;
     if (range_count && !tpi_host_grow(&sim->device->host, (void **)&c->ranges, sizeof *c->ranges,
@@ -470,8 +336,8 @@ static tp_status capture_record(sim_device *sim, uint32_t s, uint64_t duration_n
 
 /* Work submitted to stream s: queued, recorded into its capture, or
  * refused once that capture is invalidated. Caller holds the lock. */
-static tp_status submit_work(sim_device *sim, uint32_t s, uint64_t duration_ns, const tp_range *ranges,
-                             size_t range_count, uint32_t node_count, uint64_t token) {
+tp_status sim_submit_work(sim_device *sim, uint32_t s, uint64_t duration_ns, const tp_range *ranges,
+                          size_t range_count, uint32_t node_count, uint64_t token) {
     switch (sim->streams[s].capture.state) {
     case TP_SIM_CAPTURE_ACTIVE: return capture_record(sim, s, duration_ns, ranges, range_count, node_count, token);
     case TP_SIM_CAPTURE_INVALIDATED: return TP_ERR_CAPTURE;
@@ -486,7 +352,7 @@ static int compare_ranges(const void *a, const void *b) {
 
 /* The capture's graph: its ranges sorted with overlapping or adjacent ones
  * merged. Caller holds the lock. */
-static tp_status capture_graph(sim_device *sim, sim_capture *c, sim_graph **out_graph) {
+tp_status sim_capture_graph(sim_device *sim, sim_capture *c, sim_graph **out_graph) {
     const tpi_host *host = &sim->device->host;
     size_t n = 0;
     if (c->range_count) {
@@ -504,7 +370,7 @@ static tp_status capture_graph(sim_device *sim, sim_capture *c, sim_graph **out_
     sim_graph *g = tpi_host_calloc(host, 1, sizeof *g);
     if (!g) return TP_ERR_HOST_OUT_OF_MEMORY;
     sim_graph shape = {c->node_count, c->topology, c->duration_ns, n, c->ranges};
-    if (copy_graph_shape(host, g, &shape) != TP_OK) {
+    if (sim_copy_graph_shape(host, g, &shape) != TP_OK) {
         tpi_host_free(host, g, sizeof *g);
         return TP_ERR_HOST_OUT_OF_MEMORY;
     }
@@ -512,15 +378,8 @@ static tp_status capture_graph(sim_device *sim, sim_capture *c, sim_graph **out_
     return TP_OK;
 }
 
-/* ------------------------------------------------------------------- ops */
 
-/* Runs the statements with the device lock held. */
-#define SIM_LOCKED(sim, ...)                \
-    do {                                    \
-        pthread_mutex_lock(&(sim)->lock);   \
-        __VA_ARGS__;                        \
-        pthread_mutex_unlock(&(sim)->lock); \
-    } while (0)
+/* ------------------------------------------------------------------- ops */
 
 static void sim_close(tp_device *device) {
     sim_device *sim = sim_of(device);
@@ -530,7 +389,7 @@ static void sim_close(tp_device *device) {
     tpi_host_free(host, sim->kernels, sim->kernel_capacity * sizeof *sim->kernels);
     tpi_host_free(host, sim->resident, sim->resident_capacity * sizeof *sim->resident);
     tpi_host_free(host, sim->reservations, sim->reservation_capacity * sizeof *sim->reservations);
-    for (int i = 0; i < SIM_MAX_STREAMS; i++) capture_reset(sim, &sim->streams[i].capture);
+    for (int i = 0; i < SIM_MAX_STREAMS; i++) sim_capture_reset(sim, &sim->streams[i].capture);
     pthread_mutex_destroy(&sim->lock);
     tpi_host_free(host, sim, sizeof *sim);
 }
@@ -608,7 +467,7 @@ static void give_back(sim_device *sim, size_t i, size_t count, uint64_t address,
     }
     resident_remove_run(sim, i, count);
     *held_bytes -= bytes;
-    note_physical(sim);
+    sim_note_physical(sim);
 }
 
 /* Each page of a mapping is its own resident entry (its own physical
@@ -622,14 +481,14 @@ static tp_status sim_map(tp_device *device, uint64_t va, uint64_t bytes) {
                             bytes % sim->granularity_bytes || !inside_reservation(sim, va, bytes) ||
                             resident_overlaps(sim, va, bytes)))
             st = TP_ERR_INVALID_ARGUMENT;
-        if (st == TP_OK && !fits_capacity(sim, bytes)) st = TP_ERR_OUT_OF_MEMORY;
+        if (st == TP_OK && !sim_fits_capacity(sim, bytes)) st = TP_ERR_OUT_OF_MEMORY;
         if (st == TP_OK) {
             size_t pages = (size_t)(bytes / sim->granularity_bytes);
             st = resident_insert_run(sim, (sim_resident){va, sim->granularity_bytes, RESIDENT_MAP}, pages,
                                      sim->granularity_bytes);
             if (st == TP_OK) {
                 sim->mapped_bytes += bytes;
-                note_physical(sim);
+                sim_note_physical(sim);
             }
         }
     });
@@ -666,7 +525,7 @@ static tp_status sim_mem_alloc(tp_device *device, uint64_t bytes, uint64_t *out_
     SIM_LOCKED(sim, {
         st = sim_enter(sim, TP_SIM_OP_MALLOC);
         if (st == TP_OK && bytes == 0) st = TP_ERR_INVALID_ARGUMENT;
-        if (st == TP_OK && !fits_capacity(sim, bytes)) st = TP_ERR_OUT_OF_MEMORY;
+        if (st == TP_OK && !sim_fits_capacity(sim, bytes)) st = TP_ERR_OUT_OF_MEMORY;
         /* Allocations live below SIM_VA_BASE, with a 2 MiB gap after each:
          * a device larger than that address space runs out of it first. */
         uint64_t address = sim->next_malloc;
@@ -680,7 +539,7 @@ static tp_status sim_mem_alloc(tp_device *device, uint64_t bytes, uint64_t *out_
             st = resident_insert(sim, (sim_resident){address, bytes, RESIDENT_ALLOC});
             if (st == TP_OK) {
                 sim->allocated_bytes += bytes;
-                note_physical(sim);
+                sim_note_physical(sim);
                 *out_address = address;
             }
         }
@@ -707,7 +566,7 @@ static tp_status sim_mem_free(tp_device *device, uint64_t address, uint64_t byte
 /* A free slot, preferring one none of whose kernels is still pending: a
  * reused slot's old kernels would count as the new stream's own work. */
 static bool free_stream_slot(sim_device *sim, uint32_t *out_slot) {
-    prune_kernels(sim);
+    sim_prune_kernels(sim);
     uint64_t pending = 0;
     for (size_t i = 0; i < sim->kernel_count; i++) pending |= 1ull << sim->kernels[i].stream;
     bool found = false;
@@ -749,9 +608,9 @@ static tp_status sim_stream_destroy(tp_device *device, tp_stream stream) {
     tp_status st = TP_ERR_INVALID_ARGUMENT;
     SIM_LOCKED(sim, {
         uint32_t s;
-        if (stream_index(sim, stream, &s) && s != 0) {
+        if (sim_stream_index(sim, stream, &s) && s != 0) {
             capture_invalidate(sim, s, "destroying the stream");
-            capture_reset(sim, &sim->streams[s].capture);
+            sim_capture_reset(sim, &sim->streams[s].capture);
             sim->streams[s].in_use = false;
             st = TP_OK;
         }
@@ -765,8 +624,8 @@ static tp_status sim_stream_synchronize(tp_device *device, tp_stream stream) {
     SIM_LOCKED(sim, {
         uint32_t s;
         st = sim_enter(sim, TP_SIM_OP_SYNC);
-        if (st == TP_OK && !stream_index(sim, stream, &s)) st = TP_ERR_INVALID_ARGUMENT;
-        if (st == TP_OK && capturing(&sim->streams[s])) {
+        if (st == TP_OK && !sim_stream_index(sim, stream, &s)) st = TP_ERR_INVALID_ARGUMENT;
+        if (st == TP_OK && sim_capturing(&sim->streams[s])) {
             capture_invalidate(sim, s, "synchronizing the stream");
             st = TP_ERR_CAPTURE;
         }
@@ -782,7 +641,7 @@ static tp_status sim_stream_wait_event(tp_device *device, tp_stream stream, tp_e
     SIM_LOCKED(sim, {
         uint32_t s;
         st = sim_enter(sim, TP_SIM_OP_EVENT);
-        if (st == TP_OK && !stream_index(sim, stream, &s)) st = TP_ERR_INVALID_ARGUMENT;
+        if (st == TP_OK && !sim_stream_index(sim, stream, &s)) st = TP_ERR_INVALID_ARGUMENT;
         const sim_event *e = (const sim_event *)event;
         int from = st == TP_OK ? event_capture(sim, e) : -1;
         tp_sim_capture_state state = st == TP_OK ? sim->streams[s].capture.state : TP_SIM_CAPTURE_NONE;
@@ -827,12 +686,12 @@ static tp_status sim_event_record(tp_device *device, tp_event event, tp_stream s
     SIM_LOCKED(sim, {
         uint32_t s;
         st = sim_enter(sim, TP_SIM_OP_EVENT);
-        if (st == TP_OK && !stream_index(sim, stream, &s)) st = TP_ERR_INVALID_ARGUMENT;
+        if (st == TP_OK && !sim_stream_index(sim, stream, &s)) st = TP_ERR_INVALID_ARGUMENT;
         sim_event *e = (sim_event *)event;
         const sim_stream *src = st == TP_OK ? &sim->streams[s] : NULL;
         if (src && src->capture.state == TP_SIM_CAPTURE_INVALIDATED) {
             st = TP_ERR_CAPTURE;
-        } else if (src && capturing(src)) {
+        } else if (src && sim_capturing(src)) {
             /* Marks a point in the capture; the last real record stays. */
             e->capture_stream = s;
             e->capture_id = src->capture.id;
@@ -884,7 +743,7 @@ static tp_status sim_device_synchronize(tp_device *device) {
     SIM_LOCKED(sim, {
         st = sim_enter(sim, TP_SIM_OP_SYNC);
         for (uint32_t i = 0; st != TP_ERR_CAPTURE && i < SIM_MAX_STREAMS; i++)
-            if (st == TP_OK && sim->streams[i].in_use && capturing(&sim->streams[i])) st = TP_ERR_CAPTURE;
+            if (st == TP_OK && sim->streams[i].in_use && sim_capturing(&sim->streams[i])) st = TP_ERR_CAPTURE;
         for (uint32_t i = 0; st == TP_ERR_CAPTURE && i < SIM_MAX_STREAMS; i++)
             if (sim->streams[i].in_use) capture_invalidate(sim, i, "synchronizing the device");
         if (st == TP_OK) {
@@ -904,8 +763,8 @@ static tp_status sim_stream_capturing(tp_device *device, tp_stream stream, bool 
     tp_status st = TP_OK;
     SIM_LOCKED(sim, {
         uint32_t s;
-        if (stream_index(sim, stream, &s))
-            *out_capturing = capturing(&sim->streams[s]); /* an invalidated capture too: hands off */
+        if (sim_stream_index(sim, stream, &s))
+            *out_capturing = sim_capturing(&sim->streams[s]); /* an invalidated capture too: hands off */
         else
             st = TP_ERR_INVALID_ARGUMENT;
     });
@@ -921,7 +780,7 @@ static uint64_t sim_check_handout(tp_device *device, uint64_t address, uint64_t 
     uint64_t found = 0;
     SIM_LOCKED(sim, {
         uint32_t s;
-        if (sim->check && sim->kernel_count && stream_index(sim, stream, &s)) {
+        if (sim->check && sim->kernel_count && sim_stream_index(sim, stream, &s)) {
             bytes = TPI_MIN(bytes, UINT64_MAX - address); /* no error to return: clamp, never wrap */
             found = count_conflicts(sim, address, bytes, (int)s, "hand-out");
             sim->counters.hazards_handout += found;
@@ -939,7 +798,7 @@ static tp_status sim_graph_instantiate(tp_device *device, tp_graph graph, tpi_gr
     const sim_graph *g = (const sim_graph *)graph;
     sim_exec *exec = tpi_host_calloc(&device->host, 1, sizeof *exec);
     if (!exec) return TP_ERR_HOST_OUT_OF_MEMORY;
-    tp_status st = copy_graph_shape(&device->host, &exec->shape, g);
+    tp_status st = sim_copy_graph_shape(&device->host, &exec->shape, g);
     if (st != TP_OK) {
         tpi_host_free(&device->host, exec, sizeof *exec);
         return st;
@@ -957,17 +816,17 @@ static tp_status sim_graph_instantiate(tp_device *device, tp_graph graph, tpi_gr
             uint64_t room = sim->graph_pool_bytes - sim->graph_bytes;
             growth = exec->bytes > room ? exec->bytes - room : 0;
         }
-        if (st == TP_OK && !fits_capacity(sim, growth)) st = TP_ERR_OUT_OF_MEMORY;
+        if (st == TP_OK && !sim_fits_capacity(sim, growth)) st = TP_ERR_OUT_OF_MEMORY;
         if (st == TP_OK) {
             sim->graph_bytes += exec->bytes;
             sim->graph_pool_bytes += growth;
             sim->counters.graph_exec_bytes = sim->graph_bytes;
             sim->counters.graph_execs++;
-            note_physical(sim);
+            sim_note_physical(sim);
         }
     });
     if (st != TP_OK) {
-        free_graph_shape(&device->host, &exec->shape);
+        sim_free_graph_shape(&device->host, &exec->shape);
         tpi_host_free(&device->host, exec, sizeof *exec);
         return st;
     }
@@ -986,9 +845,9 @@ static tp_status sim_graph_update(tp_device *device, tpi_graph_exec exec_handle,
     if (g->topology_id != exec->shape.topology_id || g->node_count != exec->shape.node_count)
         return TP_ERR_TOPOLOGY_MISMATCH;
     sim_graph updated;
-    st = copy_graph_shape(&device->host, &updated, g);
+    st = sim_copy_graph_shape(&device->host, &updated, g);
     if (st != TP_OK) return st;
-    free_graph_shape(&device->host, &exec->shape);
+    sim_free_graph_shape(&device->host, &exec->shape);
     exec->shape = updated;
     return TP_OK;
 }
@@ -1000,10 +859,10 @@ static tp_status sim_graph_launch(tp_device *device, tpi_graph_exec exec_handle,
     SIM_LOCKED(sim, {
         uint32_t s;
         st = sim_enter(sim, TP_SIM_OP_GRAPH_LAUNCH);
-        if (st == TP_OK && !stream_index(sim, stream, &s)) st = TP_ERR_INVALID_ARGUMENT;
+        if (st == TP_OK && !sim_stream_index(sim, stream, &s)) st = TP_ERR_INVALID_ARGUMENT;
         if (st == TP_OK)
-            st = submit_work(sim, s, exec->shape.duration_ns, exec->shape.ranges, exec->shape.range_count,
-                             exec->shape.node_count, NODE_GRAPH ^ (exec->shape.topology_id * SIM_FNV_PRIME));
+            st = sim_submit_work(sim, s, exec->shape.duration_ns, exec->shape.ranges, exec->shape.range_count,
+                                 exec->shape.node_count, NODE_GRAPH ^ (exec->shape.topology_id * SIM_FNV_PRIME));
     });
     return st;
 }
@@ -1015,9 +874,9 @@ static tp_status sim_graph_destroy(tp_device *device, tpi_graph_exec exec_handle
         sim->graph_bytes -= exec->bytes;
         sim->counters.graph_exec_bytes = sim->graph_bytes;
         sim->counters.graph_execs--;
-        note_physical(sim);
+        sim_note_physical(sim);
     });
-    free_graph_shape(&device->host, &exec->shape);
+    sim_free_graph_shape(&device->host, &exec->shape);
     tpi_host_free(&device->host, exec, sizeof *exec);
     return TP_OK;
 }
@@ -1088,174 +947,4 @@ tp_status tpi_sim_device_create(tp_device *device, const tpi_device_options *opt
     info->vmm_supported = sim->vmm;
     info->vmm_enabled = sim->vmm;
     return TP_OK;
-}
-
-/* ------------------------------------------------------- public sim calls */
-
-tp_status tp_sim_launch(tp_device *device, tp_stream stream, uint64_t duration_ns, const tp_range *ranges,
-                        size_t range_count) {
-    SIM_REQUIRE_DEVICE(device);
-    if (range_count && !ranges) return TP_ERR_INVALID_ARGUMENT;
-    sim_device *sim = sim_of(device);
-    tp_status st;
-    SIM_LOCKED(sim, {
-        uint32_t s;
-        st = stream_index(sim, stream, &s) ? submit_work(sim, s, duration_ns, ranges, range_count, 1, NODE_KERNEL)
-                                           : TP_ERR_INVALID_ARGUMENT;
-    });
-    return st;
-}
-
-tp_status tp_sim_advance(tp_device *device, uint64_t ns) {
-    SIM_REQUIRE_DEVICE(device);
-    sim_device *sim = sim_of(device);
-    SIM_LOCKED(sim, {
-        sim->now_ns = ns > UINT64_MAX - sim->now_ns ? UINT64_MAX : sim->now_ns + ns;
-        prune_kernels(sim);
-    });
-    return TP_OK;
-}
-
-tp_status tp_sim_now(tp_device *device, uint64_t *out_now_ns) {
-    SIM_REQUIRE_DEVICE(device);
-    if (!out_now_ns) return TP_ERR_INVALID_ARGUMENT;
-    *out_now_ns = sim_now_ns(device);
-    return TP_OK;
-}
-
-tp_status tp_sim_inject_fault(tp_device *device, tp_sim_op op, uint64_t after_successes, uint64_t fail_count,
-                              tp_status status) {
-    SIM_REQUIRE_DEVICE(device);
-    if ((unsigned)op >= (unsigned)TP_SIM_OP_COUNT_ || (unsigned)status >= (unsigned)TP_STATUS_COUNT_)
-        return TP_ERR_INVALID_ARGUMENT;
-    sim_device *sim = sim_of(device);
-    SIM_LOCKED(sim, {
-        sim->faults[op] = (sim_fault){.armed = fail_count > 0, .skip = after_successes, .fail = fail_count,
-                                      .status = status == TP_OK ? TP_ERR_DEVICE : status};
-    });
-    return TP_OK;
-}
-
-tp_status tp_sim_clear_faults(tp_device *device) {
-    SIM_REQUIRE_DEVICE(device);
-    sim_device *sim = sim_of(device);
-    SIM_LOCKED(sim, { memset(sim->faults, 0, sizeof sim->faults); });
-    return TP_OK;
-}
-
-tp_status tp_sim_get_counters(tp_device *device, tp_sim_counters *out_counters) {
-    SIM_REQUIRE_DEVICE(device);
-    if (!out_counters) return TP_ERR_INVALID_ARGUMENT;
-    sim_device *sim = sim_of(device);
-    SIM_LOCKED(sim, {
-        prune_kernels(sim);
-        sim->counters.now_ns = sim->now_ns;
-        *out_counters = sim->counters;
-    });
-    return TP_OK;
-}
-
-tp_status tp_sim_occupy(tp_device *device, uint64_t bytes) {
-    SIM_REQUIRE_DEVICE(device);
-    sim_device *sim = sim_of(device);
-    tp_status st = TP_OK;
-    SIM_LOCKED(sim, {
-        if (bytes == 0) {
-            sim->occupied_bytes = 0;
-        } else if (!fits_capacity(sim, bytes)) {
-            st = TP_ERR_OUT_OF_MEMORY;
-        } else {
-            sim->occupied_bytes += bytes;
-        }
-        note_physical(sim);
-    });
-    return st;
-}
-
-tp_status tp_sim_graph_create(tp_device *device, const tp_sim_graph_desc *desc, tp_graph *out_graph) {
-    SIM_REQUIRE_DEVICE(device);
-    if (!desc || !out_graph || desc->node_count == 0 || (desc->range_count && !desc->ranges) ||
-        !ranges_valid(desc->ranges, desc->range_count))
-        return TP_ERR_INVALID_ARGUMENT;
-    sim_graph *g = tpi_host_calloc(&device->host, 1, sizeof *g);
-    if (!g) return TP_ERR_HOST_OUT_OF_MEMORY;
-    sim_graph shape = {desc->node_count, desc->topology_id, desc->duration_ns, desc->range_count,
-                       (tp_range *)desc->ranges};
-    tp_status st = copy_graph_shape(&device->host, g, &shape);
-    if (st != TP_OK) {
-        tpi_host_free(&device->host, g, sizeof *g);
-        return st;
-    }
-    *out_graph = (tp_graph)g;
-    return TP_OK;
-}
-
-tp_status tp_sim_graph_destroy(tp_device *device, tp_graph graph) {
-    SIM_REQUIRE_DEVICE(device);
-    if (!graph) return TP_ERR_INVALID_ARGUMENT;
-    sim_graph *g = (sim_graph *)graph;
-    free_graph_shape(&device->host, g);
-    tpi_host_free(&device->host, g, sizeof *g);
-    return TP_OK;
-}
-
-tp_status tp_sim_capture_begin(tp_device *device, tp_stream stream) {
-    SIM_REQUIRE_DEVICE(device);
-    sim_device *sim = sim_of(device);
-    tp_status st = TP_OK;
-    SIM_LOCKED(sim, {
-        uint32_t s;
-        if (!stream_index(sim, stream, &s)) {
-            st = TP_ERR_INVALID_ARGUMENT;
-        } else if (s == 0 || capturing(&sim->streams[s])) {
-            st = TP_ERR_CAPTURE; /* the legacy default stream cannot capture */
-        } else {
-            sim_capture *c = &sim->streams[s].capture;
-            capture_reset(sim, c);
-            c->state = TP_SIM_CAPTURE_ACTIVE;
-            c->id = ++sim->last_capture_id;
-            c->topology = SIM_FNV_BASIS;
-            sim->counters.captures++;
-        }
-    });
-    return st;
-}
-
-tp_status tp_sim_capture_end(tp_device *device, tp_stream stream, tp_graph *out_graph) {
-    SIM_REQUIRE_DEVICE(device);
-    if (!out_graph) return TP_ERR_INVALID_ARGUMENT;
-    *out_graph = NULL;
-    sim_device *sim = sim_of(device);
-    tp_status st = TP_OK;
-    sim_graph *g = NULL;
-    SIM_LOCKED(sim, {
-        uint32_t s;
-        if (!stream_index(sim, stream, &s)) {
-            st = TP_ERR_INVALID_ARGUMENT;
-        } else {
-            sim_capture *c = &sim->streams[s].capture;
-            if (c->state != TP_SIM_CAPTURE_ACTIVE)
-                st = TP_ERR_CAPTURE; /* not capturing, or invalidated */
-            else
-                st = capture_graph(sim, c, &g);
-            capture_reset(sim, c);
-        }
-    });
-    if (st == TP_OK) *out_graph = (tp_graph)g;
-    return st;
-}
-
-tp_status tp_sim_capture_status(tp_device *device, tp_stream stream, tp_sim_capture_state *out_state) {
-    SIM_REQUIRE_DEVICE(device);
-    if (!out_state) return TP_ERR_INVALID_ARGUMENT;
-    sim_device *sim = sim_of(device);
-    tp_status st = TP_OK;
-    SIM_LOCKED(sim, {
-        uint32_t s;
-        if (stream_index(sim, stream, &s))
-            *out_state = sim->streams[s].capture.state;
-        else
-            st = TP_ERR_INVALID_ARGUMENT;
-    });
-    return st;
 }
