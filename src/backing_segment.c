@@ -80,15 +80,12 @@ static uint32_t find_usable(tpi_core *core, uint64_t size, uint32_t slot, uint64
         if (id == TPI_RA_NONE) break;
         tpi_ra_node *n = tpi_ra_node_at(&core->ra, id);
         uint32_t owner_slot = tpi_tag_slot(n->owner);
-        if (n->owner != TPI_TAG_CLEAN && owner_slot != slot) {
-            if (!tpi_order_tag_complete(&core->order, n->owner)) {
-                if (wait_candidate == TPI_RA_NONE && owner_slot != TPI_SLOT_MULTI) wait_candidate = id;
-                continue;
-            }
-            n->owner = TPI_TAG_CLEAN;
+        if (!tpi_order_tag_usable(&core->order, &n->owner, slot)) {
+            if (wait_candidate == TPI_RA_NONE && owner_slot != TPI_SLOT_MULTI) wait_candidate = id;
+            continue;
         }
         if (!segment_wakes(core, id, wake_limit_bytes, &now_ns)) continue;
-        if (!capturing || (n->owner != TPI_TAG_CLEAN && owner_slot == slot)) return id;
+        if (!capturing || (n->owner != TPI_TAG_CLEAN && owner_slot != 0)) return id;
         if (first_usable == TPI_RA_NONE) first_usable = id;
     }
     if (first_usable != TPI_RA_NONE) return first_usable;

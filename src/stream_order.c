@@ -290,11 +290,26 @@ bool tpi_order_tag_complete(tpi_order *o, tpi_tag tag) {
     return epoch_complete(o, slot, tpi_tag_epoch(tag));
 }
 
+/* Non-blocking: have the frees of every stream but `slot` completed? */
+static bool others_frees_complete(tpi_order *o, uint32_t slot) {
+    for (uint32_t other = 1; other < o->stream_count; other++) {
+        tpi_stream *s = &o->streams[other];
+        if (other != slot && s->last_free_epoch > s->completed_epoch && !epoch_complete(o, other, s->last_free_epoch))
+            return false;
+    }
+    return true;
+}
+
 bool tpi_order_tag_usable(tpi_order *o, tpi_tag *tag, uint32_t slot) {
     if (*tag == TPI_TAG_CLEAN || tpi_tag_slot(*tag) == slot) return true;
-    if (!tpi_order_tag_complete(o, *tag)) return false;
-    *tag = TPI_TAG_CLEAN;
-    return true;
+    if (tpi_order_tag_complete(o, *tag)) {
+        *tag = TPI_TAG_CLEAN;
+        return true;
+    }
+    /* Several streams' frees, this one's among them maybe: usable here once
+     * the others' are complete (this stream's own are in its order). The
+     * tag stays, for the other streams. */
+    return tpi_tag_slot(*tag) == TPI_SLOT_MULTI && others_frees_complete(o, slot);
 }
 
 tp_status tpi_order_sync_pending_frees(tpi_order *o, bool *out_waited) {
