@@ -19,7 +19,7 @@ trap 'rm -rf "$work"' EXIT
 rank_of() {
   case "$1" in
     src/graph_cache.c) echo 80 ;;
-    src/pool.c|src/stats_format.c) echo 70 ;;
+    src/pool.c|src/pool_pins.c|src/pool_inspect.c|src/pool_object.h|src/stats_format.c) echo 70 ;;
     src/oom_ladder.[ch]) echo 60 ;;
     src/front_cache.[ch]) echo 50 ;;
     src/backing_vmm.c|src/backing_segment.c|src/pool_core.h) echo 40 ;;

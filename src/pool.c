@@ -1,8 +1,9 @@
 /*
  * pool.c -- the public pool API: create/destroy, alloc/free, trim and tick,
- * pins, capture, forgetting streams, statistics and the checker. It
- * orchestrates the layers below (pool_core.h draws them) and holds the one
- * lock.
+ * reclaim callbacks, forgetting streams and statistics (pins and capture
+ * are in pool_pins.c, the checker and the memory map in pool_inspect.c).
+ * It orchestrates the layers below (pool_core.h draws them) and holds the
+ * one lock.
  *
  * The path of one allocation
  *   tp_pool_alloc: stream -> slot (stream order); the front cache's parked
@@ -21,16 +22,16 @@
  *   without live blocks become idle). Every POOL_UPKEEP_FREES frees the
  *   pool looks at the clock: aged idle units go back to the device.
  *
- * Invariants (tp_pool_check): each layer's own (range allocator, units,
- * front cache, backing), and here: every block-map entry is a used node
- * starting at its key and every used node is in the map; allocated,
- * requested, pinned and freed-pinned bytes equal sums over the blocks;
- * cached = reserved - allocated - freed-pinned; reserved <= limit.
+ * Invariants (tp_pool_check, pool_inspect.c): each layer's own (range
+ * allocator, units, front cache, backing), and: every block-map entry is a
+ * used node starting at its key and every used node is in the map;
+ * allocated, requested, pinned and freed-pinned bytes equal sums over the
+ * blocks; cached = reserved - allocated - freed-pinned; reserved <= limit.
  *
  * Locking: one mutex per pool around every public call; helpers that need
  * it held end in _locked. Reclaim callbacks run with it released.
  */
-#include "oom_ladder.h"
+#include "pool_object.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -40,21 +41,10 @@
 /* Every this many frees the pool looks at the clock (upkeep_locked). */
 #define POOL_UPKEEP_FREES 256
 
-struct tp_pool {
-    pthread_mutex_t lock;
-    tpi_core core;
-    tpi_backing *backing;
-    tpi_front front;
-    tpi_ladder ladder;
-    uint64_t calls_at_tick; /* allocs + frees at the previous tp_pool_tick */
-    uint32_t frees_since_upkeep;
-    uint64_t last_upkeep_ns;
-};
-
 /* ---------------------------------------------------------------- blocks */
 
 /* Room in the per-node block table for every node the range allocator has. */
-static bool blocks_fit_nodes_locked(tpi_core *core) {
+bool tpi_pool_blocks_fit_nodes_locked(tpi_core *core) {
     if (core->info_capacity >= core->ra.node_capacity) return true;
     size_t old = core->info_capacity;
     if (!tpi_host_grow(core->host, (void **)&core->info, sizeof *core->info, &core->info_capacity, core->ra.node_capacity))
@@ -64,11 +54,13 @@ static bool blocks_fit_nodes_locked(tpi_core *core) {
 }
 
 /* A block the caller gave back (or never got) returns to the backing. */
-static void release_block_locked(tp_pool *pool, uint32_t node) {
+void tpi_pool_release_block_locked(tp_pool *pool, uint32_t node) {
     tpi_map_remove(&pool->core.blocks, tpi_ra_node_at(&pool->core.ra, node)->offset, NULL);
     tpi_block_at(&pool->core, node)->flags = 0;
     pool->backing->ops->release_block(pool->backing, node, 0);
 }
+
+
 
 /* ------------------------------------------------------------- lifecycle */
 
@@ -201,26 +193,11 @@ tp_status tp_pool_destroy(tp_pool *pool) {
 
 /* --------------------------------------------------------- alloc and free */
 
-static bool check_locked(tp_pool *pool, char *msg, size_t msg_capacity);
-
 static void check_invariants_if_asked_locked(tp_pool *pool) {
     if (!(pool->core.config.flags & TP_POOL_FLAG_CHECK_INVARIANTS)) return;
     char msg[256];
-    if (!check_locked(pool, msg, sizeof msg))
+    if (!tpi_pool_check_locked(pool, msg, sizeof msg))
         tpi_logf(&pool->core.device->logger, TP_LOG_ERROR, "pool invariant violated: %s", msg);
-}
-
-/* Records a block allocated during a capture. It is freed and reused
- * within the capture like any block of its stream; what the graph keeps is
- * settled at capture end (capture_keep_locked). */
-static tp_status capture_note_locked(tp_pool *pool, tpi_stream *s, uint32_t node) {
-    tpi_core *core = &pool->core;
-    tpi_ra_node *n = tpi_ra_node_at(&core->ra, node);
-    if (!tpi_host_grow(core->host, (void **)&s->captured, sizeof *s->captured, &s->captured_capacity,
-                       s->captured_count + 1))
-        return TP_ERR_HOST_OUT_OF_MEMORY;
-    s->captured[s->captured_count++] = (tp_range){n->offset, n->size};
-    return TP_OK;
 }
 
 /* A block found by the ladder, made known to the block map. */
@@ -235,7 +212,7 @@ static tp_status ladder_alloc_locked(tp_pool *pool, uint64_t size, size_t bytes,
     if (st != TP_OK) return st;
     if (core->stats.pub.device_allocs == device_allocs) core->stats.pub.cache_hits++;
     uint64_t offset = tpi_ra_node_at(&core->ra, *out_node)->offset;
-    if (!blocks_fit_nodes_locked(core) || !tpi_map_put(&core->blocks, offset, *out_node)) {
+    if (!tpi_pool_blocks_fit_nodes_locked(core) || !tpi_map_put(&core->blocks, offset, *out_node)) {
         tpi_ra_node_at(&core->ra, *out_node)->owner = tpi_order_pending_tag(&core->order, slot);
         pool->backing->ops->release_block(pool->backing, *out_node, 0);
         return TP_ERR_HOST_OUT_OF_MEMORY;
@@ -273,13 +250,13 @@ tp_status tp_pool_alloc(tp_pool *pool, size_t bytes, tp_stream stream, void **ou
     if (core->device->hazard_checker) s->hazards += core->ops->check_handout(core->device, n->offset, n->size, stream);
     tpi_stream *stream_state = tpi_order_stream(&core->order, slot);
     if (stream_state->capturing) {
-        st = capture_note_locked(pool, stream_state, node);
+        st = tpi_pool_capture_note_locked(pool, stream_state, node);
         if (st != TP_OK) { /* cannot track it: undo the allocation */
             s->allocs--;
             tpi_stat_sub(&s->requested_bytes, bytes);
             tpi_stat_sub(&s->allocated_bytes, n->size);
             n->owner = tpi_order_pending_tag(&core->order, slot);
-            release_block_locked(pool, node);
+            tpi_pool_release_block_locked(pool, node);
             tpi_stats_update_cached(&core->stats);
             goto out;
         }
@@ -353,7 +330,7 @@ tp_status tp_pool_free(tp_pool *pool, void *ptr, tp_stream stream) {
         /* (A capture's frees are not parked: merged with their neighbours,
          * they serve its later requests of any size, which keeps the
          * graph's footprint near its peak.) */
-        release_block_locked(pool, node);
+        tpi_pool_release_block_locked(pool, node);
     }
     tpi_stats_update_cached(&core->stats);
     if (++pool->frees_since_upkeep >= POOL_UPKEEP_FREES) upkeep_locked(pool);
@@ -442,80 +419,6 @@ tp_status tp_pool_remove_reclaim_callback(tp_pool *pool, tp_reclaim_fn fn, void 
     return st;
 }
 
-/* ------------------------------------------------------------------- pins */
-
-/* Calls visit on every block overlapping [address, +bytes) after checking
- * that the whole range lies in blocks visit accepts. */
-typedef bool (*block_visit_fn)(tp_pool *pool, uint32_t node, bool apply);
-
-static tp_status for_blocks_in_range_locked(tp_pool *pool, uint64_t address, uint64_t bytes, block_visit_fn visit) {
-    tpi_core *core = &pool->core;
-    if (bytes == 0 || bytes > UINT64_MAX - address) return TP_ERR_INVALID_ARGUMENT;
-    uint64_t *found = tpi_map_find(&core->blocks, address);
-    uint32_t first = found ? (uint32_t)*found : tpi_ra_node_containing(&core->ra, address);
-    if (first == TPI_RA_NONE) return TP_ERR_NOT_OWNED;
-    uint64_t end = address + bytes;
-    for (int apply = 0; apply <= 1; apply++) {
-        for (uint32_t id = first; id != TPI_RA_NONE;) {
-            tpi_ra_node *n = tpi_ra_node_at(&core->ra, id);
-            uint32_t next = n->addr_next;
-            uint64_t node_end = n->offset + n->size;
-            if (!apply && (n->state != TPI_RA_NODE_USED || (tpi_block_at(core, id)->flags & TPI_BLOCK_PARKED) ||
-                           !visit(pool, id, false)))
-                return TP_ERR_INVALID_ARGUMENT;
-            if (apply) visit(pool, id, true);
-            if (node_end >= end) break;
-            if (next == TPI_RA_NONE) {
-                if (!apply) return TP_ERR_INVALID_ARGUMENT; /* range runs past the region */
-                break;
-            }
-            id = next;
-        }
-    }
-    return TP_OK;
-}
-
-static bool pin_visit(tp_pool *pool, uint32_t node, bool apply) {
-    tpi_block *block = tpi_block_at(&pool->core, node);
-    if (!apply) return block->pins < UINT32_MAX;
-    if (block->pins++ == 0) tpi_stat_add(&pool->core.stats.pub.pinned_bytes, tpi_ra_node_at(&pool->core.ra, node)->size);
-    return true;
-}
-
-static bool unpin_visit(tp_pool *pool, uint32_t node, bool apply) {
-    tpi_core *core = &pool->core;
-    tpi_block *block = tpi_block_at(core, node);
-    if (!apply) return block->pins > 0;
-    if (--block->pins == 0) {
-        uint64_t size = tpi_ra_node_at(&core->ra, node)->size;
-        tpi_stat_sub(&core->stats.pub.pinned_bytes, size);
-        if (block->flags & TPI_BLOCK_FREED_PINNED) {
-            core->stats.zombie_bytes -= size;
-            release_block_locked(pool, node);
-            tpi_stats_update_cached(&core->stats);
-        }
-    }
-    return true;
-}
-
-tp_status tp_pool_pin(tp_pool *pool, const void *ptr, size_t bytes) {
-    if (!pool) return TP_ERR_INVALID_ARGUMENT;
-    pthread_mutex_lock(&pool->lock);
-    tp_status st = for_blocks_in_range_locked(pool, (uint64_t)(uintptr_t)ptr, bytes, pin_visit);
-    pthread_mutex_unlock(&pool->lock);
-    return st;
-}
-
-tp_status tp_pool_unpin(tp_pool *pool, const void *ptr, size_t bytes) {
-    if (!pool) return TP_ERR_INVALID_ARGUMENT;
-    pthread_mutex_lock(&pool->lock);
-    tp_status st = for_blocks_in_range_locked(pool, (uint64_t)(uintptr_t)ptr, bytes, unpin_visit);
-    if (st == TP_OK && pool->core.units.idle_bytes > pool->core.config.release_threshold_bytes)
-        tpi_units_release_aged(&pool->core.units, false);
-    pthread_mutex_unlock(&pool->lock);
-    return st;
-}
-
 /* ---------------------------------------------------------------- streams */
 
 tp_status tp_pool_forget_stream(tp_pool *pool, tp_stream stream) {
@@ -531,144 +434,6 @@ tp_status tp_pool_forget_stream(tp_pool *pool, tp_stream stream) {
     }
     pthread_mutex_unlock(&pool->lock);
     return st;
-}
-
-/* ---------------------------------------------------------------- capture */
-
-tp_status tp_pool_capture_begin(tp_pool *pool, tp_stream stream) {
-    if (!pool) return TP_ERR_INVALID_ARGUMENT;
-    pthread_mutex_lock(&pool->lock);
-    uint32_t slot;
-    tp_status st = tpi_order_slot(&pool->core.order, stream, &slot);
-    if (st == TP_OK) {
-        tpi_stream *s = tpi_order_stream(&pool->core.order, slot);
-        if (s->capturing) {
-            st = TP_ERR_CAPTURE;
-        } else {
-            s->capturing = true;
-            pool->core.order.captures++;
-            s->captured_count = 0;
-        }
-    }
-    pthread_mutex_unlock(&pool->lock);
-    return st;
-}
-
-static int range_order(const void *a, const void *b) {
-    const tp_range *x = a, *y = b;
-    return x->address < y->address ? -1 : x->address > y->address;
-}
-
-/* Sorts ranges and merges the ones that overlap or touch; returns the count. */
-static size_t merge_ranges(tp_range *ranges, size_t count) {
-    if (!count) return 0;
-    qsort(ranges, count, sizeof *ranges, range_order);
-    size_t out = 0;
-    for (size_t i = 1; i < count; i++) {
-        tp_range *last = &ranges[out];
-        if (ranges[i].address <= last->address + last->bytes) {
-            uint64_t end = TPI_MAX(last->address + last->bytes, ranges[i].address + ranges[i].bytes);
-            last->bytes = end - last->address;
-        } else {
-            ranges[++out] = ranges[i];
-        }
-    }
-    return out + 1;
-}
-
-/* Pins everything in [address, +bytes), the footprint of blocks a capture
- * allocated: live blocks get a pin; ranges the capture freed (to reuse
- * them) are taken back as freed-but-pinned blocks, so that no other stream
- * and not the device gets them while the graph lives. All or nothing. */
-static tp_status capture_keep_locked(tp_pool *pool, uint32_t slot, uint64_t address, uint64_t bytes) {
-    tpi_core *core = &pool->core;
-    uint64_t end = address + bytes;
-    /* First pass: the nodes must be blocks or free ranges; count the free
-     * parts and reserve what taking them needs, so the second cannot fail. */
-    uint32_t first = tpi_ra_node_containing(&core->ra, address), free_parts = 0;
-    if (first == TPI_RA_NONE) return TP_ERR_CORRUPT;
-    for (uint32_t id = first; id != TPI_RA_NONE && tpi_ra_node_at(&core->ra, id)->offset < end;
-         id = tpi_ra_node_at(&core->ra, id)->addr_next) {
-        if (tpi_ra_node_at(&core->ra, id)->state == TPI_RA_NODE_FREE)
-            free_parts++;
-        else if (tpi_block_at(core, id)->flags & TPI_BLOCK_PARKED)
-            return TP_ERR_CORRUPT; /* the caller flushed the front cache */
-        else if (tpi_block_at(core, id)->pins == UINT32_MAX)
-            return TP_ERR_BUSY;
-    }
-    if (!tpi_ra_reserve_nodes(&core->ra, 2 * free_parts) || !blocks_fit_nodes_locked(core) ||
-        !tpi_map_reserve(&core->blocks, core->blocks.count + free_parts))
-        return TP_ERR_HOST_OUT_OF_MEMORY;
-    for (uint32_t id = first; id != TPI_RA_NONE && tpi_ra_node_at(&core->ra, id)->offset < end;) {
-        tpi_ra_node *n = tpi_ra_node_at(&core->ra, id);
-        uint32_t next = n->addr_next;
-        if (n->state == TPI_RA_NODE_FREE) {
-            uint64_t lo = TPI_MAX(n->offset, address), hi = TPI_MIN(n->offset + n->size, end);
-            uint32_t kept;
-            tp_status st = pool->backing->ops->claim(pool->backing, lo, hi - lo, &kept);
-            if (st != TP_OK) return TP_ERR_CORRUPT; /* resources were reserved: only a broken invariant */
-            tpi_ra_node_at(&core->ra, kept)->owner = tpi_order_pending_tag(&core->order, slot);
-            *tpi_block_at(core, kept) = (tpi_block){.pins = 1, .flags = TPI_BLOCK_FREED_PINNED};
-            tpi_map_put(&core->blocks, lo, kept);
-            core->stats.zombie_bytes += hi - lo;
-            tpi_stat_add(&core->stats.pub.pinned_bytes, hi - lo);
-            next = tpi_ra_node_at(&core->ra, kept)->addr_next;
-        } else if (tpi_block_at(core, id)->pins++ == 0) {
-            tpi_stat_add(&core->stats.pub.pinned_bytes, n->size);
-        }
-        id = next;
-    }
-    tpi_stats_update_cached(&core->stats);
-    return TP_OK;
-}
-
-tp_status tp_pool_capture_end(tp_pool *pool, tp_stream stream, tp_range **out_ranges, size_t *out_count) {
-    if (!pool || !out_ranges || !out_count) return TP_ERR_INVALID_ARGUMENT;
-    *out_ranges = NULL;
-    *out_count = 0;
-    pthread_mutex_lock(&pool->lock);
-    uint32_t slot = tpi_order_find_slot(&pool->core.order, stream);
-    tpi_stream *s = slot ? tpi_order_stream(&pool->core.order, slot) : NULL;
-    tp_status st = s && s->capturing ? TP_OK : TP_ERR_CAPTURE;
-    if (st == TP_OK) {
-        /* Parked blocks of the stream may be in the footprint: they go
-         * back first, so that the stream cannot reuse them after the
-         * capture. */
-        tpi_front_flush(&pool->front);
-        size_t count = merge_ranges(s->captured, s->captured_count);
-        /* [count][ranges...]: the count lets tp_pool_free_ranges size the free */
-        size_t block_bytes = sizeof(uint64_t) + count * sizeof(tp_range);
-        uint64_t *block = tpi_host_alloc(pool->core.host, block_bytes);
-        if (!block) st = TP_ERR_HOST_OUT_OF_MEMORY;
-        size_t kept = 0;
-        while (st == TP_OK && kept < count) {
-            st = capture_keep_locked(pool, slot, s->captured[kept].address, s->captured[kept].bytes);
-            if (st == TP_OK) kept++;
-        }
-        if (st != TP_OK) { /* undo: the ranges kept so far lose their pin again */
-            for (size_t i = 0; i < kept; i++)
-                for_blocks_in_range_locked(pool, s->captured[i].address, s->captured[i].bytes, unpin_visit);
-            tpi_host_free(pool->core.host, block, block ? block_bytes : 0);
-            s->captured_count = count; /* merged; the capture goes on */
-        } else {
-            block[0] = count;
-            tp_range *ranges = (tp_range *)(block + 1);
-            if (count) memcpy(ranges, s->captured, count * sizeof *ranges);
-            *out_ranges = ranges;
-            *out_count = count;
-            s->capturing = false;
-            s->captured_count = 0;
-            pool->core.order.captures--;
-        }
-    }
-    pthread_mutex_unlock(&pool->lock);
-    return st;
-}
-
-void tp_pool_free_ranges(tp_pool *pool, tp_range *ranges) {
-    if (!pool || !ranges) return;
-    uint64_t *block = (uint64_t *)ranges - 1;
-    tpi_host_free(pool->core.host, block, sizeof(uint64_t) + block[0] * sizeof(tp_range));
 }
 
 /* ------------------------------------------------------------- statistics */
@@ -708,57 +473,3 @@ tp_status tp_pool_last_oom_report(tp_pool *pool, tp_oom_report *out_report) {
     return st;
 }
 
-/* ------------------------------------------------------------------ check */
-
-/* The blocks against the statistics and the block map. */
-static bool blocks_agree_locked(tp_pool *pool, char *msg, size_t msg_capacity) {
-    tpi_core *core = &pool->core;
-    const tp_pool_stats *s = &core->stats.pub;
-    uint64_t allocated = 0, requested = 0, zombie = 0, pinned = 0, used = 0;
-    for (size_t i = 0; i < core->ra.node_capacity; i++) {
-        const tpi_ra_node *n = &core->ra.nodes[i];
-        if (n->state != TPI_RA_NODE_USED) continue;
-        if (i >= core->info_capacity) TPI_FAIL(msg, msg_capacity, "used node %zu has no block entry", i);
-        uint64_t mapped;
-        if (!tpi_map_get(&core->blocks, n->offset, &mapped) || mapped != i)
-            TPI_FAIL(msg, msg_capacity, "used node %zu missing from the block map", i);
-        used++;
-        const tpi_block *b = &core->info[i];
-        if (b->pins) pinned += n->size;
-        if (b->flags & TPI_BLOCK_PARKED) continue;
-        if (b->flags & TPI_BLOCK_FREED_PINNED) {
-            zombie += n->size;
-            if (!b->pins) TPI_FAIL(msg, msg_capacity, "freed-pinned node %zu has no pins", i);
-            continue;
-        }
-        allocated += n->size;
-        requested += b->requested;
-        if (b->requested > n->size) TPI_FAIL(msg, msg_capacity, "node %zu: requested above its size", i);
-    }
-    if (used != core->blocks.count)
-        TPI_FAIL(msg, msg_capacity, "block map holds %zu entries, %llu used nodes", core->blocks.count,
-                 (unsigned long long)used);
-    if (allocated != s->allocated_bytes.current) TPI_FAIL(msg, msg_capacity, "allocated bytes disagree");
-    if (requested != s->requested_bytes.current) TPI_FAIL(msg, msg_capacity, "requested bytes disagree");
-    if (zombie != core->stats.zombie_bytes) TPI_FAIL(msg, msg_capacity, "freed-pinned bytes disagree");
-    if (pinned != s->pinned_bytes.current) TPI_FAIL(msg, msg_capacity, "pinned bytes disagree");
-    uint64_t reserved = s->reserved_bytes.current;
-    if (s->cached_bytes.current != reserved - allocated - zombie) TPI_FAIL(msg, msg_capacity, "cached bytes disagree");
-    if (reserved > core->config.limit_bytes) TPI_FAIL(msg, msg_capacity, "reserved above the limit");
-    return true;
-}
-
-static bool check_locked(tp_pool *pool, char *msg, size_t msg_capacity) {
-    tpi_core *core = &pool->core;
-    return tpi_ra_check(&core->ra, msg, msg_capacity) && blocks_agree_locked(pool, msg, msg_capacity) &&
-           tpi_front_check(&pool->front, msg, msg_capacity) && tpi_units_check(&core->units, msg, msg_capacity) &&
-           pool->backing->ops->check(pool->backing, msg, msg_capacity);
-}
-
-tp_status tp_pool_check(tp_pool *pool, char *msg, size_t msg_capacity) {
-    if (!pool) return TP_ERR_INVALID_ARGUMENT;
-    pthread_mutex_lock(&pool->lock);
-    bool ok = check_locked(pool, msg, msg_capacity);
-    pthread_mutex_unlock(&pool->lock);
-    return ok ? TP_OK : TP_ERR_CORRUPT;
-}

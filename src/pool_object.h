@@ -1,0 +1,32 @@
+/*
+ * pool_object.h -- the pool object, shared by the files of the public pool
+ * API: pool.c (lifecycle, alloc/free, trim/tick, reclaim, streams,
+ * statistics), pool_pins.c (pins and capture) and pool_inspect.c (the
+ * checker and the memory map). Helpers here need the pool's lock held.
+ */
+#ifndef TIDEPOOL_POOL_OBJECT_H
+#define TIDEPOOL_POOL_OBJECT_H
+
+#include "oom_ladder.h"
+
+struct tp_pool {
+    pthread_mutex_t lock;
+    tpi_core core;
+    tpi_backing *backing;
+    tpi_front front;
+    tpi_ladder ladder;
+    uint64_t calls_at_tick; /* allocs + frees at the previous tp_pool_tick */
+    uint32_t frees_since_upkeep;
+    uint64_t last_upkeep_ns;
+};
+
+/* Room in the per-node block table for every node the range allocator has. */
+bool tpi_pool_blocks_fit_nodes_locked(tpi_core *core);
+/* A block the caller gave back (or never got) returns to the backing. */
+void tpi_pool_release_block_locked(tp_pool *pool, uint32_t node);
+/* Records a block allocated on a capturing stream (pool_pins.c). */
+tp_status tpi_pool_capture_note_locked(tp_pool *pool, tpi_stream *s, uint32_t node);
+/* Every invariant of the pool and its layers (pool_inspect.c). */
+bool tpi_pool_check_locked(tp_pool *pool, char *msg, size_t msg_capacity);
+
+#endif /* TIDEPOOL_POOL_OBJECT_H */
