@@ -278,6 +278,9 @@ TP_API tp_status tp_pool_create(tp_device *device, const tp_pool_config *config,
  * device memory. Blocks still live are released too; their count is logged. */
 TP_API tp_status tp_pool_destroy(tp_pool *pool);
 
+/* The device the pool was created on. */
+TP_API tp_status tp_pool_get_device(tp_pool *pool, tp_device **out_device);
+
 /* bytes > 0. On TP_ERR_OUT_OF_MEMORY (also for any request above the
  * pool's limit, however large) *out_ptr is NULL and
  * tp_pool_last_oom_report() says why. */
@@ -395,6 +398,61 @@ TP_API tp_status tp_pool_reset_peaks(tp_pool *pool);
  * capacity > 0); *out_length (optional) gets the full length. Returns
  * TP_ERR_BUFFER_TOO_SMALL if it did not fit. */
 TP_API tp_status tp_pool_stats_json(tp_pool *pool, char *buf, size_t capacity, size_t *out_length);
+/* The same figures in the Prometheus text exposition format (which
+ * OpenMetrics parsers read too), for a server's /metrics: a HELP and a TYPE
+ * line per metric, names tidepool_pool_<field> (gauges) and
+ * tidepool_pool_<field>_total (counters); byte figures as
+ * tidepool_pool_<field> (current), _peak and _total. Every sample carries
+ * labels device="sim:0" or "cuda:N" and kind="vmm" or "segment", then
+ * `labels` if given (more label pairs, e.g. `pool="kv"`, written as they
+ * are). Same buffer contract as tp_pool_stats_json. */
+TP_API tp_status tp_pool_stats_openmetrics(tp_pool *pool, const char *labels, char *buf, size_t capacity,
+                                           size_t *out_length);
+
+/* The memory map: one JSON object listing every range the pool holds, in
+ * address order -- {"kind", "now_ns", "reserved_bytes", "ranges": [{"address",
+ * "bytes", "state", "stream", "requested", "idle_ns"}...]} -- where state is
+ * "live" (handed out), "pinned" (handed out and pinned), "freed_pinned"
+ * (freed but kept by pins), "parked" (freed, kept for quick reuse),
+ * "cached" (free device memory the pool holds) or "unmapped" (reserved
+ * address space without memory, VMM); stream is the stream of the block's
+ * allocation, or of the last free in a free range (0 when none); idle_ns
+ * how long the memory under a free range has been idle. Same buffer
+ * contract as tp_pool_stats_json (ask with capacity 0 for the length). */
+TP_API tp_status tp_pool_snapshot_json(tp_pool *pool, char *buf, size_t capacity, size_t *out_length);
+
+/* What a pool does, as it does it: one event per alloc, free, device
+ * allocation (a map or a malloc), device free (an unmap or a free) and
+ * out-of-memory, for recording traces from a live pool. */
+#define TP_POOL_EVENT_LIST(X)                        \
+    X(TP_POOL_EVENT_ALLOC, "alloc")                  \
+    X(TP_POOL_EVENT_FREE, "free")                    \
+    X(TP_POOL_EVENT_DEVICE_ALLOC, "device_alloc")    \
+    X(TP_POOL_EVENT_DEVICE_FREE, "device_free")      \
+    X(TP_POOL_EVENT_OOM, "oom")
+
+typedef enum tp_pool_event_kind {
+#define TP_POOL_EVENT_ENUM_(name, label) name,
+    TP_POOL_EVENT_LIST(TP_POOL_EVENT_ENUM_)
+#undef TP_POOL_EVENT_ENUM_
+    TP_POOL_EVENT_COUNT_
+} tp_pool_event_kind;
+
+typedef struct tp_pool_event {
+    tp_pool_event_kind kind;
+    uint64_t time_ns;  /* the device's clock (the virtual one on the simulator) */
+    uint64_t address;  /* the block, or the device range; 0 for out of memory */
+    uint64_t bytes;    /* alloc, free, oom: bytes as the caller asked; device: the range */
+    tp_stream stream;  /* alloc, free, oom: the caller's stream; device events: 0 */
+} tp_pool_event;
+
+typedef void (*tp_pool_observer_fn)(void *user, const tp_pool_event *event);
+/* One observer per pool (fn NULL removes it). It is called on the thread of
+ * the call, with the pool's lock held: keep it short, and do not call into
+ * the pool from it. */
+TP_API tp_status tp_pool_set_observer(tp_pool *pool, tp_pool_observer_fn fn, void *user);
+/* "alloc", "free", ...; NULL for values outside the list. */
+TP_API const char *tp_pool_event_name(tp_pool_event_kind kind);
 
 typedef struct tp_oom_report {
     uint64_t request_bytes;
@@ -458,28 +516,37 @@ typedef struct tp_graph_pins {
     bool already_pinned;
 } tp_graph_pins;
 
+/* The cache's statistics, one list for the struct, the JSON and the
+ * metrics: X(name, kind, description). */
+#define TP_GRAPH_CACHE_STAT_LIST(X)                                                          \
+    X(execs, gauge, "executables alive")                                                     \
+    X(exec_bytes, gauge, "their device bytes")                                               \
+    X(exec_bytes_peak, gauge, "most device bytes of executables at once")                    \
+    X(max_bytes, gauge, "the byte cap (TP_BYTES_UNLIMITED if none)")                         \
+    X(max_execs, gauge, "the count cap")                                                     \
+    X(hits, counter, "prepares that found the key with the same graph")                      \
+    X(updates, counter, "executables updated in place to a new graph")                       \
+    X(update_failures, counter, "updates refused, re-instantiated")                          \
+    X(instantiations, counter, "executables instantiated")                                   \
+    X(instantiate_failures, counter, "instantiations that failed")                           \
+    X(eager_fallbacks, counter, "TP_ERR_RUN_EAGER returned")                                 \
+    X(launches, counter, "launches")                                                         \
+    X(evictions_count, counter, "evictions to stay within max_execs")                        \
+    X(evictions_bytes, counter, "evictions to stay within max_bytes")                        \
+    X(evictions_idle, counter, "evictions of keys idle longer than idle_evict_ns")           \
+    X(evictions_pressure, counter, "evictions for out of memory on instantiate or a pool's reclaim") \
+    X(evictions_explicit, counter, "tp_graph_cache_evict")                                   \
+    X(pinned_ranges, gauge, "pool ranges the executables pin")
+
 typedef struct tp_graph_cache_stats {
-    uint64_t execs;             /* executables alive */
-    uint64_t exec_bytes;        /* their device bytes */
-    uint64_t exec_bytes_peak;
-    uint64_t max_bytes;         /* the cap (TP_BYTES_UNLIMITED if none) */
-    uint64_t max_execs;
-    uint64_t hits;              /* prepare found the key with the same graph */
-    uint64_t updates;           /* updated in place to a new graph */
-    uint64_t update_failures;   /* update refused; re-instantiated */
-    uint64_t instantiations;
-    uint64_t instantiate_failures;
-    uint64_t eager_fallbacks;   /* TP_ERR_RUN_EAGER returned */
-    uint64_t launches;
-    uint64_t evictions_count;   /* to stay within max_execs */
-    uint64_t evictions_bytes;   /* to stay within max_bytes */
-    uint64_t evictions_idle;    /* idle longer than idle_evict_ns */
-    uint64_t evictions_pressure; /* out of memory on instantiate, or a pool's reclaim */
-    uint64_t evictions_explicit; /* tp_graph_cache_evict */
-    uint64_t pinned_ranges;
+#define TP_GRAPH_CACHE_STAT_FIELD_(name, kind, description) uint64_t name;
+    TP_GRAPH_CACHE_STAT_LIST(TP_GRAPH_CACHE_STAT_FIELD_)
+#undef TP_GRAPH_CACHE_STAT_FIELD_
 } tp_graph_cache_stats;
 
 TP_API tp_status tp_graph_cache_create(tp_device *device, const tp_graph_cache_config *config, tp_graph_cache **out_cache);
+/* The device the cache was created on. */
+TP_API tp_status tp_graph_cache_get_device(tp_graph_cache *cache, tp_device **out_device);
 /* Evicts everything (waiting for running launches) and frees the cache. */
 TP_API tp_status tp_graph_cache_destroy(tp_graph_cache *cache);
 
@@ -507,9 +574,11 @@ TP_API tp_status tp_graph_cache_evict(tp_graph_cache *cache, uint64_t key);
 /* Idle eviction: call now and then if background_thread is off. */
 TP_API tp_status tp_graph_cache_tick(tp_graph_cache *cache);
 TP_API tp_status tp_graph_cache_get_stats(tp_graph_cache *cache, tp_graph_cache_stats *out_stats);
-/* JSON rendering, same contract as tp_pool_stats_json (TP_ERR_BUFFER_TOO_SMALL
- * if it did not fit). */
+/* JSON and Prometheus text, same contracts as tp_pool_stats_json and
+ * tp_pool_stats_openmetrics (metric names tidepool_graph_cache_...). */
 TP_API tp_status tp_graph_cache_stats_json(tp_graph_cache *cache, char *buf, size_t capacity, size_t *out_length);
+TP_API tp_status tp_graph_cache_stats_openmetrics(tp_graph_cache *cache, const char *labels, char *buf, size_t capacity,
+                                                  size_t *out_length);
 /* Validates the cache's invariants (lists, byte and count sums, bounds,
  * pins); on failure returns TP_ERR_CORRUPT with the first
  * violation in msg. */

@@ -154,6 +154,7 @@ static tp_status grow(tpi_core *core, uint64_t size, uint32_t slot, uint64_t seg
     unit->live = 0;
     unit->tag = TPI_TAG_CLEAN;
     tpi_stats_reserved_changed(&core->stats, (int64_t)segment_bytes);
+    tpi_observe(&core->stats, TP_POOL_EVENT_DEVICE_ALLOC, base, segment_bytes, TP_STREAM_DEFAULT);
     *out_node = id;
     return TP_OK;
 }
@@ -265,6 +266,7 @@ static void segment_destroy(tpi_backing *b) {
             tpi_logf(&core->device->logger, TP_LOG_ERROR, "segment pool destroy: free of %llu bytes failed: %s",
                     (unsigned long long)unit->bytes, tp_status_name(st));
         tpi_stats_reserved_changed(&core->stats, -(int64_t)unit->bytes);
+        tpi_observe(&core->stats, TP_POOL_EVENT_DEVICE_FREE, unit->base, unit->bytes, TP_STREAM_DEFAULT);
     }
     tpi_host_free(core->host, b, sizeof *b);
 }

@@ -433,6 +433,7 @@ static void vmm_destroy(tpi_backing *b) {
             tpi_logf(&core->device->logger, TP_LOG_ERROR, "VMM pool destroy: unmap of %llu bytes failed: %s",
                     (unsigned long long)bytes, tp_status_name(st));
         tpi_stats_reserved_changed(&core->stats, -(int64_t)bytes);
+        tpi_observe(&core->stats, TP_POOL_EVENT_DEVICE_FREE, tpi_page_address(units, p), bytes, TP_STREAM_DEFAULT);
         p = end + 1;
     }
     tp_status st = core->ops->va_release(core->device, units->va_base, vmm->va_bytes);

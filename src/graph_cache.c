@@ -911,6 +911,12 @@ fail_alloc:
     return TP_ERR_HOST_OUT_OF_MEMORY;
 }
 
+tp_status tp_graph_cache_get_device(tp_graph_cache *cache, tp_device **out_device) {
+    if (!cache || !out_device) return TP_ERR_INVALID_ARGUMENT;
+    *out_device = cache->device;
+    return TP_OK;
+}
+
 tp_status tp_graph_cache_destroy(tp_graph_cache *cache) {
     if (!cache) return TP_ERR_INVALID_ARGUMENT;
     tp_device *device = cache->device;
@@ -1082,27 +1088,6 @@ tp_status tp_graph_cache_get_stats(tp_graph_cache *cache, tp_graph_cache_stats *
     out_stats->exec_bytes = cache->exec_bytes;
     pthread_mutex_unlock(&cache->lock);
     return TP_OK;
-}
-
-tp_status tp_graph_cache_stats_json(tp_graph_cache *cache, char *buf, size_t capacity, size_t *out_length) {
-    if (!cache || (!buf && capacity)) return TP_ERR_INVALID_ARGUMENT;
-    tp_graph_cache_stats s;
-    tp_graph_cache_get_stats(cache, &s);
-#define U(x) (unsigned long long)(x)
-    int n = snprintf(buf, capacity,
-                     "{\"execs\":%llu,\"exec_bytes\":%llu,\"exec_bytes_peak\":%llu,\"max_bytes\":%llu,"
-                     "\"max_execs\":%llu,\"hits\":%llu,\"updates\":%llu,\"update_failures\":%llu,"
-                     "\"instantiations\":%llu,\"instantiate_failures\":%llu,\"eager_fallbacks\":%llu,"
-                     "\"launches\":%llu,\"evictions_count\":%llu,\"evictions_bytes\":%llu,\"evictions_idle\":%llu,"
-                     "\"evictions_pressure\":%llu,\"evictions_explicit\":%llu,\"pinned_ranges\":%llu}",
-                     U(s.execs), U(s.exec_bytes), U(s.exec_bytes_peak), U(s.max_bytes), U(s.max_execs), U(s.hits),
-                     U(s.updates), U(s.update_failures), U(s.instantiations), U(s.instantiate_failures),
-                     U(s.eager_fallbacks), U(s.launches), U(s.evictions_count), U(s.evictions_bytes),
-                     U(s.evictions_idle), U(s.evictions_pressure), U(s.evictions_explicit), U(s.pinned_ranges));
-#undef U
-    if (n < 0) return TP_ERR_INVALID_ARGUMENT;
-    if (out_length) *out_length = (size_t)n;
-    return (size_t)n < capacity ? TP_OK : TP_ERR_BUFFER_TOO_SMALL;
 }
 
 /* ------------------------------------------------------------------- check */

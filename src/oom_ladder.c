@@ -19,7 +19,7 @@ tp_status tpi_ladder_init(tpi_ladder *l, tpi_core *core, tpi_front *front, tpi_b
 
 void tpi_ladder_destroy(tpi_ladder *l) { pthread_cond_destroy(&l->reclaims_done); }
 
-void tpi_ladder_report_oom_locked(tpi_ladder *l, uint64_t request_bytes, tp_status device_status) {
+void tpi_ladder_report_oom_locked(tpi_ladder *l, uint64_t request_bytes, tp_stream stream, tp_status device_status) {
     tpi_core *core = l->core;
     tp_oom_report *r = &l->report;
     memset(r, 0, sizeof *r);
@@ -51,6 +51,7 @@ void tpi_ladder_report_oom_locked(tpi_ladder *l, uint64_t request_bytes, tp_stat
              tp_format_bytes(largest, big, sizeof big), r->fragmentation, tp_status_name(device_status));
     l->has_report = true;
     core->stats.pub.ooms++;
+    tpi_observe(&core->stats, TP_POOL_EVENT_OOM, 0, request_bytes, stream);
     tpi_logf(&core->device->logger, TP_LOG_WARN, "%s", r->message);
 }
 
@@ -130,7 +131,9 @@ tp_status tpi_ladder_alloc_locked(tpi_ladder *l, uint64_t size, uint64_t request
         core->stats.pub.oom_retries++;
         st = try_backing(l, size, slot, out_node, &need);
     }
-    if (st == TP_ERR_OUT_OF_MEMORY) tpi_ladder_report_oom_locked(l, request_bytes, core->stats.last_device_status);
+    if (st == TP_ERR_OUT_OF_MEMORY)
+        tpi_ladder_report_oom_locked(l, request_bytes, tpi_order_stream(&core->order, slot)->handle,
+                                     core->stats.last_device_status);
     return st;
 }
 

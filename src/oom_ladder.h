@@ -62,8 +62,8 @@ void tpi_ladder_destroy(tpi_ladder *ladder);
  * ladder above. On TP_ERR_OUT_OF_MEMORY the report names request_bytes. */
 tp_status tpi_ladder_alloc_locked(tpi_ladder *ladder, uint64_t size, uint64_t request_bytes, uint32_t slot,
                                   uint32_t *out_node);
-/* Fills the report for a request the pool refused outright. */
-void tpi_ladder_report_oom_locked(tpi_ladder *ladder, uint64_t request_bytes, tp_status device_status);
+/* Fills the report for a request (on stream) the pool refused. */
+void tpi_ladder_report_oom_locked(tpi_ladder *ladder, uint64_t request_bytes, tp_stream stream, tp_status device_status);
 
 tp_status tpi_ladder_add_reclaimer_locked(tpi_ladder *ladder, tp_reclaim_fn fn, void *user);
 /* Removes it and waits (the lock released while waiting) until no round

@@ -204,7 +204,8 @@ static void check_invariants_if_asked_locked(tp_pool *pool) {
 static tp_status ladder_alloc_locked(tp_pool *pool, uint64_t size, size_t bytes, uint32_t slot, uint32_t *out_node) {
     tpi_core *core = &pool->core;
     if (size > core->config.limit_bytes) {
-        tpi_ladder_report_oom_locked(&pool->ladder, bytes, core->stats.last_device_status);
+        tpi_ladder_report_oom_locked(&pool->ladder, bytes, tpi_order_stream(&core->order, slot)->handle,
+                                     core->stats.last_device_status);
         return TP_ERR_OUT_OF_MEMORY;
     }
     uint64_t device_allocs = core->stats.pub.device_allocs;
@@ -241,7 +242,7 @@ tp_status tp_pool_alloc(tp_pool *pool, size_t bytes, tp_stream stream, void **ou
         if (st != TP_OK) goto out;
     }
     tpi_ra_node *n = tpi_ra_node_at(&core->ra, node);
-    *tpi_block_at(core, node) = (tpi_block){.requested = bytes};
+    *tpi_block_at(core, node) = (tpi_block){.requested = bytes, .slot = (uint16_t)slot};
     tp_pool_stats *s = &core->stats.pub;
     s->allocs++;
     tpi_stat_add(&s->requested_bytes, bytes);
@@ -262,6 +263,7 @@ tp_status tp_pool_alloc(tp_pool *pool, size_t bytes, tp_stream stream, void **ou
         }
     }
     *out_ptr = (void *)(uintptr_t)n->offset;
+    tpi_observe(&core->stats, TP_POOL_EVENT_ALLOC, n->offset, bytes, stream);
 out:
     check_invariants_if_asked_locked(pool);
     pthread_mutex_unlock(&pool->lock);
@@ -316,6 +318,7 @@ tp_status tp_pool_free(tp_pool *pool, void *ptr, tp_stream stream) {
     if (st != TP_OK) goto out;
     tpi_ra_node *n = tpi_ra_node_at(&core->ra, node);
     n->owner = tpi_order_note_free(&core->order, slot);
+    tpi_observe(&core->stats, TP_POOL_EVENT_FREE, address, block->requested, stream);
     tp_pool_stats *s = &core->stats.pub;
     s->frees++;
     tpi_stat_sub(&s->requested_bytes, block->requested);
@@ -462,6 +465,29 @@ tp_status tp_pool_reset_peaks(tp_pool *pool) {
 #undef RESET_PEAK_
     pthread_mutex_unlock(&pool->lock);
     return TP_OK;
+}
+
+tp_status tp_pool_get_device(tp_pool *pool, tp_device **out_device) {
+    if (!pool || !out_device) return TP_ERR_INVALID_ARGUMENT;
+    *out_device = pool->core.device;
+    return TP_OK;
+}
+
+tp_status tp_pool_set_observer(tp_pool *pool, tp_pool_observer_fn fn, void *user) {
+    if (!pool) return TP_ERR_INVALID_ARGUMENT;
+    pthread_mutex_lock(&pool->lock);
+    pool->core.stats.observer = (tpi_observer){fn, user, pool->core.device};
+    pthread_mutex_unlock(&pool->lock);
+    return TP_OK;
+}
+
+const char *tp_pool_event_name(tp_pool_event_kind kind) {
+    static const char *const names[] = {
+#define TP_POOL_EVENT_NAME_(name, label) label,
+        TP_POOL_EVENT_LIST(TP_POOL_EVENT_NAME_)
+#undef TP_POOL_EVENT_NAME_
+    };
+    return (unsigned)kind < TP_POOL_EVENT_COUNT_ ? names[kind] : NULL;
 }
 
 tp_status tp_pool_last_oom_report(tp_pool *pool, tp_oom_report *out_report) {

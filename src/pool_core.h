@@ -42,7 +42,8 @@
 typedef struct tpi_block {
     uint64_t requested; /* bytes as the caller asked for them */
     uint32_t pins;
-    uint32_t flags;
+    uint16_t flags;
+    uint16_t slot;      /* stream slot it was handed out on (the memory map says) */
 } tpi_block;
 
 typedef struct tpi_core {

@@ -4,6 +4,7 @@
  * public pool API (pool_object.h).
  */
 #include "pool_object.h"
+#include "text_out.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -61,4 +62,101 @@ tp_status tp_pool_check(tp_pool *pool, char *msg, size_t msg_capacity) {
     bool ok = tpi_pool_check_locked(pool, msg, msg_capacity);
     pthread_mutex_unlock(&pool->lock);
     return ok ? TP_OK : TP_ERR_CORRUPT;
+}
+
+/* ------------------------------------------------------------ memory map */
+
+static int node_order(const void *a, const void *b, void *ra) {
+    uint64_t x = tpi_ra_node_at(ra, *(const uint32_t *)a)->offset, y = tpi_ra_node_at(ra, *(const uint32_t *)b)->offset;
+    return x < y ? -1 : x > y;
+}
+
+/* The stream a tag names, as JSON: its handle, "multi" or 0. */
+static void stream_json(text_out *out, tpi_order *order, tpi_tag tag) {
+    uint32_t slot = tpi_tag_slot(tag);
+    if (tag == TPI_TAG_CLEAN || slot == 0)
+        out_printf(out, "0");
+    else if (slot == TPI_SLOT_MULTI)
+        out_printf(out, "\"multi\"");
+    else
+        out_printf(out, "\"0x%llx\"", (unsigned long long)(uintptr_t)order->streams[slot].handle);
+}
+
+static void range_json(text_out *out, bool *first, uint64_t address, uint64_t bytes, const char *state) {
+    out_printf(out, "%s{\"address\":\"0x%llx\",\"bytes\":%llu,\"state\":\"%s\",\"stream\":", *first ? "" : ",",
+               (unsigned long long)address, (unsigned long long)bytes, state);
+    *first = false;
+}
+
+/* A free range: VMM splits it into runs of mapped (cached) and unmapped
+ * pages; idle time is that of the first unit under it. */
+static void free_range_json_locked(tp_pool *pool, text_out *out, bool *first, const tpi_ra_node *n, uint64_t now) {
+    tpi_core *core = &pool->core;
+    tpi_units *units = &core->units;
+    if (units->kind == TPI_UNITS_SEGMENTS) {
+        const tpi_unit *unit = &units->units[n->region];
+        range_json(out, first, n->offset, n->size, "cached");
+        stream_json(out, &core->order, n->owner);
+        out_printf(out, ",\"requested\":0,\"idle_ns\":%llu}",
+                   (unsigned long long)(unit->state == TPI_UNIT_IDLE ? now - unit->idle_since_ns : 0));
+        return;
+    }
+    uint64_t end = n->offset + n->size;
+    for (uint64_t at = n->offset; at < end;) {
+        uint64_t page = tpi_page_of(units, at);
+        bool mapped = tpi_page_mapped(units, page);
+        uint64_t run_end = at;
+        while (run_end < end && tpi_page_mapped(units, tpi_page_of(units, run_end)) == mapped)
+            run_end = TPI_MIN(tpi_page_address(units, tpi_page_of(units, run_end) + 1), end);
+        const tpi_unit *unit = &units->units[page];
+        range_json(out, first, at, run_end - at, mapped ? "cached" : "unmapped");
+        stream_json(out, &core->order, mapped ? unit->tag : TPI_TAG_CLEAN);
+        out_printf(out, ",\"requested\":0,\"idle_ns\":%llu}",
+                   (unsigned long long)(mapped && unit->state == TPI_UNIT_IDLE ? now - unit->idle_since_ns : 0));
+        at = run_end;
+    }
+}
+
+tp_status tp_pool_snapshot_json(tp_pool *pool, char *buf, size_t capacity, size_t *out_length) {
+    if (!pool || (!buf && capacity)) return TP_ERR_INVALID_ARGUMENT;
+    if (capacity) buf[0] = '\0';
+    pthread_mutex_lock(&pool->lock);
+    tpi_core *core = &pool->core;
+    size_t count = 0;
+    for (size_t i = 0; i < core->ra.node_capacity; i++) count += core->ra.nodes[i].state != TPI_RA_NODE_UNUSED;
+    uint32_t *order = tpi_host_alloc(core->host, (count ? count : 1) * sizeof *order);
+    if (!order) {
+        pthread_mutex_unlock(&pool->lock);
+        return TP_ERR_HOST_OUT_OF_MEMORY;
+    }
+    count = 0;
+    for (size_t i = 0; i < core->ra.node_capacity; i++)
+        if (core->ra.nodes[i].state != TPI_RA_NODE_UNUSED) order[count++] = (uint32_t)i;
+    qsort_r(order, count, sizeof *order, node_order, &core->ra);
+    uint64_t now = tpi_units_now(&core->units);
+    text_out out = {buf, capacity, 0, false};
+    out_printf(&out, "{\"kind\":\"%s\",\"now_ns\":%llu,\"reserved_bytes\":%llu,\"ranges\":[",
+               core->config.kind == TP_POOL_VMM ? "vmm" : "segment", (unsigned long long)now,
+               (unsigned long long)core->stats.pub.reserved_bytes.current);
+    bool first = true;
+    for (size_t k = 0; k < count; k++) {
+        const tpi_ra_node *n = tpi_ra_node_at(&core->ra, order[k]);
+        if (n->state == TPI_RA_NODE_FREE) {
+            free_range_json_locked(pool, &out, &first, n, now);
+            continue;
+        }
+        const tpi_block *b = tpi_block_at(core, order[k]);
+        bool freed = b->flags & (TPI_BLOCK_PARKED | TPI_BLOCK_FREED_PINNED);
+        const char *state = b->flags & TPI_BLOCK_PARKED        ? "parked"
+                            : b->flags & TPI_BLOCK_FREED_PINNED ? "freed_pinned"
+                            : b->pins                           ? "pinned"
+                                                                : "live";
+        range_json(&out, &first, n->offset, n->size, state);
+        stream_json(&out, &core->order, freed ? n->owner : tpi_tag_make(b->slot, 0));
+        out_printf(&out, ",\"requested\":%llu,\"idle_ns\":0}", (unsigned long long)(freed ? 0 : b->requested));
+    }
+    out_printf(&out, "]}");
+    tpi_host_free(core->host, order, (count ? count : 1) * sizeof *order);
+    pthread_mutex_unlock(&pool->lock);
+    return out_finish(&out, out_length);
 }

@@ -8,8 +8,17 @@
 
 #include "internal.h"
 
+/* The user's observer (tp_pool_set_observer) and what it needs to stamp
+ * events with the device's time. */
+typedef struct tpi_observer {
+    tp_pool_observer_fn fn; /* NULL: nobody is listening */
+    void *user;
+    tp_device *device;
+} tpi_observer;
+
 typedef struct tpi_stats {
-    tp_pool_stats pub;             /* what tp_pool_get_stats returns (the free-range figures are added on read) */
+    tp_pool_stats pub;
+    tpi_observer observer;             /* what tp_pool_get_stats returns (the free-range figures are added on read) */
     tp_status last_device_status;  /* of the latest failed device call */
     uint64_t high_water_allocated; /* highest allocated bytes ever (peak resets keep it) */
     uint64_t allocated_low_water;  /* lowest allocated bytes since the VMM backing last grew */
@@ -51,6 +60,15 @@ static inline void tpi_stats_device_call(tpi_stats *s, tp_status status, int kin
         s->pub.device_errors++;
         s->last_device_status = status;
     }
+}
+
+/* Tells the observer, if any, what just happened. */
+static inline void tpi_observe(const tpi_stats *s, tp_pool_event_kind kind, uint64_t address, uint64_t bytes,
+                               tp_stream stream) {
+    if (!s->observer.fn) return;
+    tp_device *device = s->observer.device;
+    tp_pool_event event = {kind, device->ops->now_ns(device), address, bytes, stream};
+    s->observer.fn(s->observer.user, &event);
 }
 
 #endif /* TIDEPOOL_POOL_STATS_H */

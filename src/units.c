@@ -139,7 +139,9 @@ void tpi_units_pages_mapped(tpi_units *u, uint64_t first, uint64_t last) {
             tpi_units_became_idle(u, (uint32_t)p, 0);
     }
     if (last + 1 > u->page_high) u->page_high = last + 1;
-    tpi_stats_reserved_changed(u->stats, (int64_t)((last - first + 1) << u->page_shift));
+    uint64_t bytes = (last - first + 1) << u->page_shift;
+    tpi_stats_reserved_changed(u->stats, (int64_t)bytes);
+    tpi_observe(u->stats, TP_POOL_EVENT_DEVICE_ALLOC, tpi_page_address(u, first), bytes, TP_STREAM_DEFAULT);
 }
 
 /* --------------------------------------------------------------- release */
@@ -177,6 +179,7 @@ static tp_status release_pages(tpi_units *u, uint32_t id, uint64_t idle_before_n
         u->count--;
     }
     tpi_stats_reserved_changed(u->stats, -(int64_t)bytes);
+    tpi_observe(u->stats, TP_POOL_EVENT_DEVICE_FREE, tpi_page_address(u, first), bytes, TP_STREAM_DEFAULT);
     return TP_OK;
 }
 
@@ -188,6 +191,7 @@ static tp_status release_segment(tpi_units *u, uint32_t id) {
     if (st != TP_OK) return st;
     tpi_ra_remove_region(u->ra, unit->idle_node);
     tpi_stats_reserved_changed(u->stats, -(int64_t)unit->bytes);
+    tpi_observe(u->stats, TP_POOL_EVENT_DEVICE_FREE, unit->base, unit->bytes, TP_STREAM_DEFAULT);
     tpi_units_recycle(u, id);
     return TP_OK;
 }
