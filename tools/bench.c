@@ -13,17 +13,36 @@
  *   random sizes: a fixed sequence of sizes log-uniform in 256 B..64 MiB.
  * The simulated device runs with its hazard checker off ("nocheck"), as a
  * real GPU would.
+ *
+ * The floor: the simplest cache that could serve the same sequences, timed
+ * through the same harness (same loop, same indirect calls): a LIFO stack
+ * of addresses per size class (4 classes per power of two), filled from a
+ * bump arena on a miss; free finds the stack from the address alone. No
+ * streams, no statistics, no lock. Tidepool's hit path is reported as a
+ * multiple of it.
+ *
+ * Threads: N threads share ONE default pool, each on its own stream
+ * (tp_stream_create, on the simulated device and on CUDA alike), each doing
+ * --pairs 4 KiB alloc+free pairs after a warm-up; pairs/s over all threads
+ * from the common start to the last thread's end, median of --runs runs.
  */
 #include "replay.h"
 #include "tide.h"
 
-#include "tide.h"
-
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define RANDOM_SIZES 4096
+#define MAX_THREADS 256
+
+/* Every timed pass folds the addresses it was given in here, so that no
+ * compiler can drop the work. */
+static volatile uint64_t bench_sink;
 
 typedef struct bench_target {
     const char *name;
@@ -36,12 +55,16 @@ static void bench_usage(FILE *out) {
     fprintf(out,
             "usage: tide bench [options]\n\n"
             "Measures cached alloc+free pairs on one stream (the hit path) for tidepool's pools and for a\n"
-            "model of ggml's legacy CUDA pool, in the same run. Figures are medians of several runs.\n\n"
+            "model of ggml's legacy CUDA pool, in the same run, against the floor (a per-size-class LIFO\n"
+            "free list: the simplest cache for the same sequence), and pairs/s with several threads on\n"
+            "one pool. Figures are medians of several runs.\n\n"
             "options:\n"
             "  --device SPEC   device (default sim:64GiB,nocheck; cuda:0 on a GPU)\n"
             "  --size SIZE     the same-size request (default 1MiB)\n"
             "  --pairs N       pairs per timed run (default 1000000)\n"
             "  --runs N        timed runs; the median is reported (default 7)\n"
+            "  --threads N     also 1..N threads on one default pool, 4 KiB pairs, a stream each\n"
+            "                  (default 2; at most the number of online CPUs)\n"
             "  --json          one JSON object\n"
             "  -h, --help      this text\n");
 }
@@ -53,7 +76,7 @@ static int compare_double(const void *a, const void *b) {
 
 /* ns per pair over `pairs` pairs cycling through sizes[]. */
 static double time_pairs(bench_target *t, const uint64_t *sizes, size_t size_count, uint64_t pairs, bool *ok) {
-    uint64_t start = replay_now_ns();
+    uint64_t start = replay_now_ns(), sum = 0;
     for (uint64_t i = 0; i < pairs; i++) {
         uint64_t bytes = sizes[i % size_count], address = 0;
         if (t->factory->ops->alloc(t->impl, bytes, TP_STREAM_DEFAULT, &address) != REPLAY_OK ||
@@ -61,8 +84,11 @@ static double time_pairs(bench_target *t, const uint64_t *sizes, size_t size_cou
             *ok = false;
             return 0;
         }
+        sum += address;
     }
-    return (double)(replay_now_ns() - start) / (double)pairs;
+    uint64_t end = replay_now_ns();
+    bench_sink += sum;
+    return (double)(end - start) / (double)pairs;
 }
 
 /* Median over runs of the timed passes, after one warm-up pass. Sets
@@ -80,10 +106,220 @@ static double measure(bench_target *t, const uint64_t *sizes, size_t size_count,
     return samples[runs / 2];
 }
 
+/* ------------------------------------------------------------- the floor */
+
+/* Size classes: 4 per power of two (256 B, 320, 384, 448, 512, 640, ...).
+ * Class c's blocks come from its own region of a (never touched) address
+ * range, so free maps an address to its class with a subtraction and a
+ * shift. Sizes up to 2^40 bytes. */
+#define FLOOR_BASE (1ull << 56)
+#define FLOOR_REGION_SHIFT 48
+#define FLOOR_MAX_BYTES (1ull << 40)
+#define FLOOR_CLASSES 132
+
+typedef struct floor_bin {
+    uint64_t *items; /* the LIFO stack */
+    uint32_t count, capacity;
+    uint64_t next; /* bump pointer into the class's region (misses only) */
+} floor_bin;
+
+typedef struct floor_cache {
+    floor_bin bins[FLOOR_CLASSES];
+} floor_cache;
+
+static inline unsigned floor_class(uint64_t bytes) {
+    if (bytes <= 256) return 0;
+    uint64_t b = bytes - 1;
+    unsigned lg = 63u - (unsigned)__builtin_clzll(b); /* >= 8 */
+    return 1 + (lg - 8) * 4 + (unsigned)((b >> (lg - 2)) & 3);
+}
+
+static uint64_t floor_class_bytes(unsigned c) {
+    if (c == 0) return 256;
+    unsigned lg = 8 + (c - 1) / 4, sub = (c - 1) % 4;
+    return (uint64_t)(5 + sub) << (lg - 2);
+}
+
+static void *floor_create(tp_device *device, const tp_pool_config *config, char *err, size_t capacity) {
+    (void)device, (void)config;
+    floor_cache *f = calloc(1, sizeof *f);
+    if (!f) snprintf(err, capacity, "out of host memory");
+    return f;
+}
+
+static replay_status floor_alloc(void *impl, uint64_t bytes, tp_stream stream, uint64_t *out) {
+    (void)stream;
+    floor_cache *f = impl;
+    if (bytes > FLOOR_MAX_BYTES) return REPLAY_OOM;
+    unsigned c = floor_class(bytes);
+    floor_bin *bin = &f->bins[c];
+    if (bin->count) {
+        *out = bin->items[--bin->count];
+        return REPLAY_OK;
+    }
+    uint64_t block = floor_class_bytes(c);
+    if (bin->next + block > (1ull << FLOOR_REGION_SHIFT)) return REPLAY_OOM;
+    *out = FLOOR_BASE + ((uint64_t)c << FLOOR_REGION_SHIFT) + bin->next;
+    bin->next += block;
+    return REPLAY_OK;
+}
+
+static replay_status floor_free(void *impl, uint64_t address, uint64_t bytes, tp_stream stream) {
+    (void)bytes, (void)stream; /* by address alone, as tp_pool_free */
+    floor_cache *f = impl;
+    floor_bin *bin = &f->bins[(address - FLOOR_BASE) >> FLOOR_REGION_SHIFT];
+    if (bin->count == bin->capacity) {
+        uint32_t grown = bin->capacity ? bin->capacity * 2 : 64;
+        uint64_t *items = realloc(bin->items, grown * sizeof *items);
+        if (!items) return REPLAY_ERROR;
+        bin->items = items;
+        bin->capacity = grown;
+    }
+    bin->items[bin->count++] = address;
+    return REPLAY_OK;
+}
+
+static void floor_counters(void *impl, replay_counters *out) {
+    (void)impl;
+    memset(out, 0, sizeof *out);
+}
+
+static void floor_destroy(void *impl) {
+    floor_cache *f = impl;
+    for (unsigned c = 0; c < FLOOR_CLASSES; c++) free(f->bins[c].items);
+    free(f);
+}
+
+static const replay_pool_ops floor_ops = {
+    .alloc = floor_alloc, .free = floor_free, .counters = floor_counters, .destroy = floor_destroy};
+static const replay_pool_factory floor_factory = {"floor", false, floor_create, &floor_ops};
+
+/* ----------------------------------------------------------- the threads */
+
+typedef struct thread_shared {
+    tp_pool *pool;
+    uint64_t pairs;
+    atomic_int ready;
+    atomic_int go;
+    atomic_int errors;
+} thread_shared;
+
+typedef struct thread_worker {
+    thread_shared *sh;
+    tp_stream stream;
+    uint64_t end_ns;
+    uint64_t sum;
+    pthread_t thread;
+} thread_worker;
+
+static bool thread_pairs(thread_worker *w, uint64_t pairs) {
+    for (uint64_t i = 0; i < pairs; i++) {
+        void *p = NULL;
+        if (tp_pool_alloc(w->sh->pool, 4 * TIDE_KiB, w->stream, &p) != TP_OK ||
+            tp_pool_free(w->sh->pool, p, w->stream) != TP_OK)
+            return false;
+        w->sum += (uint64_t)(uintptr_t)p;
+    }
+    return true;
+}
+
+static void *thread_main(void *arg) {
+    thread_worker *w = arg;
+    thread_shared *sh = w->sh;
+    bool ok = thread_pairs(w, sh->pairs < 1000 ? sh->pairs : 1000); /* warm-up */
+    atomic_fetch_add(&sh->ready, 1);
+    while (!atomic_load_explicit(&sh->go, memory_order_acquire)) sched_yield();
+    ok = ok && thread_pairs(w, sh->pairs);
+    w->end_ns = replay_now_ns();
+    if (!ok) atomic_fetch_add(&sh->errors, 1);
+    return NULL;
+}
+
+/* Pairs per second over n threads, one run; 0 on failure. */
+static double threads_run(tp_pool *pool, const tp_stream *streams, int n, uint64_t pairs) {
+    thread_shared sh = {.pool = pool, .pairs = pairs};
+    atomic_init(&sh.ready, 0);
+    atomic_init(&sh.go, 0);
+    atomic_init(&sh.errors, 0);
+    thread_worker workers[MAX_THREADS];
+    int started = 0;
+    for (; started < n; started++) {
+        workers[started] = (thread_worker){.sh = &sh, .stream = streams[started]};
+        if (pthread_create(&workers[started].thread, NULL, thread_main, &workers[started]) != 0) break;
+    }
+    if (started < n) atomic_fetch_add(&sh.errors, 1);
+    while (atomic_load(&sh.ready) < started) sched_yield();
+    uint64_t start = replay_now_ns(), end = start;
+    atomic_store_explicit(&sh.go, 1, memory_order_release);
+    for (int i = 0; i < started; i++) {
+        pthread_join(workers[i].thread, NULL);
+        if (workers[i].end_ns > end) end = workers[i].end_ns;
+        bench_sink += workers[i].sum;
+    }
+    if (atomic_load(&sh.errors) || end == start) return 0;
+    return (double)n * (double)pairs * 1e9 / (double)(end - start);
+}
+
+/* Fills out[0..max_threads-1] with the median pairs/s for 1..max_threads
+ * threads on one pool of the default kind. False (message printed) on
+ * failure. *device_calls: device calls the pool made in the timed runs. */
+static bool measure_threads(const char *device_spec, int max_threads, uint64_t pairs, int runs, double *out,
+                            uint64_t *device_calls) {
+    tp_device *device = NULL;
+    tp_pool *pool = NULL;
+    tp_stream streams[MAX_THREADS] = {0};
+    int stream_count = 0;
+    bool ok = false;
+    if (tp_device_open(device_spec, NULL, &device) != TP_OK) {
+        fprintf(stderr, "tide bench: cannot open device '%s'\n", device_spec);
+        return false;
+    }
+    tp_pool_config pc = {0}; /* TP_POOL_AUTO: the default pool */
+    tp_status st = tp_pool_create(device, &pc, &pool);
+    if (st != TP_OK) {
+        fprintf(stderr, "tide bench: threads: creating the pool failed: %s\n", tp_status_name(st));
+        goto out;
+    }
+    for (; stream_count < max_threads; stream_count++) {
+        st = tp_stream_create(device, &streams[stream_count]);
+        if (st != TP_OK) {
+            fprintf(stderr, "tide bench: threads: creating a stream failed: %s\n", tp_status_name(st));
+            goto out;
+        }
+    }
+    *device_calls = 0;
+    for (int n = 1; n <= max_threads; n++) {
+        double samples[64];
+        threads_run(pool, streams, n, pairs < 10000 ? pairs : 10000); /* warm-up */
+        tp_pool_stats before, after;
+        tp_pool_get_stats(pool, &before);
+        for (int r = 0; r < runs; r++) {
+            samples[r] = threads_run(pool, streams, n, pairs);
+            if (samples[r] <= 0) {
+                fprintf(stderr, "tide bench: threads: an allocation or a thread failed with %d threads\n", n);
+                goto out;
+            }
+        }
+        tp_pool_get_stats(pool, &after);
+        *device_calls += after.device_calls - before.device_calls;
+        qsort(samples, (size_t)runs, sizeof *samples, compare_double);
+        out[n - 1] = samples[runs / 2];
+    }
+    ok = true;
+out:
+    for (int i = 0; i < stream_count; i++) {
+        if (pool) tp_pool_forget_stream(pool, streams[i]);
+        tp_stream_destroy(device, streams[i]);
+    }
+    if (pool) tp_pool_destroy(pool);
+    tp_device_close(device);
+    return ok;
+}
+
 int tide_bench(int argc, char **argv) {
     const char *device_spec = "sim:64GiB,nocheck";
     uint64_t size = TIDE_MiB, pairs = 1000000;
-    int runs = 7;
+    int runs = 7, threads = 2;
     bool json = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -110,6 +346,15 @@ int tide_bench(int argc, char **argv) {
                 fprintf(stderr, "tide bench: --runs must be 1..64\n");
                 return 2;
             }
+        } else if (!strcmp(a, "--threads") && v) {
+            char *end = NULL;
+            long n = strtol(v, &end, 10);
+            i++;
+            if (*v == '\0' || *end != '\0' || n < 1 || n > MAX_THREADS) {
+                fprintf(stderr, "tide bench: --threads must be 1..%d\n", MAX_THREADS);
+                return 2;
+            }
+            threads = (int)n;
         } else if (!strcmp(a, "--json")) {
             json = true;
         } else {
@@ -127,6 +372,9 @@ int tide_bench(int argc, char **argv) {
         random_sizes[i] = base + ((state >> 7) & (base - 1)); /* up to 2^26 = 64 MiB */
     }
     const uint64_t small_size = 4 * TIDE_KiB;
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    int threads_asked = threads;
+    if (cpus >= 1 && threads > cpus) threads = (int)cpus;
 
     tp_device *probe = NULL;
     if (tp_device_open(device_spec, NULL, &probe) != TP_OK) {
@@ -153,7 +401,7 @@ int tide_bench(int argc, char **argv) {
                device_spec, info.name, runs, (unsigned long long)pairs, "pool", "same size", "same 4 KiB",
                "random 256B-64MiB");
     int status = 0;
-    double first_same = 0, first_random = 0;
+    double first_same = 0, first_small = 0, first_random = 0;
     for (int k = 0; k < name_count; k++) {
         bench_target t = {names[k], replay_find_pool(names[k]), NULL, NULL};
         char err[256] = "";
@@ -180,6 +428,7 @@ int tide_bench(int argc, char **argv) {
         }
         if (k == 0) {
             first_same = same;
+            first_small = small;
             first_random = random;
         }
         if (json) {
@@ -196,11 +445,69 @@ int tide_bench(int argc, char **argv) {
         t.factory->ops->destroy(t.impl);
         tp_device_close(t.device);
     }
-    if (json)
-        printf("},\"default_pool\":\"%s\",\"hit_ns_per_pair_same_size\":%.1f,\"hit_ns_per_pair_random_sizes\":%.1f}\n",
-               names[0], first_same, first_random);
-    else
-        printf("\nsame size = %s; the first row is the device's default pool.\n",
-               tide_bytes(size, (char[32]){0}, 32));
+
+    /* The floor, through the same harness on the same sequences. */
+    double floor_same = 0, floor_small = 0, floor_random = 0;
+    {
+        bench_target t = {"floor", &floor_factory, NULL, NULL};
+        char err[256] = "";
+        t.impl = t.factory->create(NULL, NULL, err, sizeof err);
+        bool ok = t.impl != NULL;
+        uint64_t calls = 0;
+        if (ok) {
+            floor_same = measure(&t, &size, 1, pairs, runs, &calls, &ok);
+            floor_small = measure(&t, &small_size, 1, pairs, runs, &calls, &ok);
+            floor_random = measure(&t, random_sizes, RANDOM_SIZES, pairs, runs, &calls, &ok);
+            t.factory->ops->destroy(t.impl);
+        }
+        if (!ok) {
+            fprintf(stderr, "tide bench: the floor failed (sizes up to 1 TiB)\n");
+            status = 1;
+        }
+    }
+
+    double per_threads[MAX_THREADS] = {0};
+    uint64_t thread_device_calls = 0;
+    if (!measure_threads(device_spec, threads, pairs, runs, per_threads, &thread_device_calls)) status = 1;
+
+    char size_text[32];
+    tide_bytes(size, size_text, sizeof size_text);
+    if (json) {
+        printf("},\"default_pool\":\"%s\",\"hit_ns_per_pair_same_size\":%.1f,\"hit_ns_per_pair_random_sizes\":%.1f,"
+               "\"hit_ns_per_pair_same_4KiB\":%.1f,"
+               "\"floor_ns_per_pair\":{\"same_size\":%.1f,\"same_4k\":%.1f,\"random\":%.1f},"
+               "\"floor_ratio\":{\"same_size\":%.2f,\"same_4k\":%.2f,\"random\":%.2f},"
+               "\"threads_pairs_per_s\":{",
+               names[0], first_same, first_random, first_small, floor_same, floor_small, floor_random,
+               floor_same > 0 ? first_same / floor_same : 0, floor_small > 0 ? first_small / floor_small : 0,
+               floor_random > 0 ? first_random / floor_random : 0);
+        for (int n = 1; n <= threads; n++) printf("%s\"%d\":%.0f", n > 1 ? "," : "", n, per_threads[n - 1]);
+        printf("},\"threads_pair_bytes\":4096,\"threads_device_calls_while_timed\":%llu}\n",
+               (unsigned long long)thread_device_calls);
+    } else {
+        printf("\nsame size = %s; the first row is the device's default pool.\n", size_text);
+        printf("\n%s against the floor (a LIFO free list per size class, no streams, no statistics, no lock;\n"
+               "same harness, same sequences):\n",
+               names[0]);
+        const char *labels[3] = {NULL, "same 4 KiB", "random"};
+        char same_label[48];
+        snprintf(same_label, sizeof same_label, "same %s", size_text);
+        labels[0] = same_label;
+        double hit[3] = {first_same, first_small, first_random}, fl[3] = {floor_same, floor_small, floor_random};
+        for (int i = 0; i < 3; i++)
+            printf("  %-14s %6.1f ns = %.1fx the floor (%.1f ns)\n", labels[i], hit[i],
+                   fl[i] > 0 ? hit[i] / fl[i] : 0, fl[i]);
+        printf("\nthreads on one %s pool, each on its own stream, %llu 4 KiB pairs each (median of %d runs):\n",
+               names[0], (unsigned long long)pairs, runs);
+        for (int n = 1; n <= threads; n++) {
+            printf("  %d thread%s %6.1f M pairs/s", n, n > 1 ? "s:" : ": ", per_threads[n - 1] / 1e6);
+            if (n > 1 && per_threads[0] > 0) printf(" = %.2fx one thread", per_threads[n - 1] / per_threads[0]);
+            printf("\n");
+        }
+        if (threads < threads_asked) printf("  (--threads %d capped at the %d online CPUs)\n", threads_asked, threads);
+        if (thread_device_calls)
+            printf("  (%llu device calls during the timed runs: not all pairs were cache hits)\n",
+                   (unsigned long long)thread_device_calls);
+    }
     return status;
 }

@@ -83,6 +83,18 @@ usage)
     for param in --context --requests --steps --rounds --minutes --seed; do
         grep -q -- "$param N" "$out" || fail "tide scenario --help does not list $param"
     done
+    # bench: the floor and the threads figures, positive numbers (no speed targets here)
+    expect 0 '"threads_pairs_per_s":' "$tide" bench --runs 1 --pairs 20000 --threads 2 --json
+    for key in same_size same_4k random; do
+        sed -n "s/.*\"floor_ns_per_pair\":{[^}]*\"$key\":\([0-9.]*\).*/\1/p" "$out" | grep -Eq '^0*[1-9][0-9]*(\.[0-9]*)?$|^0*\.0*[1-9]' ||
+            fail "tide bench --json: floor_ns_per_pair.$key is not a positive number"
+    done
+    # --threads is capped at the online CPUs
+    for n in 1 $([ "$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1)" -ge 2 ] && echo 2); do
+        sed -n "s/.*\"threads_pairs_per_s\":{[^}]*\"$n\":\([0-9.]*\).*/\1/p" "$out" | grep -Eq '^0*[1-9]' ||
+            fail "tide bench --json: threads_pairs_per_s.\"$n\" is not a positive number"
+    done
+    expect 2 "--threads must be" "$tide" bench --threads 0
     ;;
 replay)
     expect 0 "peak live" "$tide" replay "$data/qwen2vl_excerpt.csv" "$data/qwen2vl_excerpt.csv.gz" --pool vmm,segment
