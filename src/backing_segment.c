@@ -85,7 +85,7 @@ static uint32_t find_usable(tpi_core *core, uint64_t size, uint32_t slot, uint64
             continue;
         }
         if (!segment_wakes(core, id, wake_limit_bytes, &now_ns)) continue;
-        if (!capturing || (n->owner != TPI_TAG_CLEAN && owner_slot != 0)) return id;
+        if (!capturing || owner_slot == slot || owner_slot == TPI_SLOT_MULTI) return id; /* its own frees, maybe merged */
         if (first_usable == TPI_RA_NONE) first_usable = id;
     }
     if (first_usable != TPI_RA_NONE) return first_usable;
