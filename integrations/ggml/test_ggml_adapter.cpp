@@ -2,7 +2,7 @@
  * test_ggml_adapter.cpp -- the ggml adapter driven the way ggml-cuda drives
  * its pools, on tidepool's simulated device.
  *
- *   test_ggml_adapter CASE     (config, growth_vmm, growth_segment,
+ *   test_ggml_adapter CASE     (config, bad_env, growth_vmm, growth_segment,
  *                               shared_pool, graph_churn, oom,
  *                               contexts_threads)
  *
@@ -327,6 +327,24 @@ void case_config() {
     CHECK(tp_ggml::stats_json(0) == "null");
     CHECK(tp_ggml::configure("kind=segment,device=sim", &err));
     CHECK(log_errors() == 0);
+}
+
+/* TIDEPOOL_GGML_CONF with an unknown key (CMakeLists.txt): one error naming
+ * the key, and the defaults. */
+void case_bad_env() {
+    {
+        std::lock_guard<std::mutex> lock(g_log.mu);
+        g_log.echo = false;
+    }
+    std::string text = tp_ggml::config_string();
+    std::lock_guard<std::mutex> lock(g_log.mu);
+    g_log.echo = true;
+    std::string line = g_log.error_lines.empty() ? "" : g_log.error_lines.front();
+    std::printf("  logged: %s\n  config: %s\n", line.c_str(), text.c_str());
+    CHECK(g_log.errors == 1);
+    CHECK_MSG(line.find("unknown key 'colour'") != std::string::npos, "%s", line.c_str());
+    CHECK_MSG(line.find("using the defaults") != std::string::npos, "%s", line.c_str());
+    CHECK(text.find("kind=auto") != std::string::npos && text.find("device=cuda") != std::string::npos);
 }
 
 /* ---------------------------------------------- #22107: growing temporaries */
@@ -744,6 +762,7 @@ int main(int argc, char **argv) {
     std::string name = argv[1];
     const std::pair<const char *, std::function<void()>> cases[] = {
         {"config", case_config},
+        {"bad_env", case_bad_env},
         {"growth_vmm", [] { case_growth("vmm"); }},
         {"growth_segment", [] { case_growth("segment"); }},
         {"shared_pool", case_shared_pool},
