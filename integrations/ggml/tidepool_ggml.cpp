@@ -507,6 +507,8 @@ void *binding::alloc(size_t size, size_t *actual_size) {
         if (actual_size) *actual_size = size;
         return ptr;
     }
+    /* The pool keeps one report, its most recent failure: with several
+     * threads failing at once this may be another thread's (same pool). */
     char want[32];
     tp_format_bytes(size, want, sizeof want);
     tp_oom_report report;
