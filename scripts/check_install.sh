@@ -23,7 +23,7 @@ checks=0
 say() { echo "== check_install: $*"; }
 ok() { checks=$((checks + 1)); }
 fail() { echo "check_install: FAIL: $*" >&2; exit 1; }
-bash "$root/scripts/deps.sh" test
+bash "$root/scripts/deps.sh" install
 version=$(sed -n 's/^project(tidepool VERSION \([0-9.]*\).*/\1/p' "$root/CMakeLists.txt")
 major=${version%%.*}
 [ -n "$version" ] || fail "no project(tidepool VERSION ...) in CMakeLists.txt"

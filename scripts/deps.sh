@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Makes sure what building tidepool needs ("build", the default) or what its
-# whole test suite needs ("test") is there, and on Debian or Ubuntu installs
-# what is not with apt-get.
-#   scripts/deps.sh [build|test]
+# whole test suite needs ("test"; "install": only what scripts/check_install.sh
+# needs) is there, and on Debian or Ubuntu installs what is not with apt-get.
+#   scripts/deps.sh [build|install|test]
 # It checks what each package provides (a command, a header that compiles, a
 # sanitizer runtime that links), not the package database, so when all is
 # there it installs nothing and needs no root, wherever the tools came from.
@@ -10,7 +10,7 @@
 # root and no sudo) it names the packages to install and exits 1.
 set -euo pipefail
 mode=${1:-build}
-case "$mode" in build|test) ;; *) echo "usage: scripts/deps.sh [build|test]" >&2; exit 2 ;; esac
+case "$mode" in build|install|test) ;; *) echo "usage: scripts/deps.sh [build|install|test]" >&2; exit 2 ;; esac
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -32,9 +32,10 @@ check() { # fills missing with the Debian/Ubuntu packages of what is absent
   command -v ninja >/dev/null || missing+=(ninja-build)
   printf '#include <zlib.h>\nint main(void) { return zlibVersion() == 0; }\n' >"$tmp/t.c"
   if [ "$have_cc" = 1 ] && ! links cc -lz; then missing+=(zlib1g-dev); fi
-  [ "$mode" = test ] || return 0
+  [ "$mode" != build ] || return 0
   command -v make >/dev/null || missing+=(make)               # examples/consumer (check_install.sh)
   command -v pkg-config >/dev/null || missing+=(pkg-config)   # check_install.sh
+  [ "$mode" = test ] || return 0
   command -v xmllint >/dev/null || missing+=(libxml2-utils)   # the SVG checks
   if ! command -v clang >/dev/null; then
     missing+=(clang)                                          # sanitizer builds, libFuzzer
