@@ -64,6 +64,12 @@ extern "C" {
 #define TP_VERSION_MINOR 1
 #define TP_VERSION_PATCH 0
 
+/* The library's version at run time (the macros above give the version of the
+ * header you compiled against): MAJOR*10000 + MINOR*100 + PATCH, and
+ * "MAJOR.MINOR.PATCH". */
+TP_API uint32_t tp_version(void);
+TP_API const char *tp_version_string(void);
+
 /* ------------------------------------------------------------------ status */
 
 /* X(name, description). The order gives the numeric values (TP_OK == 0). */

@@ -4,6 +4,7 @@
 #   scripts/test.sh asan     ... under AddressSanitizer + UndefinedBehaviorSanitizer
 #   scripts/test.sh tsan     ... under ThreadSanitizer
 #   scripts/test.sh all      all three
+# Build directories: build, build-asan, build-tsan (the demo uses build-demo).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh test
@@ -13,7 +14,7 @@ run_suite() { # name, build dir, extra cmake args...
   local name=$1 dir=$2
   shift 2
   echo "== $name: configure and build in $dir"
-  cmake -S . -B "$dir" -G Ninja "$@" >/dev/null
+  cmake -S . -B "$dir" -G Ninja -DTP_BUILD_TESTS=ON -DTP_BUILD_TOOLS=ON -DTP_BUILD_TORCH_SHIM=ON "$@" >/dev/null
   cmake --build "$dir"
   echo "== $name: ctest"
   ctest --test-dir "$dir" --output-on-failure -j "$jobs"
@@ -29,7 +30,8 @@ if [ "$mode" = asan ] || [ "$mode" = all ]; then
 fi
 if [ "$mode" = tsan ] || [ "$mode" = all ]; then
   # ThreadSanitizer: the tests that run threads.
-  CC=clang CXX=clang++ cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DTP_SANITIZE=thread >/dev/null
+  CC=clang CXX=clang++ cmake -S . -B build-tsan -G Ninja -DTP_BUILD_TESTS=ON -DTP_BUILD_TOOLS=ON -DTP_BUILD_TORCH_SHIM=ON \
+    -DCMAKE_BUILD_TYPE=Debug -DTP_SANITIZE=thread >/dev/null
   cmake --build build-tsan
   echo "== tests under TSan"
   TSAN_OPTIONS="halt_on_error=1" ctest --test-dir build-tsan --output-on-failure -R "thread"

@@ -34,6 +34,19 @@ const char *tp_status_describe(tp_status status) {
     return status_descriptions[status];
 }
 
+/* ---------------------------------------------------------------- version */
+
+#define TPI_STRINGIFY_(x) #x
+#define TPI_STRINGIFY(x) TPI_STRINGIFY_(x)
+
+uint32_t tp_version(void) {
+    return (uint32_t)TP_VERSION_MAJOR * 10000u + (uint32_t)TP_VERSION_MINOR * 100u + (uint32_t)TP_VERSION_PATCH;
+}
+
+const char *tp_version_string(void) {
+    return TPI_STRINGIFY(TP_VERSION_MAJOR) "." TPI_STRINGIFY(TP_VERSION_MINOR) "." TPI_STRINGIFY(TP_VERSION_PATCH);
+}
+
 /* ------------------------------------------------------------ host memory */
 
 static void *libc_alloc(void *user, size_t bytes) {
