@@ -79,7 +79,7 @@ static int utf8_sequence_length(const unsigned char *s) {
 }
 
 /* Writes text as XML character data or attribute content. */
-static void xml_text(FILE *out, const char *text) {
+void plot_xml_text(FILE *out, const char *text) {
     const unsigned char *s = (const unsigned char *)text;
     while (*s) {
         switch (*s) {
@@ -248,7 +248,7 @@ static plot_frame draw_frame(FILE *out, double top, const char *title, uint64_t 
     f.x_scale = (PLOT_RIGHT - PLOT_LEFT) / x_max;
 
     fprintf(out, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"15\" font-weight=\"bold\">", PLOT_LEFT, top + 24);
-    xml_text(out, title ? title : "");
+    plot_xml_text(out, title ? title : "");
     fprintf(out, "</text>\n");
 
     char label[48];
@@ -271,7 +271,7 @@ static plot_frame draw_frame(FILE *out, double top, const char *title, uint64_t 
     }
     fprintf(out, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" text-anchor=\"middle\">", (PLOT_LEFT + PLOT_RIGHT) / 2,
             f.bottom + 36);
-    xml_text(out, x_title);
+    plot_xml_text(out, x_title);
     fprintf(out, "</text>\n");
     fprintf(out,
             "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" text-anchor=\"middle\" "
@@ -368,7 +368,7 @@ static void draw_panel(FILE *out, const plot_panel *panel, double top) {
                 "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" fill=\"%s\" stroke=\"#fff\" stroke-width=\"3\" "
                 "paint-order=\"stroke\"%s>",
                 text_x, m->label_y, m->colour, left ? " text-anchor=\"end\"" : "");
-        xml_text(out, m->text);
+        plot_xml_text(out, m->text);
         fprintf(out, "</text>\n");
     }
 
@@ -387,7 +387,7 @@ static void draw_panel(FILE *out, const plot_panel *panel, double top) {
         fprintf(out, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" stroke-width=\"1.8\"/>\n", lx,
                 ly - 4, lx + 24, ly - 4, colour);
         fprintf(out, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\">", lx + 32, ly);
-        xml_text(out, results[i].pool);
+        plot_xml_text(out, results[i].pool);
         fprintf(out, " reserved%s</text>\n", results[i].fatal ? " (aborted)" : "");
         ly += 18;
         fprintf(out,
@@ -395,7 +395,7 @@ static void draw_panel(FILE *out, const plot_panel *panel, double top) {
                 "stroke-dasharray=\"5,3\"/>\n",
                 lx, ly - 4, lx + 24, ly - 4, colour);
         fprintf(out, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\">", lx + 32, ly);
-        xml_text(out, results[i].pool);
+        plot_xml_text(out, results[i].pool);
         fprintf(out, " cached (idle)</text>\n");
     }
     ly += 20;
@@ -403,12 +403,8 @@ static void draw_panel(FILE *out, const plot_panel *panel, double top) {
     fprintf(out, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\">peak reserved</text>\n", lx + 32, ly);
 }
 
-/* Where an SVG is being written: straight to path (temp_path empty), or to
- * temp_path, renamed to path at the end. */
-typedef struct svg_target {
-    const char *path;
-    char temp_path[4096];
-} svg_target;
+typedef plot_svg_file svg_target;
+static int svg_close(svg_target *t, FILE *out, char *err, size_t capacity);
 
 /* Opens the file the chart is written to (see the top of the file). */
 static FILE *svg_target_open(svg_target *t, const char *path, char *err, size_t capacity) {
@@ -473,19 +469,26 @@ static int svg_target_close(svg_target *t, FILE *out, char *err, size_t capacity
 
 /* Opens the chart's file and writes the SVG prologue; NULL with err filled
  * on failure. */
-static FILE *svg_open(svg_target *t, const char *path, double height, const char *title, char *err,
-                      size_t capacity) {
+FILE *plot_svg_begin(plot_svg_file *t, const char *path, double width, double height, const char *title, char *err,
+                     size_t capacity) {
     FILE *out = svg_target_open(t, path, err, capacity);
     if (!out) return NULL;
     fprintf(out,
             "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
             "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" viewBox=\"0 0 %.0f %.0f\" "
             "font-family=\"Helvetica, Arial, sans-serif\">\n<title>",
-            CHART_WIDTH, height, CHART_WIDTH, height);
-    xml_text(out, title);
+            width, height, width, height);
+    plot_xml_text(out, title);
     fprintf(out, "</title>\n<rect width=\"100%%\" height=\"100%%\" fill=\"#fff\"/>\n");
     return out;
 }
+
+static FILE *svg_open(svg_target *t, const char *path, double height, const char *title, char *err,
+                      size_t capacity) {
+    return plot_svg_begin(t, path, CHART_WIDTH, height, title, err, capacity);
+}
+
+int plot_svg_end(plot_svg_file *t, FILE *out, char *err, size_t capacity) { return svg_close(t, out, err, capacity); }
 
 /* Ends the SVG and puts the file in place. */
 static int svg_close(svg_target *t, FILE *out, char *err, size_t capacity) {
@@ -514,7 +517,7 @@ int plot_replay_svg_panels(const char *path, const char *title, const plot_panel
     if (!out) return -1;
     if (header) {
         fprintf(out, "<text x=\"%.1f\" y=\"24\" font-size=\"17\" font-weight=\"bold\">", PLOT_LEFT);
-        xml_text(out, title);
+        plot_xml_text(out, title);
         fprintf(out, "</text>\n");
     }
     for (size_t p = 0; p < panel_count; p++) draw_panel(out, &panels[p], header + PANEL_HEIGHT * (double)p);
@@ -556,7 +559,7 @@ int plot_lines_svg(const char *path, const char *title, const char *x_title, con
         fprintf(out, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" stroke-width=\"1.8\"%s/>\n",
                 lx, ly - 4, lx + 24, ly - 4, colour, dash);
         fprintf(out, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\">", lx + 32, ly);
-        xml_text(out, line->name);
+        plot_xml_text(out, line->name);
         fprintf(out, "</text>\n");
         ly += 20;
     }

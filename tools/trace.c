@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <zlib.h>
 
 #define LINE_CAPACITY 1024
@@ -39,6 +40,7 @@ struct trace_reader {
     uint64_t origin_ns; /* time of the first event */
     char damage[512];   /* LINE_DAMAGED: "FILE:LINE: what" */
     unsigned pt_device; /* PyTorch snapshot: which device's trace */
+    uint64_t file_bytes; /* the file's size as stored (0: not known) */
     trace_event *pk_events; /* PyTorch snapshot: every event, converted at open */
     size_t pk_count, pk_next;
     char buf[LINE_CAPACITY];
@@ -199,6 +201,8 @@ trace_reader *trace_open_with(const char *path, const trace_open_options *option
         return NULL;
     }
     gzbuffer(r->gz, 1 << 17);
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISREG(st.st_mode)) r->file_bytes = (uint64_t)st.st_size;
     return open_common(r, err, cap);
 }
 
@@ -224,6 +228,22 @@ void trace_close(trace_reader *r) {
 }
 
 trace_format trace_get_format(const trace_reader *r) { return r->format; }
+
+void trace_position(const trace_reader *r, uint64_t *bytes_read, uint64_t *bytes_total, uint64_t *events_total) {
+    *events_total = r->format == TRACE_FORMAT_PYTORCH_PICKLE ? r->pk_count : 0;
+    if (r->format == TRACE_FORMAT_PYTORCH_PICKLE) { /* read whole at open */
+        *bytes_read = *bytes_total = r->gz ? r->file_bytes : r->length;
+        return;
+    }
+    if (r->gz) {
+        long offset = (long)gzoffset(r->gz);
+        *bytes_read = offset > 0 ? (uint64_t)offset : 0;
+        *bytes_total = r->file_bytes;
+    } else {
+        *bytes_read = r->offset;
+        *bytes_total = r->length;
+    }
+}
 
 /* Splits line at commas into exactly n fields; more or fewer is an error. */
 static bool split_fields(char *line, char **fields, int n) {

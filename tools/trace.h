@@ -66,6 +66,11 @@ trace_format trace_get_format(const trace_reader *reader);
  * read when the data stopped), never an early end. */
 long trace_read(trace_reader *reader, trace_event *events, size_t capacity, char *err, size_t err_capacity);
 
+/* How far the reader is: bytes of the file as stored (compressed or not)
+ * read so far and in all (0: not known, e.g. a pipe or memory), and the
+ * events in all (0: not known; a snapshot knows them at open). */
+void trace_position(const trace_reader *reader, uint64_t *bytes_read, uint64_t *bytes_total, uint64_t *events_total);
+
 /* Writes events in the tidepool CSV format. */
 typedef struct trace_writer trace_writer;
 trace_writer *trace_writer_open(const char *path, char *err, size_t err_capacity); /* ".gz" -> gzip */
