@@ -31,10 +31,11 @@ static void replay_usage(FILE *out) {
     tide_exit_codes_help(out);
 }
 
-/* The progress line: on a terminal, after 2 s, at most 4 times a second. */
+/* The progress line: on a terminal, after 2 s (TIDE_PROGRESS_AFTER_MS, for
+ * tests), at most 4 times a second. */
 typedef struct progress_line {
     const char *name;
-    uint64_t start_ns, last_ns;
+    uint64_t start_ns, last_ns, after_ns;
     bool shown;
 } progress_line;
 
@@ -47,7 +48,7 @@ static void count_text(uint64_t n, char *buf, size_t capacity) {
 static void show_progress(void *user, const replay_progress *p) {
     progress_line *line = user;
     uint64_t now = replay_now_ns();
-    if (now - line->start_ns < 2000000000ull || now - line->last_ns < 250000000ull) return;
+    if (now - line->start_ns < line->after_ns || (line->shown && now - line->last_ns < 250000000ull)) return;
     line->last_ns = now;
     line->shown = true;
     double elapsed = (now - line->start_ns) / 1e9;
@@ -115,12 +116,15 @@ int tide_replay(int argc, char **argv) {
     if (!tide_run_resolve_pools("tide replay", &options)) return 2;
     if (!tide_run_prepare("tide replay", &options)) return 1;
     bool progress = !options.quiet && isatty(STDERR_FILENO);
+    uint64_t progress_after_ns = 2000000000ull;
+    const char *after = getenv("TIDE_PROGRESS_AFTER_MS");
+    if (after && *after) progress_after_ns = strtoull(after, NULL, 10) * 1000000ull;
     int status = 0;
     for (int f = 0; f < file_count; f++) {
         char err[1024];
         replay_run *run = NULL;
         uint64_t parse_ns = 0;
-        progress_line line = {files[f], replay_now_ns(), 0, false};
+        progress_line line = {files[f], replay_now_ns(), 0, progress_after_ns, false};
         if (progress) {
             options.replay.progress = show_progress;
             options.replay.progress_user = &line;
