@@ -153,6 +153,8 @@ struct tide_metrics {
     family *families;
     size_t count, capacity;
     bool failed;
+    char **labels; /* the run labels used so far */
+    size_t label_count;
 };
 
 tide_metrics *tide_metrics_create(void) { return calloc(1, sizeof(tide_metrics)); }
@@ -164,6 +166,8 @@ void tide_metrics_destroy(tide_metrics *m) {
         free(m->families[i].samples.data);
     }
     free(m->families);
+    for (size_t i = 0; i < m->label_count; i++) free(m->labels[i]);
+    free(m->labels);
     free(m);
 }
 
@@ -220,10 +224,28 @@ static void family_text(text *t, const char *name, const char *type, const char 
     text_printf(t, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
-bool tide_metrics_add_run(tide_metrics *m, const char *label_key, const char *label, replay_run *run,
-                          const replay_result *results, size_t count, char *err, size_t cap) {
-    char escaped[600];
-    tide_label_escape(label, escaped, sizeof escaped);
+static bool label_used(const tide_metrics *m, const char *label) {
+    for (size_t i = 0; i < m->label_count; i++)
+        if (!strcmp(m->labels[i], label)) return true;
+    return false;
+}
+
+bool tide_metrics_add_run(tide_metrics *m, const char *label_key, const char *label, const char *long_label,
+                          replay_run *run, const replay_result *results, size_t count, char *err, size_t cap) {
+    /* two runs of one name (a.csv and a.csv.gz): the longer name, then a number */
+    char unique[520];
+    snprintf(unique, sizeof unique, "%s", label);
+    if (label_used(m, unique) && long_label) snprintf(unique, sizeof unique, "%s", long_label);
+    for (unsigned n = 2; label_used(m, unique); n++) snprintf(unique, sizeof unique, "%.500s.%u", label, n);
+    char **grown = realloc(m->labels, (m->label_count + 1) * sizeof *grown);
+    if (grown) m->labels = grown;
+    if (!grown || !(m->labels[m->label_count] = strdup(unique))) {
+        snprintf(err, cap, "out of memory writing the metrics");
+        return false;
+    }
+    m->label_count++;
+    char escaped[1100];
+    tide_label_escape(unique, escaped, sizeof escaped);
     for (size_t i = 0; i < count; i++) {
         const replay_result *r = &results[i];
         /* a pool named twice (--pool vmm,vmm): pool="vmm", then "vmm.2" */
@@ -232,7 +254,7 @@ bool tide_metrics_add_run(tide_metrics *m, const char *label_key, const char *la
         for (size_t k = 0; k < i; k++) seen += !strcmp(results[k].pool, r->pool);
         if (seen > 1) snprintf(pool, sizeof pool, "%s.%u", r->pool, seen);
         else snprintf(pool, sizeof pool, "%s", r->pool);
-        char labels[800];
+        char labels[1300];
         snprintf(labels, sizeof labels, "%s=\"%s\",pool=\"%s\"", label_key, escaped, pool);
 
         text t = {0};

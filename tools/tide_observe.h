@@ -19,12 +19,14 @@ typedef struct tide_metrics tide_metrics;
 tide_metrics *tide_metrics_create(void);
 void tide_metrics_destroy(tide_metrics *metrics);
 /* Adds the final figures of a finished run, every sample labelled
- * <label_key>="<label>" and pool="<pool>": tidepool pools through
+ * <label_key>="<label>" and pool="<pool>" (a label used by an earlier run
+ * becomes long_label -- the file's base name with its extensions -- or,
+ * failing that, "<label>.2", ...; a pool named twice "<pool>.2"): tidepool pools through
  * tp_pool_stats_openmetrics (tidepool_pool_...), baselines as
  * tidepool_baseline_<field>, and for every pool the replay's own figures
  * (tidepool_replay_...). Returns false (err filled) if memory ran out. */
-bool tide_metrics_add_run(tide_metrics *metrics, const char *label_key, const char *label, replay_run *run,
-                          const replay_result *results, size_t count, char *err, size_t capacity);
+bool tide_metrics_add_run(tide_metrics *metrics, const char *label_key, const char *label, const char *long_label,
+                          replay_run *run, const replay_result *results, size_t count, char *err, size_t capacity);
 /* Writes the text to path (a temporary renamed into place). 0 or -1. */
 int tide_metrics_write(const tide_metrics *metrics, const char *path, char *err, size_t capacity);
 

@@ -315,9 +315,11 @@ int tide_run_report(const char *command, replay_run *run, const tide_run_options
     }
     if (o->metrics) {
         char metric_label[512];
+        const char *base = strrchr(label, '/');
+        base = base && base[1] ? base + 1 : label;
         if (!strcmp(label_key, "trace")) tide_trace_label(label, metric_label, sizeof metric_label);
         else snprintf(metric_label, sizeof metric_label, "%s", label);
-        if (!tide_metrics_add_run(o->metrics, label_key, metric_label, run, results, n, err, sizeof err)) {
+        if (!tide_metrics_add_run(o->metrics, label_key, metric_label, base, run, results, n, err, sizeof err)) {
             fprintf(stderr, "%s: %s\n", command, err);
             status = 1;
         }
