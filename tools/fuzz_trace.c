@@ -1,5 +1,5 @@
 /*
- * fuzz_trace.c -- libFuzzer target for the trace reader (trace.c).
+ * fuzz_trace.c -- libFuzzer target for the trace reader (trace.c, pickle.c).
  *
  * Any input opens as a trace held in memory and is read to its end in
  * small chunks. Beyond "no crash, no sanitizer report", it checks the
@@ -8,6 +8,8 @@
  * capacity, every event has a known action, and event times are relative
  * to the first event (the reader clamps times that run backwards to 0 and
  * never produces one before the origin, so the first event is at 0).
+ * A PyTorch snapshot (a pickle: first byte 0x80) goes through the pickle
+ * reader (pickle.c) at open, under the same contract.
  * A broken contract aborts, which the fuzzer reports as a crash.
  */
 #include "trace.h"

@@ -261,7 +261,8 @@ int graph_churn_run(const scenario *self, const scenario_params *params, const t
     const replay_options *ro = &options->replay;
     if (options->pools || options->occupy_given || ro->pool_config.limit_bytes ||
         ro->pool_config.release_threshold_bytes || ro->pool_config.idle_release_ns || !ro->follow_trace_time ||
-        ro->tick_ns) {
+        ro->tick_ns || options->metrics_path || options->snapshot_prefix || options->series_path ||
+        options->fail_on_oom || options->max_ratio > 0) {
         fprintf(stderr, "tide scenario: graph-churn drives a graph cache, not pools: of the options below it takes "
                         "--device, --json and --plot (see tide scenario --help)\n");
         return 2;

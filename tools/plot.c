@@ -6,7 +6,8 @@
  * same requests, so it is taken from the pool that failed least), and per
  * pool its reserved bytes (solid line) and cached bytes (dashed line) in the
  * pool's colour, its peak reserved marked with a dot and a label, and, for
- * a pool that gave up, a cross where it aborted (its curves end there).
+ * a pool that gave up, a cross where it aborted (its curves end there);
+ * under it a strip of held / live per pool with the 1.00-1.20x band.
  * plot_lines_svg draws plain byte-valued lines in the same frame.
  *
  * x is the trace's time when the trace has timestamps, else the event
@@ -38,13 +39,20 @@
 #include <unistd.h>
 
 #define CHART_WIDTH 1040.0
-#define PANEL_HEIGHT 430.0
+#define MAIN_HEIGHT 430.0
+/* Under each chart, a strip of held / live per pool over the same x. */
+#define RATIO_TOP_GAP 6.0
+#define RATIO_HEIGHT 110.0
+#define RATIO_FLOOR_SHARE 0.05 /* samples below 5% of peak live are left out (ratios of nothing) */
+#define RATIO_SCALE_SHARE 0.5   /* the strip's scale fits the ratios where live is at least half its peak */
+#define RATIO_STRIP_AT 392.0    /* below the main chart's x title */
+#define PANEL_HEIGHT (RATIO_STRIP_AT + RATIO_TOP_GAP + RATIO_HEIGHT + 30.0)
 #define HEADER_HEIGHT 34.0
 #define PLOT_LEFT 90.0
 #define PLOT_RIGHT (CHART_WIDTH - 290.0)
 #define PLOT_TOP_OFFSET 46.0
 #define PLOT_HEIGHT 300.0
-#define LABEL_SPACING 14.0
+#define LABEL_SPACING 15.0
 #define MAX_LABELS 32
 
 /* Colours by pool name, so a pool looks the same in every chart. */
@@ -79,7 +87,7 @@ static int utf8_sequence_length(const unsigned char *s) {
 }
 
 /* Writes text as XML character data or attribute content. */
-static void xml_text(FILE *out, const char *text) {
+void plot_xml_text(FILE *out, const char *text) {
     const unsigned char *s = (const unsigned char *)text;
     while (*s) {
         switch (*s) {
@@ -248,7 +256,7 @@ static plot_frame draw_frame(FILE *out, double top, const char *title, uint64_t 
     f.x_scale = (PLOT_RIGHT - PLOT_LEFT) / x_max;
 
     fprintf(out, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"15\" font-weight=\"bold\">", PLOT_LEFT, top + 24);
-    xml_text(out, title ? title : "");
+    plot_xml_text(out, title ? title : "");
     fprintf(out, "</text>\n");
 
     char label[48];
@@ -271,13 +279,86 @@ static plot_frame draw_frame(FILE *out, double top, const char *title, uint64_t 
     }
     fprintf(out, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" text-anchor=\"middle\">", (PLOT_LEFT + PLOT_RIGHT) / 2,
             f.bottom + 36);
-    xml_text(out, x_title);
+    plot_xml_text(out, x_title);
     fprintf(out, "</text>\n");
     fprintf(out,
             "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" text-anchor=\"middle\" "
             "transform=\"rotate(-90 %.1f %.1f)\">device memory</text>\n",
             PLOT_LEFT - 62, (f.plot_top + f.bottom) / 2, PLOT_LEFT - 62, (f.plot_top + f.bottom) / 2);
     return f;
+}
+
+/* The held / live strip under a chart: each pool's reserved over live
+ * bytes per sample (where live is at least RATIO_FLOOR_SHARE of the peak),
+ * the 1.00-1.20x band shaded; the scale (1.3x to 3x) fits the ratios where
+ * live is at least half its peak, higher values are clipped to its top. */
+static void draw_ratio_strip(FILE *out, const plot_panel *panel, const x_axis *axis, double x_scale, double top) {
+    const replay_result *results = panel->results;
+    uint64_t peak_live = 0;
+    for (size_t i = 0; i < panel->count; i++)
+        if (results[i].peak_live_bytes > peak_live) peak_live = results[i].peak_live_bytes;
+    double floor_bytes = (double)peak_live * RATIO_FLOOR_SHARE;
+    double max_ratio = 1.0;
+    for (size_t i = 0; i < panel->count; i++) {
+        size_t n = drawn_samples(&results[i]);
+        for (size_t k = 0; k < n; k++) {
+            const replay_sample *s = &results[i].samples[k];
+            if (s->live_bytes && (double)s->live_bytes >= (double)peak_live * RATIO_SCALE_SHARE) {
+                double r = (double)s->reserved_bytes / (double)s->live_bytes;
+                if (r > max_ratio) max_ratio = r;
+            }
+        }
+    }
+    double y_top = ceil(max_ratio * 10 - 1e-9) / 10;
+    if (y_top < 1.3) y_top = 1.3;
+    if (y_top > 3.0) y_top = 3.0;
+    double strip_top = top + RATIO_TOP_GAP, bottom = strip_top + RATIO_HEIGHT;
+    double scale = RATIO_HEIGHT / (y_top - 1.0);
+    /* the 1.00-1.20x band */
+    fprintf(out, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"#2ca02c\" fill-opacity=\"0.08\"/>\n",
+            PLOT_LEFT, bottom - 0.2 * scale, PLOT_RIGHT - PLOT_LEFT, 0.2 * scale);
+    double step = y_top - 1.0 > 1.0 ? 0.5 : y_top - 1.0 > 0.5 ? 0.2 : 0.1;
+    for (double v = 1.0; v <= y_top + 1e-9; v += step) {
+        double y = bottom - (v - 1.0) * scale;
+        fprintf(out, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#e3e3e3\"/>\n", PLOT_LEFT, y,
+                PLOT_RIGHT, y);
+        fprintf(out, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" text-anchor=\"end\">%.2fx</text>\n", PLOT_LEFT - 6,
+                y + 4, v);
+    }
+    fprintf(out,
+            "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" text-anchor=\"middle\" "
+            "transform=\"rotate(-90 %.1f %.1f)\">held / live</text>\n",
+            PLOT_LEFT - 62, (strip_top + bottom) / 2, PLOT_LEFT - 62, (strip_top + bottom) / 2);
+    for (size_t i = 0; i < panel->count; i++) {
+        const replay_result *r = &results[i];
+        size_t n = drawn_samples(r);
+        bool open = false;
+        for (size_t k = 0; k < n; k++) {
+            const replay_sample *s = &r->samples[k];
+            if (!s->live_bytes || (double)s->live_bytes < floor_bytes) {
+                if (open) fprintf(out, "\"/>\n");
+                open = false;
+                continue;
+            }
+            double ratio = (double)s->reserved_bytes / (double)s->live_bytes;
+            if (ratio > y_top) ratio = y_top;
+            if (ratio < 1.0) ratio = 1.0;
+            if (!open)
+                fprintf(out, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.4\" points=\"", colour_of(r->pool, i));
+            open = true;
+            fprintf(out, "%.1f,%.1f ", PLOT_LEFT + sample_x(axis, s) * x_scale, bottom - (ratio - 1.0) * scale);
+        }
+        if (open) fprintf(out, "\"/>\n");
+    }
+    fprintf(out, "<path d=\"M%.1f,%.1f V%.1f H%.1f\" fill=\"none\" stroke=\"#333\"/>\n", PLOT_LEFT, strip_top, bottom,
+            PLOT_RIGHT);
+    fprintf(out, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\">held / live per pool</text>\n", PLOT_RIGHT + 20,
+            strip_top + 12);
+    fprintf(out, "<rect x=\"%.1f\" y=\"%.1f\" width=\"24\" height=\"10\" fill=\"#2ca02c\" fill-opacity=\"0.15\"/>\n",
+            PLOT_RIGHT + 20, strip_top + 22);
+    fprintf(out, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\">1.00-1.20x</text>\n", PLOT_RIGHT + 52, strip_top + 31);
+    fprintf(out, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"10\" fill=\"#666\">(where live &gt;= %.0f%% of its peak)</text>\n",
+            PLOT_RIGHT + 20, strip_top + 48, RATIO_FLOOR_SHARE * 100);
 }
 
 static void draw_panel(FILE *out, const plot_panel *panel, double top) {
@@ -368,13 +449,15 @@ static void draw_panel(FILE *out, const plot_panel *panel, double top) {
                 "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" fill=\"%s\" stroke=\"#fff\" stroke-width=\"3\" "
                 "paint-order=\"stroke\"%s>",
                 text_x, m->label_y, m->colour, left ? " text-anchor=\"end\"" : "");
-        xml_text(out, m->text);
+        plot_xml_text(out, m->text);
         fprintf(out, "</text>\n");
     }
 
     /* Axes over the curves. */
     fprintf(out, "<path d=\"M%.1f,%.1f V%.1f H%.1f\" fill=\"none\" stroke=\"#333\"/>\n", PLOT_LEFT, plot_top, bottom,
             PLOT_RIGHT);
+
+    draw_ratio_strip(out, panel, &axis, x_scale, top + RATIO_STRIP_AT);
 
     /* Legend. */
     double lx = PLOT_RIGHT + 20, ly = plot_top + 8;
@@ -387,7 +470,7 @@ static void draw_panel(FILE *out, const plot_panel *panel, double top) {
         fprintf(out, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" stroke-width=\"1.8\"/>\n", lx,
                 ly - 4, lx + 24, ly - 4, colour);
         fprintf(out, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\">", lx + 32, ly);
-        xml_text(out, results[i].pool);
+        plot_xml_text(out, results[i].pool);
         fprintf(out, " reserved%s</text>\n", results[i].fatal ? " (aborted)" : "");
         ly += 18;
         fprintf(out,
@@ -395,7 +478,7 @@ static void draw_panel(FILE *out, const plot_panel *panel, double top) {
                 "stroke-dasharray=\"5,3\"/>\n",
                 lx, ly - 4, lx + 24, ly - 4, colour);
         fprintf(out, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\">", lx + 32, ly);
-        xml_text(out, results[i].pool);
+        plot_xml_text(out, results[i].pool);
         fprintf(out, " cached (idle)</text>\n");
     }
     ly += 20;
@@ -403,12 +486,8 @@ static void draw_panel(FILE *out, const plot_panel *panel, double top) {
     fprintf(out, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\">peak reserved</text>\n", lx + 32, ly);
 }
 
-/* Where an SVG is being written: straight to path (temp_path empty), or to
- * temp_path, renamed to path at the end. */
-typedef struct svg_target {
-    const char *path;
-    char temp_path[4096];
-} svg_target;
+typedef plot_svg_file svg_target;
+static int svg_close(svg_target *t, FILE *out, char *err, size_t capacity);
 
 /* Opens the file the chart is written to (see the top of the file). */
 static FILE *svg_target_open(svg_target *t, const char *path, char *err, size_t capacity) {
@@ -473,19 +552,26 @@ static int svg_target_close(svg_target *t, FILE *out, char *err, size_t capacity
 
 /* Opens the chart's file and writes the SVG prologue; NULL with err filled
  * on failure. */
-static FILE *svg_open(svg_target *t, const char *path, double height, const char *title, char *err,
-                      size_t capacity) {
+FILE *plot_svg_begin(plot_svg_file *t, const char *path, double width, double height, const char *title, char *err,
+                     size_t capacity) {
     FILE *out = svg_target_open(t, path, err, capacity);
     if (!out) return NULL;
     fprintf(out,
             "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
             "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" viewBox=\"0 0 %.0f %.0f\" "
             "font-family=\"Helvetica, Arial, sans-serif\">\n<title>",
-            CHART_WIDTH, height, CHART_WIDTH, height);
-    xml_text(out, title);
+            width, height, width, height);
+    plot_xml_text(out, title);
     fprintf(out, "</title>\n<rect width=\"100%%\" height=\"100%%\" fill=\"#fff\"/>\n");
     return out;
 }
+
+static FILE *svg_open(svg_target *t, const char *path, double height, const char *title, char *err,
+                      size_t capacity) {
+    return plot_svg_begin(t, path, CHART_WIDTH, height, title, err, capacity);
+}
+
+int plot_svg_end(plot_svg_file *t, FILE *out, char *err, size_t capacity) { return svg_close(t, out, err, capacity); }
 
 /* Ends the SVG and puts the file in place. */
 static int svg_close(svg_target *t, FILE *out, char *err, size_t capacity) {
@@ -514,7 +600,7 @@ int plot_replay_svg_panels(const char *path, const char *title, const plot_panel
     if (!out) return -1;
     if (header) {
         fprintf(out, "<text x=\"%.1f\" y=\"24\" font-size=\"17\" font-weight=\"bold\">", PLOT_LEFT);
-        xml_text(out, title);
+        plot_xml_text(out, title);
         fprintf(out, "</text>\n");
     }
     for (size_t p = 0; p < panel_count; p++) draw_panel(out, &panels[p], header + PANEL_HEIGHT * (double)p);
@@ -538,7 +624,7 @@ int plot_lines_svg(const char *path, const char *title, const char *x_title, con
         return -1;
     }
     svg_target target;
-    FILE *out = svg_open(&target, path, PANEL_HEIGHT, title, err, capacity);
+    FILE *out = svg_open(&target, path, MAIN_HEIGHT, title, err, capacity);
     if (!out) return -1;
     plot_frame f = draw_frame(out, 0, title, y_max, x_max, false, x_title);
     double lx = PLOT_RIGHT + 20, ly = f.plot_top + 8;
@@ -556,7 +642,7 @@ int plot_lines_svg(const char *path, const char *title, const char *x_title, con
         fprintf(out, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" stroke-width=\"1.8\"%s/>\n",
                 lx, ly - 4, lx + 24, ly - 4, colour, dash);
         fprintf(out, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\">", lx + 32, ly);
-        xml_text(out, line->name);
+        plot_xml_text(out, line->name);
         fprintf(out, "</text>\n");
         ly += 20;
     }

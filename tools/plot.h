@@ -39,4 +39,21 @@ typedef struct plot_line {
 int plot_lines_svg(const char *path, const char *title, const char *x_title, const plot_line *lines,
                    size_t line_count, char *err, size_t capacity);
 
+/* For other SVG pictures (tide map): an SVG file written through a
+ * temporary renamed into place at plot_svg_end (a path that exists and is
+ * not a regular file -- a link, a FIFO -- is written through), and XML
+ * text escaping (markup characters escaped, bytes that are not UTF-8 and
+ * control characters become '?'). */
+typedef struct plot_svg_file {
+    const char *path;
+    char temp_path[4096];
+} plot_svg_file;
+/* Opens path and writes the prologue (<svg ...><title>title</title> and a
+ * white background); NULL with err filled on failure. */
+FILE *plot_svg_begin(plot_svg_file *file, const char *path, double width, double height, const char *title, char *err,
+                     size_t capacity);
+/* Writes </svg>, closes and puts the file in place. 0, or -1 with err. */
+int plot_svg_end(plot_svg_file *file, FILE *out, char *err, size_t capacity);
+void plot_xml_text(FILE *out, const char *text);
+
 #endif

@@ -32,7 +32,41 @@ uint64_t replay_now_ns(void) {
 
 typedef struct tidepool_adapter {
     tp_pool *pool;
+    /* snapshot_peaks: the observer sets grew on a device allocation; the
+     * alloc then compares reserved bytes with the snapshot's. */
+    bool watch_peaks, grew;
+    uint64_t snapshot_reserved;
+    char *snapshot;
+    size_t snapshot_capacity;
 } tidepool_adapter;
+
+static void tidepool_observe(void *user, const tp_pool_event *event) {
+    if (event->kind == TP_POOL_EVENT_DEVICE_ALLOC) ((tidepool_adapter *)user)->grew = true;
+}
+
+/* Takes the memory map into a->snapshot; false if host memory ran out. */
+static bool tidepool_take_snapshot(tidepool_adapter *a) {
+    size_t length = 0;
+    for (int attempt = 0; attempt < 4; attempt++) {
+        tp_status st = tp_pool_snapshot_json(a->pool, a->snapshot, a->snapshot_capacity, &length);
+        if (st == TP_OK && a->snapshot) return true;
+        if (st != TP_OK && st != TP_ERR_BUFFER_TOO_SMALL) return false;
+        size_t capacity = (length + 1) * 5 / 4 + 4096;
+        char *grown = realloc(a->snapshot, capacity);
+        if (!grown) return false;
+        a->snapshot = grown;
+        a->snapshot_capacity = capacity;
+    }
+    return false;
+}
+
+static void tidepool_check_peak(tidepool_adapter *a) {
+    if (!a->grew) return;
+    a->grew = false;
+    tp_pool_stats s;
+    if (tp_pool_get_stats(a->pool, &s) != TP_OK || s.reserved_bytes.current <= a->snapshot_reserved) return;
+    if (tidepool_take_snapshot(a)) a->snapshot_reserved = s.reserved_bytes.current;
+}
 
 static void *tidepool_create(tp_device *device, const tp_pool_config *config, tp_pool_kind kind, char *err,
                              size_t cap) {
@@ -61,6 +95,7 @@ static replay_status tidepool_alloc(void *impl, uint64_t bytes, tp_stream stream
     tidepool_adapter *a = impl;
     void *p = NULL;
     tp_status st = tp_pool_alloc(a->pool, (size_t)bytes, stream, &p);
+    if (a->watch_peaks) tidepool_check_peak(a);
     if (st == TP_OK) {
         *out = (uint64_t)(uintptr_t)p;
         return REPLAY_OK;
@@ -111,6 +146,7 @@ static void tidepool_oom_report(void *impl, char *buf, size_t cap) {
 static void tidepool_destroy(void *impl) {
     tidepool_adapter *a = impl;
     tp_pool_destroy(a->pool);
+    free(a->snapshot);
     free(a);
 }
 
@@ -140,6 +176,40 @@ const replay_pool_factory *replay_find_pool(const char *name) {
 }
 
 const char *replay_pool_names(void) { return "vmm, segment, ggml-legacy, ggml-vmm"; }
+
+bool replay_is_tidepool(const char *name) { return !strcmp(name, "vmm") || !strcmp(name, "segment"); }
+
+/* ------------------------------------------------------ opening devices */
+
+/* The library's ERROR messages while a device opens (one thread at a time
+ * opens here; the callback stays installed and drops what comes later). */
+static _Thread_local char *open_messages;
+static _Thread_local size_t open_messages_capacity;
+
+static void capture_log(void *user, tp_log_level level, const char *message) {
+    (void)user;
+    if (level < TP_LOG_ERROR || !open_messages || !open_messages_capacity) return;
+    size_t used = strlen(open_messages);
+    if (used + 3 >= open_messages_capacity) return;
+    snprintf(open_messages + used, open_messages_capacity - used, "%s%s", used ? "; " : "", message);
+}
+
+tp_status replay_open_device(const char *spec, tp_device **out, char *err, size_t cap) {
+    char messages[512] = "";
+    open_messages = messages;
+    open_messages_capacity = sizeof messages;
+    tp_device_config config = {.log = capture_log, .log_level = TP_LOG_ERROR};
+    tp_status st = tp_device_open(spec, &config, out);
+    open_messages = NULL;
+    open_messages_capacity = 0;
+    if (st == TP_OK) return st;
+    if (st == TP_ERR_BAD_SPEC)
+        snprintf(err, cap, "cannot open device '%s': bad device spec '%s' (try sim, sim:6GiB,novmm, cuda:0)%s%s", spec,
+                 spec, messages[0] ? ": " : "", messages);
+    else
+        snprintf(err, cap, "cannot open device '%s': %s", spec, messages[0] ? messages : tp_status_describe(st));
+    return st;
+}
 
 /* ----------------------------------------------------------- the engine */
 
@@ -373,10 +443,7 @@ replay_run *replay_begin(const char *pool_names, const replay_options *options, 
         replay_lane *lane = &run->lanes[run->lane_count];
         lane->factory = f;
         live_init(&lane->live);
-        if (tp_device_open(run->options.device_spec, NULL, &lane->device) != TP_OK) {
-            snprintf(err, cap, "cannot open device '%s'", run->options.device_spec);
-            goto fail;
-        }
+        if (replay_open_device(run->options.device_spec, &lane->device, err, cap) != TP_OK) goto fail;
         run->lane_count++;
         tp_device_info info;
         tp_device_get_info(lane->device, &info);
@@ -398,6 +465,11 @@ replay_run *replay_begin(const char *pool_names, const replay_options *options, 
         }
         lane->impl = f->create(lane->device, &run->options.pool_config, err, cap);
         if (!lane->impl) goto fail;
+        if (run->options.snapshot_peaks && f->ops == &tidepool_ops) {
+            tidepool_adapter *a = lane->impl;
+            a->watch_peaks = true;
+            tp_pool_set_observer(a->pool, tidepool_observe, a);
+        }
         snprintf(lane->result.pool, sizeof lane->result.pool, "%s", f->name);
         snprintf(lane->result.device, sizeof lane->result.device, "%s", run->options.device_spec);
         lane->sample_every = 1;
@@ -460,6 +532,16 @@ size_t replay_finish(replay_run *run, replay_result **out_results) {
     return run->results ? run->lane_count : 0;
 }
 
+tp_pool *replay_tidepool_of(replay_run *run, size_t lane) {
+    if (lane >= run->lane_count || run->lanes[lane].factory->ops != &tidepool_ops) return NULL;
+    return ((tidepool_adapter *)run->lanes[lane].impl)->pool;
+}
+
+const char *replay_peak_snapshot(replay_run *run, size_t lane) {
+    if (!replay_tidepool_of(run, lane)) return NULL;
+    return ((tidepool_adapter *)run->lanes[lane].impl)->snapshot;
+}
+
 void replay_free(replay_run *run) {
     if (!run) return;
     for (size_t l = 0; l < run->lane_count; l++) {
@@ -478,7 +560,8 @@ void replay_free(replay_run *run) {
 int replay_file(const char *path, const char *pool_names, const replay_options *options, replay_run **out_run,
                 uint64_t *out_parse_ns, char *err, size_t cap) {
     *out_run = NULL;
-    trace_reader *reader = trace_open(path, err, cap);
+    trace_open_options open_options = {.pt_device = options->pt_device};
+    trace_reader *reader = trace_open_with(path, &open_options, err, cap);
     if (!reader) return -1;
     replay_run *run = replay_begin(pool_names, options, err, cap);
     if (!run) {
@@ -506,6 +589,11 @@ int replay_file(const char *path, const char *pool_names, const replay_options *
         }
         if (n == 0) break;
         replay_feed(run, chunk, (size_t)n);
+        if (options->progress) {
+            replay_progress p = {.events = run->events};
+            trace_position(reader, &p.bytes_read, &p.bytes_total, &p.events_total);
+            options->progress(options->progress_user, &p);
+        }
     }
     free(chunk);
     trace_close(reader);

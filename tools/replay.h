@@ -102,6 +102,14 @@ typedef struct replay_result {
     size_t sample_count;
 } replay_result;
 
+/* Where a replay_file run is, for a progress line. */
+typedef struct replay_progress {
+    uint64_t events;       /* replayed so far */
+    uint64_t events_total; /* 0: not known (CSV: only the bytes are) */
+    uint64_t bytes_read;   /* of the file as stored (compressed or not) */
+    uint64_t bytes_total;  /* 0: not known */
+} replay_progress;
+
 typedef struct replay_options {
     const char *device_spec; /* NULL: "sim:1TiB" */
     tp_pool_config pool_config;
@@ -113,6 +121,15 @@ typedef struct replay_options {
     /* Call the pools' tick every this many ns of trace time, as the PyTorch
      * shim's upkeep thread does once a second (0: never). */
     uint64_t tick_ns;
+    /* PyTorch snapshots: the device whose trace is replayed. */
+    unsigned pt_device;
+    /* tidepool pools keep the memory map (tp_pool_snapshot_json) taken when
+     * their reserved bytes reach a new high after an allocation: see
+     * replay_peak_snapshot. */
+    bool snapshot_peaks;
+    /* replay_file calls this after every chunk of events (optional). */
+    void (*progress)(void *user, const replay_progress *progress);
+    void *progress_user;
 } replay_options;
 
 typedef struct replay_run replay_run;
@@ -128,6 +145,19 @@ void replay_free(replay_run *run);
 /* Replays a whole file. Returns 0, or -1 with err filled. */
 int replay_file(const char *path, const char *pool_names, const replay_options *options, replay_run **out_run,
                 uint64_t *out_parse_ns, char *err, size_t capacity);
+
+/* True for tidepool's own pools (vmm, segment), false for the baselines. */
+bool replay_is_tidepool(const char *pool_name);
+/* The tidepool pool behind lane (results[lane]); NULL for a baseline. Valid
+ * until replay_free. */
+tp_pool *replay_tidepool_of(replay_run *run, size_t lane);
+/* With options.snapshot_peaks: lane's memory map at its highest reserved
+ * bytes (NUL-terminated JSON), or NULL (a baseline, or nothing allocated). */
+const char *replay_peak_snapshot(replay_run *run, size_t lane);
+
+/* tp_device_open with the library's ERROR messages: on failure err holds
+ * "cannot open device 'SPEC': " and why (a bad spec gets a hint). */
+tp_status replay_open_device(const char *spec, tp_device **out, char *err, size_t capacity);
 
 /* One JSON object per result (no trailing newline). */
 void replay_result_json(const replay_result *r, FILE *out);

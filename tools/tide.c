@@ -14,6 +14,7 @@ static const struct {
     {"demo", tide_demo, "the side-by-side demo: the reported failures against tidepool (simulated device)"},
     {"replay", tide_replay, "replay allocation traces through pools and compare memory held"},
     {"scenario", tide_scenario, "generate the workloads of docs/failure-modes.md, replay or write them"},
+    {"map", tide_map, "draw a pool's memory map (tide replay --snapshot) as an SVG"},
     {"bench", tide_bench, "measure the cached alloc+free hit path"},
 };
 
@@ -23,7 +24,11 @@ static void usage(FILE *out) {
             "usage: tide COMMAND [options]     (tide COMMAND --help for its options)\n\ncommands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
         fprintf(out, "  %-9s %s\n", commands[i].name, commands[i].summary);
-    fprintf(out, "\ndevices: sim (default), sim:6GiB, sim:6GiB,novmm, cuda:0, cuda:0,novmm\n");
+    fprintf(out, "\ndevices: sim (default), sim:6GiB, sim:6GiB,novmm, cuda:0, cuda:0,novmm\n"
+                 "traces: tidepool CSV (time_us,action,addr,size,stream), PyTorch memory snapshots (the pickle of\n"
+                 "        torch.cuda.memory._snapshot() after _record_memory_history(), read directly) and RAPIDS\n"
+                 "        RMM logs; gzip or plain\n"
+                 "exit status: 0 success; 1 error; 2 bad usage; 3 a gate failed (--fail-on-oom, --max-ratio)\n");
 }
 
 int main(int argc, char **argv) {

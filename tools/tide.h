@@ -1,7 +1,8 @@
 /*
  * tide.h -- the subcommands of the tide command line and what they share.
  * Each returns the process exit status: 0 success, 1 failure of the work,
- * 2 bad usage.
+ * 2 bad usage, 3 a gate failed (replay and scenario: --fail-on-oom,
+ * --max-ratio).
  *
  * The tools see tidepool only through its public headers (tidepool.h,
  * tidepool_sim.h) and the shared hash map (common/tpi_map.h); the few
@@ -29,6 +30,7 @@ int tide_demo(int argc, char **argv);
 int tide_replay(int argc, char **argv);
 int tide_scenario(int argc, char **argv);
 int tide_bench(int argc, char **argv);
+int tide_map(int argc, char **argv);
 
 /* "1.50 GiB" */
 const char *tide_bytes(uint64_t bytes, char *buf, size_t capacity);

@@ -7,19 +7,69 @@
 #include "tide_run.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define MAX_FILES 64
 
 static void replay_usage(FILE *out) {
     fprintf(out,
             "usage: tide replay FILE... [options]\n\n"
-            "Replays allocation traces (tidepool/PyTorch CSV time_us,action,addr,size,stream, or RAPIDS RMM\n"
-            "logs Thread,Time,Action,Pointer,Size,Stream; gzip or plain) through pools and reports the memory\n"
-            "each held next to the trace's peak live bytes.\n\n"
-            "options:\n");
+            "Replays allocation traces through pools and reports the memory each held next to the trace's\n"
+            "peak live bytes. Formats, told apart by their content, gzip-compressed or plain:\n"
+            "  tidepool CSV         time_us,action,addr,size,stream (action alloc or free)\n"
+            "  PyTorch snapshot     the pickle of torch.cuda.memory._snapshot(), read directly: in the\n"
+            "                       program, torch.cuda.memory._record_memory_history() before the work, then\n"
+            "                       torch.cuda.memory._dump_snapshot(\"run.pickle\") (or pickle.dump of\n"
+            "                       _snapshot()) after it; alloc and free_requested become the trace\n"
+            "  RAPIDS RMM log       Thread,Time,Action,Pointer,Size,Stream\n\n"
+            "options:\n"
+            "  --pt-device N        PyTorch snapshots: replay device N's trace (default 0)\n");
     tide_run_options_help(out);
     fprintf(out, "  -h, --help           this text\n");
+    tide_exit_codes_help(out);
+}
+
+/* The progress line: on a terminal, after 2 s (TIDE_PROGRESS_AFTER_MS, for
+ * tests), at most 4 times a second. */
+typedef struct progress_line {
+    const char *name;
+    uint64_t start_ns, last_ns, after_ns;
+    bool shown;
+} progress_line;
+
+static void count_text(uint64_t n, char *buf, size_t capacity) {
+    if (n >= 10000000) snprintf(buf, capacity, "%.1fM", n / 1e6);
+    else if (n >= 10000) snprintf(buf, capacity, "%.0fk", n / 1e3);
+    else snprintf(buf, capacity, "%llu", (unsigned long long)n);
+}
+
+static void show_progress(void *user, const replay_progress *p) {
+    progress_line *line = user;
+    uint64_t now = replay_now_ns();
+    if (now - line->start_ns < line->after_ns || (line->shown && now - line->last_ns < 250000000ull)) return;
+    line->last_ns = now;
+    line->shown = true;
+    double elapsed = (now - line->start_ns) / 1e9;
+    double fraction = p->events_total ? (double)p->events / (double)p->events_total
+                      : p->bytes_total ? (double)p->bytes_read / (double)p->bytes_total
+                                       : 0;
+    char done[32], total[32], bytes[32], eta[32] = "?";
+    count_text(p->events, done, sizeof done);
+    if (fraction > 0.001) {
+        unsigned long long left = (unsigned long long)(elapsed * (1 - fraction) / fraction + 0.5);
+        snprintf(eta, sizeof eta, "%llu:%02llu", left / 60, left % 60);
+    }
+    if (p->events_total) {
+        count_text(p->events_total, total, sizeof total);
+        fprintf(stderr, "\r%s: %s/%s events (%.0f%%), %.2fM events/s, ETA %s\033[K", line->name, done, total,
+                100 * fraction, p->events / elapsed / 1e6, eta);
+    } else {
+        fprintf(stderr, "\r%s: %s events, %.0f%% of %s read, %.2fM events/s, ETA %s\033[K", line->name, done,
+                100 * fraction, tide_bytes(p->bytes_total, bytes, sizeof bytes), p->events / elapsed / 1e6, eta);
+    }
+    fflush(stderr);
 }
 
 int tide_replay(int argc, char **argv) {
@@ -32,6 +82,12 @@ int tide_replay(int argc, char **argv) {
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             replay_usage(stdout);
             return 0;
+        }
+        if (!strcmp(a, "--pt-device")) {
+            uint64_t device;
+            if (!tide_parse_count_option("tide replay", a, i + 1 < argc ? argv[++i] : NULL, 0, 1023, &device)) return 2;
+            options.replay.pt_device = (unsigned)device;
+            continue;
         }
         int shared = tide_run_parse_option("tide replay", argc, argv, &i, &options);
         if (shared < 0) return 2;
@@ -51,26 +107,41 @@ int tide_replay(int argc, char **argv) {
         replay_usage(stderr);
         return 2;
     }
-    if (options.plot_path && file_count != 1) {
-        fprintf(stderr, "tide replay: --plot draws one trace; give one file\n");
+    const char *one_file_option = options.plot_path ? "--plot draws" : options.series_path ? "--series writes"
+                                  : options.snapshot_prefix ? "--snapshot writes" : NULL;
+    if (one_file_option && file_count != 1) {
+        fprintf(stderr, "tide replay: %s one trace; give one file\n", one_file_option);
         return 2;
     }
     if (!tide_run_resolve_pools("tide replay", &options)) return 2;
-    options.replay.keep_samples = options.plot_path != NULL;
+    if (!tide_run_prepare("tide replay", &options)) return 1;
+    bool progress = !options.quiet && isatty(STDERR_FILENO);
+    uint64_t progress_after_ns = 2000000000ull;
+    const char *after = getenv("TIDE_PROGRESS_AFTER_MS");
+    if (after && *after) progress_after_ns = strtoull(after, NULL, 10) * 1000000ull;
     int status = 0;
     for (int f = 0; f < file_count; f++) {
-        char err[512];
+        char err[1024];
         replay_run *run = NULL;
         uint64_t parse_ns = 0;
-        if (replay_file(files[f], options.pools, &options.replay, &run, &parse_ns, err, sizeof err) != 0) {
+        progress_line line = {files[f], replay_now_ns(), 0, progress_after_ns, false};
+        if (progress) {
+            options.replay.progress = show_progress;
+            options.replay.progress_user = &line;
+        }
+        int rc = replay_file(files[f], options.pools, &options.replay, &run, &parse_ns, err, sizeof err);
+        if (line.shown) fprintf(stderr, "\r\033[K"); /* the report replaces the progress line */
+        if (rc != 0) {
             fprintf(stderr, "tide replay: %s\n", err);
-            status = 1;
+            status = tide_exit_merge(status, TIDE_EXIT_ERROR);
             continue;
         }
         char heading[600];
         snprintf(heading, sizeof heading, "%s (parsed in %.2f s)", files[f], parse_ns / 1e9);
-        if (tide_run_report("tide replay", run, &options, "trace", files[f], heading, files[f])) status = 1;
+        const char *base = strrchr(files[f], '/');
+        base = base && base[1] ? base + 1 : files[f];
+        status = tide_exit_merge(status, tide_run_report("tide replay", run, &options, "trace", files[f], heading, base));
         replay_free(run);
     }
-    return status;
+    return tide_run_end("tide replay", &options, status);
 }

@@ -6,8 +6,7 @@
 
 #include "plot.h"
 #include "tide.h"
-
-#include "tide.h"
+#include "tide_observe.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -55,8 +54,24 @@ void tide_run_options_help(FILE *out) {
             "  --idle-release-ms N  how long idle memory above the threshold stays\n"
             "  --tick-ms N          call tidepool's tp_pool_tick every N ms of trace time (the PyTorch\n"
             "                       shim's upkeep thread ticks every 1000 ms)\n"
-            "  --no-trace-time      do not move the simulated clock with the events' timestamps\n",
+            "  --no-trace-time      do not move the simulated clock with the events' timestamps\n"
+            "  --metrics FILE       the final figures in the Prometheus text format: tidepool pools'\n"
+            "                       tidepool_pool_* (tp_pool_stats_openmetrics), baselines' tidepool_baseline_*,\n"
+            "                       and tidepool_replay_* (peak live/held, ratio) for every pool; samples\n"
+            "                       labelled trace=\"NAME\" (or scenario=\"NAME\") and pool=\"POOL\"\n"
+            "  --snapshot PREFIX    memory maps of the tidepool pools (tp_pool_snapshot_json):\n"
+            "                       PREFIX.<pool>.json when held memory peaked, PREFIX.<pool>.end.json at the\n"
+            "                       end; draw one with tide map FILE.json --plot map.svg\n"
+            "  --series FILE.csv    the chart's curves: event,time_us and per pool live, held, cached bytes\n"
+            "  --fail-on-oom        exit 3 if any pool ran out of memory\n"
+            "  --max-ratio R        exit 3 if a tidepool pool's peak held / peak live exceeds R (e.g. 1.2)\n"
+            "  --quiet              no progress line on stderr (it shows on a terminal after 2 s)\n",
             replay_pool_names());
+}
+
+void tide_exit_codes_help(FILE *out) {
+    fprintf(out, "\nexit status: 0 success; 1 error (unreadable trace, pool errors or hazards, a file not\n"
+                 "written); 2 bad usage; 3 a gate failed (--fail-on-oom, --max-ratio)\n");
 }
 
 /* The value of option argv[*index], or NULL (message printed). */
@@ -70,8 +85,9 @@ static const char *option_value(const char *command, int argc, char **argv, int 
 
 int tide_run_parse_option(const char *command, int argc, char **argv, int *index, tide_run_options *o) {
     const char *a = argv[*index];
-    static const char *const with_value[] = {"--pool",  "--device", "--plot", "--limit", "--release-threshold",
-                                             "--idle-release-ms", "--occupy", "--tick-ms"};
+    static const char *const with_value[] = {"--pool",    "--device",   "--plot",    "--limit",  "--release-threshold",
+                                             "--idle-release-ms", "--occupy", "--tick-ms", "--metrics", "--snapshot",
+                                             "--series",  "--max-ratio"};
     bool takes_value = false;
     for (size_t i = 0; i < sizeof with_value / sizeof *with_value; i++) takes_value |= !strcmp(a, with_value[i]);
     if (!strcmp(a, "--json")) {
@@ -80,6 +96,14 @@ int tide_run_parse_option(const char *command, int argc, char **argv, int *index
     }
     if (!strcmp(a, "--no-trace-time")) {
         o->replay.follow_trace_time = false;
+        return 1;
+    }
+    if (!strcmp(a, "--fail-on-oom")) {
+        o->fail_on_oom = true;
+        return 1;
+    }
+    if (!strcmp(a, "--quiet") || !strcmp(a, "-q")) {
+        o->quiet = true;
         return 1;
     }
     if (!takes_value) return 0;
@@ -92,6 +116,20 @@ int tide_run_parse_option(const char *command, int argc, char **argv, int *index
         o->device_given = true;
     } else if (!strcmp(a, "--plot")) {
         o->plot_path = v;
+    } else if (!strcmp(a, "--metrics")) {
+        o->metrics_path = v;
+    } else if (!strcmp(a, "--snapshot")) {
+        o->snapshot_prefix = v;
+    } else if (!strcmp(a, "--series")) {
+        o->series_path = v;
+    } else if (!strcmp(a, "--max-ratio")) {
+        char *end = NULL;
+        double r = strtod(v, &end);
+        if (!end || end == v || *end || !(r >= 1.0) || r > 1e6) {
+            fprintf(stderr, "%s: --max-ratio needs a ratio of at least 1 such as 1.2, got '%s'\n", command, v);
+            return -1;
+        }
+        o->max_ratio = r;
     } else if (!strcmp(a, "--limit")) {
         if (!tide_parse_bytes_option(a, v, &o->replay.pool_config.limit_bytes)) return -1;
     } else if (!strcmp(a, "--release-threshold")) {
@@ -133,8 +171,9 @@ bool tide_run_resolve_pools(const char *command, tide_run_options *o) {
     const char *spec = o->replay.device_spec ? o->replay.device_spec : "sim:1TiB";
     tp_device *probe = NULL;
     tp_device_info info = {0};
-    if (tp_device_open(spec, NULL, &probe) != TP_OK) {
-        fprintf(stderr, "%s: cannot open device '%s'\n", command, spec);
+    char why[700];
+    if (replay_open_device(spec, &probe, why, sizeof why) != TP_OK) {
+        fprintf(stderr, "%s: %s\n", command, why);
         return false;
     }
     tp_device_get_info(probe, &info);
@@ -178,6 +217,60 @@ static void print_table_row(const replay_result *r) {
     if (r->fatal) printf("%-12s aborted at event %llu: %s\n", "", (unsigned long long)r->fatal_event, r->first_oom_report);
 }
 
+bool tide_run_prepare(const char *command, tide_run_options *o) {
+    o->replay.keep_samples = o->plot_path || o->series_path;
+    o->replay.snapshot_peaks = o->snapshot_prefix != NULL;
+    if (o->metrics_path && !(o->metrics = tide_metrics_create())) {
+        fprintf(stderr, "%s: out of memory\n", command);
+        return false;
+    }
+    return true;
+}
+
+int tide_exit_merge(int a, int b) {
+    if (a == TIDE_EXIT_ERROR || b == TIDE_EXIT_ERROR) return TIDE_EXIT_ERROR;
+    if (a == TIDE_EXIT_USAGE || b == TIDE_EXIT_USAGE) return TIDE_EXIT_USAGE;
+    return a > b ? a : b;
+}
+
+int tide_run_end(const char *command, tide_run_options *o, int status) {
+    if (o->metrics) {
+        char err[512];
+        if (tide_metrics_write(o->metrics, o->metrics_path, err, sizeof err) != 0) {
+            fprintf(stderr, "%s: %s\n", command, err);
+            status = tide_exit_merge(status, TIDE_EXIT_ERROR);
+        } else if (!o->json) {
+            printf("wrote %s\n", o->metrics_path);
+        }
+        tide_metrics_destroy(o->metrics);
+        o->metrics = NULL;
+    }
+    return status;
+}
+
+/* --fail-on-oom and --max-ratio: a line on stderr for each pool that fails. */
+static int check_gates(const char *command, const tide_run_options *o, const char *label, const replay_result *results,
+                       size_t n) {
+    int status = TIDE_EXIT_OK;
+    for (size_t i = 0; i < n; i++) {
+        const replay_result *r = &results[i];
+        if (o->fail_on_oom && r->ooms) {
+            fprintf(stderr, "%s: gate failed (--fail-on-oom): %s: pool %s ran out of memory %llu time%s%s\n", command,
+                    label, r->pool, (unsigned long long)r->ooms, r->ooms == 1 ? "" : "s",
+                    r->fatal ? " and gave up" : "");
+            status = TIDE_EXIT_GATE;
+        }
+        if (o->max_ratio > 0 && replay_is_tidepool(r->pool) && replay_ratio(r) > o->max_ratio) {
+            char held[32], live[32];
+            fprintf(stderr, "%s: gate failed (--max-ratio %g): %s: pool %s held %s at its peak, %.3fx the peak live %s\n",
+                    command, o->max_ratio, label, r->pool, tide_bytes(r->peak_reserved_bytes, held, sizeof held),
+                    replay_ratio(r), tide_bytes(r->peak_live_bytes, live, sizeof live));
+            status = TIDE_EXIT_GATE;
+        }
+    }
+    return status;
+}
+
 int tide_run_report(const char *command, replay_run *run, const tide_run_options *o, const char *label_key,
                     const char *label, const char *heading, const char *chart_title) {
     replay_result *results;
@@ -206,7 +299,32 @@ int tide_run_report(const char *command, replay_run *run, const tide_run_options
             printf("wrote %s\n", o->plot_path);
         }
     }
+    char err[700];
+    if (o->series_path) {
+        if (tide_write_series(o->series_path, results, n, err, sizeof err) != 0) {
+            fprintf(stderr, "%s: %s\n", command, err);
+            status = 1;
+        } else if (!o->json) {
+            printf("wrote %s\n", o->series_path);
+        }
+    }
+    if (o->snapshot_prefix &&
+        tide_write_snapshots(o->snapshot_prefix, run, results, n, o->json ? NULL : stdout, err, sizeof err) != 0) {
+        fprintf(stderr, "%s: %s\n", command, err);
+        status = 1;
+    }
+    if (o->metrics) {
+        char metric_label[512];
+        const char *base = strrchr(label, '/');
+        base = base && base[1] ? base + 1 : label;
+        if (!strcmp(label_key, "trace")) tide_trace_label(label, metric_label, sizeof metric_label);
+        else snprintf(metric_label, sizeof metric_label, "%s", label);
+        if (!tide_metrics_add_run(o->metrics, label_key, metric_label, base, run, results, n, err, sizeof err)) {
+            fprintf(stderr, "%s: %s\n", command, err);
+            status = 1;
+        }
+    }
     for (size_t i = 0; i < n; i++)
         if (results[i].errors || results[i].hazards) status = 1;
-    return status;
+    return tide_exit_merge(status, check_gates(command, o, label, results, n));
 }

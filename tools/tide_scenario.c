@@ -15,7 +15,8 @@ static void scenario_usage(FILE *out) {
             "usage: tide scenario NAME [parameters] [options]\n"
             "       tide scenario NAME [parameters] --out FILE[.gz]\n\n"
             "Generates a workload of docs/failure-modes.md and replays it through pools (the options of\n"
-            "tide replay), or writes it as a trace (tidepool CSV; gzip when FILE ends in .gz, - for stdout).\n\n"
+            "tide replay), or writes it as a trace (tidepool CSV time_us,action,addr,size,stream; gzip when\n"
+            "FILE ends in .gz, - for stdout).\n\n"
             "scenarios and their parameters (default in brackets):\n");
     size_t count;
     const scenario *list = scenario_list(&count);
@@ -47,6 +48,7 @@ static void scenario_usage(FILE *out) {
                  "  --out FILE           write the trace instead of replaying it\n");
     tide_run_options_help(out);
     fprintf(out, "  -h, --help           this text\n");
+    tide_exit_codes_help(out);
 }
 
 /* Parses a scenario parameter (argv[*index] is one of the table's). */
@@ -193,7 +195,7 @@ int tide_scenario(int argc, char **argv) {
         return write_scenario(s, &params, &options, out_path);
     }
     if (!tide_run_resolve_pools("tide scenario", &options)) return 2;
-    options.replay.keep_samples = options.plot_path != NULL;
+    if (!tide_run_prepare("tide scenario", &options)) return 1;
     char err[512];
     replay_run *run = replay_begin(options.pools, &options.replay, err, sizeof err);
     if (!run) {
@@ -217,5 +219,5 @@ int tide_scenario(int argc, char **argv) {
     snprintf(title, sizeof title, "%s%s%s on %s%s", s->name, described[0] ? " " : "", described, device, occupied);
     int status = tide_run_report("tide scenario", run, &options, "scenario", s->name, heading, title);
     replay_free(run);
-    return status;
+    return tide_run_end("tide scenario", &options, status);
 }

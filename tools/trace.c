@@ -16,12 +16,15 @@
  */
 #include "trace.h"
 
+#include "pickle.h"
+
 #include <ctype.h>
 #include <errno.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <zlib.h>
 
 #define LINE_CAPACITY 1024
@@ -36,6 +39,10 @@ struct trace_reader {
     bool have_origin;
     uint64_t origin_ns; /* time of the first event */
     char damage[512];   /* LINE_DAMAGED: "FILE:LINE: what" */
+    unsigned pt_device; /* PyTorch snapshot: which device's trace */
+    uint64_t file_bytes; /* the file's size as stored (0: not known) */
+    trace_event *pk_events; /* PyTorch snapshot: every event, converted at open */
+    size_t pk_count, pk_next;
     char buf[LINE_CAPACITY];
 };
 
@@ -51,6 +58,9 @@ typedef enum line_status {
 /* Fills r->damage with why zlib stopped, if it stopped on an error (the
  * line number is the line being read when the data ran out). */
 static bool gz_damaged(trace_reader *r, unsigned long long line) {
+    char where[230];
+    if (line) snprintf(where, sizeof where, "%s:%llu", r->name, line);
+    else snprintf(where, sizeof where, "%s", r->name); /* a pickle: read whole, no lines */
     int code = Z_OK;
     const char *msg = gzerror(r->gz, &code);
     if (code == Z_OK || code == Z_STREAM_END) return false;
@@ -58,16 +68,15 @@ static bool gz_damaged(trace_reader *r, unsigned long long line) {
     size_t name_len = strlen(r->name);
     if (msg && !strncmp(msg, r->name, name_len) && !strncmp(msg + name_len, ": ", 2)) msg += name_len + 2;
     if (code == Z_BUF_ERROR)
-        snprintf(r->damage, sizeof r->damage, "%s:%llu: truncated gzip file: the compressed data stops before its end (zlib: %s)",
-                 r->name, line, msg && *msg ? msg : "unexpected end of file");
+        snprintf(r->damage, sizeof r->damage, "%s: truncated gzip file: the compressed data stops before its end (zlib: %s)",
+                 where, msg && *msg ? msg : "unexpected end of file");
     else if (code == Z_DATA_ERROR)
-        snprintf(r->damage, sizeof r->damage, "%s:%llu: corrupt gzip data (zlib: %s)", r->name, line,
+        snprintf(r->damage, sizeof r->damage, "%s: corrupt gzip data (zlib: %s)", where,
                  msg && *msg ? msg : "bad deflate data");
     else if (code == Z_ERRNO)
-        snprintf(r->damage, sizeof r->damage, "%s:%llu: read error: %s", r->name, line, strerror(errno));
+        snprintf(r->damage, sizeof r->damage, "%s: read error: %s", where, strerror(errno));
     else
-        snprintf(r->damage, sizeof r->damage, "%s:%llu: zlib error %d (%s)", r->name, line, code,
-                 msg && *msg ? msg : "unknown");
+        snprintf(r->damage, sizeof r->damage, "%s: zlib error %d (%s)", where, code, msg && *msg ? msg : "unknown");
     return true;
 }
 
@@ -117,7 +126,28 @@ static char *next_line(trace_reader *r, line_status *status) {
     return r->buf;
 }
 
+static bool open_pickle(trace_reader *r, char *err, size_t cap);
+
 static trace_reader *open_common(trace_reader *r, char *err, size_t cap) {
+    /* A pickle starts with PROTO (0x80), which no text header does. */
+    bool pickle = false;
+    if (r->gz) {
+        int first = gzgetc(r->gz);
+        if (first >= 0) {
+            pickle = first == 0x80;
+            if (gzungetc(first, r->gz) < 0) {
+                snprintf(err, cap, "%s: read error", r->name);
+                goto fail;
+            }
+        }
+    } else {
+        pickle = r->length && (unsigned char)r->data[0] == 0x80;
+    }
+    if (pickle) {
+        if (!open_pickle(r, err, cap)) goto fail;
+        r->format = TRACE_FORMAT_PYTORCH_PICKLE;
+        return r;
+    }
     line_status status;
     char *header = next_line(r, &status);
     if (status == LINE_DAMAGED) {
@@ -150,13 +180,20 @@ fail:
     return NULL;
 }
 
-trace_reader *trace_open(const char *path, char *err, size_t cap) {
+trace_reader *trace_open(const char *path, char *err, size_t cap) { return trace_open_with(path, NULL, err, cap); }
+
+trace_reader *trace_open_memory(const char *data, size_t length, char *err, size_t cap) {
+    return trace_open_memory_with(data, length, NULL, err, cap);
+}
+
+trace_reader *trace_open_with(const char *path, const trace_open_options *options, char *err, size_t cap) {
     trace_reader *r = calloc(1, sizeof *r);
     if (!r) {
         snprintf(err, cap, "out of memory");
         return NULL;
     }
     snprintf(r->name, sizeof r->name, "%s", path);
+    if (options) r->pt_device = options->pt_device;
     r->gz = gzopen(path, "rb");
     if (!r->gz) {
         snprintf(err, cap, "%s: cannot open: %s", path, strerror(errno ? errno : ENOENT));
@@ -164,16 +201,20 @@ trace_reader *trace_open(const char *path, char *err, size_t cap) {
         return NULL;
     }
     gzbuffer(r->gz, 1 << 17);
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISREG(st.st_mode)) r->file_bytes = (uint64_t)st.st_size;
     return open_common(r, err, cap);
 }
 
-trace_reader *trace_open_memory(const char *data, size_t length, char *err, size_t cap) {
+trace_reader *trace_open_memory_with(const char *data, size_t length, const trace_open_options *options, char *err,
+                                     size_t cap) {
     trace_reader *r = calloc(1, sizeof *r);
     if (!r) {
         snprintf(err, cap, "out of memory");
         return NULL;
     }
     snprintf(r->name, sizeof r->name, "<memory>");
+    if (options) r->pt_device = options->pt_device;
     r->data = data;
     r->length = length;
     return open_common(r, err, cap);
@@ -182,10 +223,27 @@ trace_reader *trace_open_memory(const char *data, size_t length, char *err, size
 void trace_close(trace_reader *r) {
     if (!r) return;
     if (r->gz) gzclose(r->gz);
+    free(r->pk_events);
     free(r);
 }
 
 trace_format trace_get_format(const trace_reader *r) { return r->format; }
+
+void trace_position(const trace_reader *r, uint64_t *bytes_read, uint64_t *bytes_total, uint64_t *events_total) {
+    *events_total = r->format == TRACE_FORMAT_PYTORCH_PICKLE ? r->pk_count : 0;
+    if (r->format == TRACE_FORMAT_PYTORCH_PICKLE) { /* read whole at open */
+        *bytes_read = *bytes_total = r->gz ? r->file_bytes : r->length;
+        return;
+    }
+    if (r->gz) {
+        long offset = (long)gzoffset(r->gz);
+        *bytes_read = offset > 0 ? (uint64_t)offset : 0;
+        *bytes_total = r->file_bytes;
+    } else {
+        *bytes_read = r->offset;
+        *bytes_total = r->length;
+    }
+}
 
 /* Splits line at commas into exactly n fields; more or fewer is an error. */
 static bool split_fields(char *line, char **fields, int n) {
@@ -280,6 +338,13 @@ static uint32_t fold_stream(uint64_t v) { return (uint32_t)(v ^ (v >> 32)); }
     } while (0)
 
 long trace_read(trace_reader *r, trace_event *events, size_t capacity, char *err, size_t cap) {
+    if (r->format == TRACE_FORMAT_PYTORCH_PICKLE) {
+        size_t n = r->pk_count - r->pk_next < capacity ? r->pk_count - r->pk_next : capacity;
+        if (n) memcpy(events, r->pk_events + r->pk_next, n * sizeof *events);
+        r->pk_next += n;
+        (void)err, (void)cap;
+        return (long)n;
+    }
     size_t n = 0;
     while (n < capacity) {
         line_status status;
@@ -330,6 +395,137 @@ long trace_read(trace_reader *r, trace_event *events, size_t capacity, char *err
         n++;
     }
     return (long)n;
+}
+
+/* ------------------------------------------------ PyTorch memory snapshots */
+
+/* The whole (decompressed) file into memory; NULL with err filled. */
+static unsigned char *slurp(trace_reader *r, size_t *out_length, char *err, size_t cap) {
+    if (!r->gz) {
+        unsigned char *copy = malloc(r->length ? r->length : 1);
+        if (!copy) snprintf(err, cap, "%s: out of memory", r->name);
+        else memcpy(copy, r->data, r->length);
+        *out_length = r->length;
+        return copy;
+    }
+    size_t length = 0, capacity = 1 << 20;
+    unsigned char *buf = malloc(capacity);
+    for (;;) {
+        if (!buf) {
+            snprintf(err, cap, "%s: out of memory reading the snapshot", r->name);
+            return NULL;
+        }
+        if (length == capacity) {
+            unsigned char *grown = capacity <= SIZE_MAX / 2 ? realloc(buf, capacity * 2) : NULL;
+            if (!grown) free(buf);
+            buf = grown;
+            capacity *= 2;
+            continue;
+        }
+        size_t want = capacity - length < (1u << 30) ? capacity - length : (1u << 30);
+        int n = gzread(r->gz, buf + length, (unsigned)want);
+        if (n > 0) {
+            length += (size_t)n;
+            continue;
+        }
+        if (gz_damaged(r, 0)) {
+            snprintf(err, cap, "%s", r->damage);
+            free(buf);
+            return NULL;
+        }
+        break;
+    }
+    *out_length = length;
+    return buf;
+}
+
+/* Fills r->pk_events from device_traces[r->pt_device], as the recorder of
+ * the shared traces did: alloc -> alloc, free_requested -> free, the rest
+ * (free_completed, segment_*, snapshot, oom, ...) left out; time_us and
+ * stream default to 0. */
+static bool open_pickle(trace_reader *r, char *err, size_t cap) {
+    size_t length = 0;
+    unsigned char *data = slurp(r, &length, err, cap);
+    if (!data) return false;
+    char why[256];
+    pk_doc *doc = pk_parse(data, length, why, sizeof why);
+    if (!doc) {
+        snprintf(err, cap, "%s: not a readable pickle: %s", r->name, why);
+        free(data);
+        return false;
+    }
+    bool ok = false;
+    const pk_value *root = pk_root(doc);
+    const pk_value *traces = pk_dict_get(root, "device_traces");
+    if (!traces) {
+        snprintf(err, cap, "%s: a pickle without 'device_traces' (expected what torch.cuda.memory._snapshot() returns, "
+                 "recorded after torch.cuda.memory._record_memory_history())", r->name);
+        goto done;
+    }
+    if (traces->type != PK_LIST) {
+        snprintf(err, cap, "%s: 'device_traces' is a %s, not a list", r->name, pk_type_name(traces));
+        goto done;
+    }
+    size_t devices = pk_list_count(traces);
+    if (r->pt_device >= devices) {
+        snprintf(err, cap, "%s: device %u has no trace: the snapshot holds %zu device%s (0 to %zu)", r->name,
+                 r->pt_device, devices, devices == 1 ? "" : "s", devices ? devices - 1 : 0);
+        if (!devices) snprintf(err, cap, "%s: the snapshot holds no device trace ('device_traces' is empty)", r->name);
+        goto done;
+    }
+    const pk_value *list = pk_list_item(traces, r->pt_device);
+    if (list->type != PK_LIST) {
+        snprintf(err, cap, "%s: device_traces[%u] is a %s, not a list", r->name, r->pt_device, pk_type_name(list));
+        goto done;
+    }
+    size_t count = pk_list_count(list), kept = 0;
+    r->pk_events = malloc((count ? count : 1) * sizeof *r->pk_events);
+    if (!r->pk_events) {
+        snprintf(err, cap, "%s: out of memory", r->name);
+        goto done;
+    }
+    for (size_t i = 0; i < count; i++) {
+        const pk_value *entry = pk_list_item(list, i);
+        const pk_value *action = pk_dict_get(entry, "action");
+#define ENTRY_BAD(...)                                                                               \
+    do {                                                                                             \
+        int at_ = snprintf(err, cap, "%s: device_traces[%u][%zu]: ", r->name, r->pt_device, i);      \
+        if (at_ > 0 && (size_t)at_ < cap) snprintf(err + at_, cap - (size_t)at_, __VA_ARGS__);       \
+        goto done;                                                                                   \
+    } while (0)
+        if (entry->type != PK_DICT) ENTRY_BAD("a %s, not a dict", pk_type_name(entry));
+        if (!action || action->type != PK_STR) ENTRY_BAD("no 'action' string");
+        trace_event *e = &r->pk_events[kept];
+        if (pk_str_is(action, "alloc")) e->action = TRACE_ALLOC;
+        else if (pk_str_is(action, "free_requested")) e->action = TRACE_FREE;
+        else continue;
+        const pk_value *addr = pk_dict_get(entry, "addr"), *size = pk_dict_get(entry, "size");
+        const pk_value *stream = pk_dict_get(entry, "stream"), *time = pk_dict_get(entry, "time_us");
+        uint64_t t_us = 0, bits = 0;
+        if (!pk_as_bits64(addr, &e->address)) ENTRY_BAD("'addr' is %s, not a 64-bit int", addr ? pk_type_name(addr) : "missing");
+        if (!pk_as_bits64(size, &e->bytes) || (size->int_range == PK_INT_I64 && size->u.i < 0))
+            ENTRY_BAD("'size' is %s, not a byte count", size ? pk_type_name(size) : "missing");
+        if (stream && stream->type != PK_NONE && !pk_as_bits64(stream, &bits))
+            ENTRY_BAD("'stream' is a %s, not an int", pk_type_name(stream));
+        e->stream = fold_stream(bits);
+        if (time && time->type != PK_NONE &&
+            (!pk_as_bits64(time, &t_us) || (time->int_range == PK_INT_I64 && time->u.i < 0) || t_us > UINT64_MAX / 1000))
+            ENTRY_BAD("'time_us' is not a time in microseconds");
+#undef ENTRY_BAD
+        uint64_t t_ns = t_us * 1000;
+        if (!r->have_origin) {
+            r->have_origin = true;
+            r->origin_ns = t_ns;
+        }
+        e->time_ns = t_ns >= r->origin_ns ? t_ns - r->origin_ns : 0;
+        kept++;
+    }
+    r->pk_count = kept;
+    ok = true;
+done:
+    pk_free(doc);
+    free(data);
+    return ok;
 }
 
 /* ---------------------------------------------------------------- writer */

@@ -7,8 +7,18 @@
  *   RAPIDS RMM replay log  Thread,Time,Action,Pointer,Size,Stream
  *                          Action: allocate | free | allocate failure;
  *                          Time: seconds (fractional) or HH:MM:SS.micro
- * Files may be gzip-compressed or plain (zlib reads both). Events come out
- * in chunks, so a trace of any length streams through fixed memory.
+ *   PyTorch memory snapshot
+ *                          the pickle torch.cuda.memory._snapshot() returns
+ *                          (what _dump_snapshot writes and memory_viz reads),
+ *                          told by its first byte (0x80, pickle's PROTO):
+ *                          device_traces[device] entries with action alloc
+ *                          become allocs, free_requested frees, the others
+ *                          (free_completed, segment_*, snapshot, oom, ...)
+ *                          are left out; addr, size, stream, time_us as in
+ *                          the CSV; other keys (frames, ...) are ignored.
+ * Files may be gzip-compressed or plain (zlib reads both). CSV events come
+ * out in chunks, so a trace of any length streams through fixed memory; a
+ * snapshot is read whole at open (a pickle is one object), its events kept.
  */
 #ifndef TIDEPOOL_TRACE_H
 #define TIDEPOOL_TRACE_H
@@ -17,7 +27,11 @@
 #include <stdint.h>
 
 typedef enum trace_action { TRACE_ALLOC = 0, TRACE_FREE = 1, TRACE_ALLOC_FAILURE = 2 } trace_action;
-typedef enum trace_format { TRACE_FORMAT_TIDEPOOL = 0, TRACE_FORMAT_RMM = 1 } trace_format;
+typedef enum trace_format {
+    TRACE_FORMAT_TIDEPOOL = 0,
+    TRACE_FORMAT_RMM = 1,
+    TRACE_FORMAT_PYTORCH_PICKLE = 2
+} trace_format;
 
 typedef struct trace_event {
     uint64_t time_ns; /* from the trace's first event */
@@ -33,6 +47,16 @@ typedef struct trace_reader trace_reader;
 trace_reader *trace_open(const char *path, char *err, size_t err_capacity);
 /* Opens a trace held in memory (for tests and the fuzzer). */
 trace_reader *trace_open_memory(const char *data, size_t length, char *err, size_t err_capacity);
+
+typedef struct trace_open_options {
+    unsigned pt_device; /* PyTorch snapshots: the device whose trace is read (default 0) */
+} trace_open_options;
+/* The same with options (NULL: the defaults). A snapshot that cannot be
+ * read, or has no trace for the device, fails here with the reason
+ * ("FILE: not a readable pickle: offset N: what"). */
+trace_reader *trace_open_with(const char *path, const trace_open_options *options, char *err, size_t err_capacity);
+trace_reader *trace_open_memory_with(const char *data, size_t length, const trace_open_options *options, char *err,
+                                     size_t err_capacity);
 void trace_close(trace_reader *reader);
 trace_format trace_get_format(const trace_reader *reader);
 
@@ -41,6 +65,11 @@ trace_format trace_get_format(const trace_reader *reader);
  * gzip file, or a read error, is malformed input too (LINE: the line being
  * read when the data stopped), never an early end. */
 long trace_read(trace_reader *reader, trace_event *events, size_t capacity, char *err, size_t err_capacity);
+
+/* How far the reader is: bytes of the file as stored (compressed or not)
+ * read so far and in all (0: not known, e.g. a pipe or memory), and the
+ * events in all (0: not known; a snapshot knows them at open). */
+void trace_position(const trace_reader *reader, uint64_t *bytes_read, uint64_t *bytes_total, uint64_t *events_total);
 
 /* Writes events in the tidepool CSV format. */
 typedef struct trace_writer trace_writer;

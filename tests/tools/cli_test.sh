@@ -5,7 +5,7 @@
 # parse as XML, and the demo.
 #
 # usage: cli_test.sh TIDE DATA_DIR SCRATCH_DIR XMLLINT GROUP
-#   GROUP: usage | replay | scenario | svg | demo
+#   GROUP: usage | replay | scenario | svg | demo | observe | pickle
 set -u
 tide=$1 data=$2 scratch=$3 xmllint=$4 group=$5
 mkdir -p "$scratch"
@@ -238,6 +238,121 @@ demo)
     grep -q "ggml-legacy ABORTED at request" "$out" || fail "the demo does not tell when ggml-legacy aborted"
     grep -q "ggml-legacy ran out of device memory at token" "$out" || fail "the demo does not tell when ggml-legacy ran out"
     svg_ok "$scratch/demo.svg"
+    # peak labels never overlap: any two of a panel are a line apart
+    grep -o '<text x="[0-9.]*" y="[0-9.]*" font-size="11" fill="#[0-9a-f]*" stroke="#fff"[^>]*>[^<]*' "$scratch/demo.svg" |
+        sed 's/<text x="\([0-9.]*\)" y="\([0-9.]*\)".*>/\1 \2 /' >"$scratch/labels.txt"
+    [ "$(wc -l <"$scratch/labels.txt")" -ge 5 ] || fail "demo.svg: the peak labels were not found"
+    awk '{ x[NR] = $1; y[NR] = $2 } END {
+        for (i = 1; i <= NR; i++) for (j = i + 1; j <= NR; j++) {
+            dy = y[i] - y[j]; if (dy < 0) dy = -dy; dx = x[i] - x[j]; if (dx < 0) dx = -dx
+            if (dy < 12 && dx < 260) { print "overlap: " $0; bad = 1 }
+        }
+        exit bad }' "$scratch/labels.txt" || fail "demo.svg: two peak labels overlap"
+    ;;
+observe)
+    need_xmllint
+    trace="$data/qwen2vl_excerpt.csv"
+    # --metrics: Prometheus text, one family per name, labels trace/pool
+    expect 0 "wrote .*m.prom" "$tide" replay "$trace" "$data/qwen2vl_excerpt.csv.gz" --pool vmm,segment,ggml-legacy --metrics "$scratch/m.prom"
+    grep -q '^tidepool_pool_reserved_bytes_peak{device="sim:0",kind="vmm",trace="qwen2vl_excerpt",pool="vmm"} [0-9]' "$scratch/m.prom" ||
+        fail "m.prom: no reserved_bytes_peak sample for the vmm pool"
+    grep -q '^tidepool_baseline_reserved_bytes_peak{trace="qwen2vl_excerpt",pool="ggml-legacy"} [0-9]' "$scratch/m.prom" ||
+        fail "m.prom: no baseline figures for ggml-legacy"
+    grep -q '^tidepool_replay_peak_live_bytes{trace="qwen2vl_excerpt",pool="segment"} 2077647440$' "$scratch/m.prom" ||
+        fail "m.prom: wrong or missing peak live"
+    [ "$(grep -c '^# TYPE tidepool_pool_reserved_bytes_peak ' "$scratch/m.prom")" = 1 ] || fail "m.prom: a family split in two"
+    grep -q 'trace="qwen2vl_excerpt.csv.gz",pool="vmm"' "$scratch/m.prom" || fail "m.prom: two traces of one name share a label"
+    # label values escaped: backslash, double quote, newline
+    weird=$(printf '%s/a\\b"c\nd.csv' "$scratch")
+    cp "$trace" "$weird"
+    expect 0 "wrote" "$tide" replay "$weird" --pool segment --metrics "$scratch/weird.prom"
+    grep -q 'trace="a\\\\b\\"c\\nd",pool="segment"' "$scratch/weird.prom" || fail "weird.prom: label value not escaped"
+    rm -f "$weird"
+    # parsed by prometheus_client where a python3 has it
+    py=""
+    for candidate in python3 /usr/bin/python3; do
+        if command -v "$candidate" >/dev/null 2>&1 && "$candidate" -c 'import prometheus_client' 2>/dev/null; then
+            py=$candidate; break
+        fi
+    done
+    if [ -n "$py" ]; then
+        for f in m.prom weird.prom; do
+            "$py" "$(dirname "$0")/check_metrics.py" "$scratch/$f" trace segment >"$out" 2>"$err" || fail "prometheus_client refused $f"
+        done
+        "$tide" scenario fa-decode --context 2048 --pool vmm,segment,ggml-vmm --metrics "$scratch/s.prom" >/dev/null || fail "scenario --metrics"
+        "$py" "$(dirname "$0")/check_metrics.py" "$scratch/s.prom" scenario vmm segment ggml-vmm >"$out" 2>"$err" || fail "prometheus_client refused s.prom"
+    else
+        echo "note: no python3 with prometheus_client (Debian: python3-prometheus-client): metrics not parsed"
+    fi
+    # --snapshot and tide map
+    expect 0 "wrote .*snap.segment.json" "$tide" replay "$trace" --pool vmm,segment,ggml-legacy --snapshot "$scratch/snap"
+    for f in snap.vmm.json snap.vmm.end.json snap.segment.json snap.segment.end.json; do
+        [ -s "$scratch/$f" ] || fail "--snapshot did not write $f"
+    done
+    [ -e "$scratch/snap.ggml-legacy.json" ] && fail "--snapshot wrote a map for a baseline"
+    grep -q '"reserved_bytes":2168455168,' "$scratch/snap.segment.json" || fail "snap.segment.json is not the map at the peak"
+    for f in snap.vmm snap.segment snap.segment.end; do
+        expect 0 "wrote .*$f.svg" "$tide" map "$scratch/$f.json" --plot "$scratch/$f.svg"
+        svg_ok "$scratch/$f.svg"
+        grep -q "<title>$f.json</title>" "$scratch/$f.svg" || fail "$f.svg: not titled by the file's base name"
+        for state in $(grep -o '"state":"[a-z_]*"' "$scratch/$f.json" | sort -u | cut -d'"' -f4); do
+            grep -q "<g class=\"legend\">.*>$state: " "$scratch/$f.svg" || fail "$f.svg: state $state not in the legend"
+        done
+    done
+    grep -q 'unmapped: .*rows compressed' "$scratch/snap.vmm.svg" || fail "snap.vmm.svg: the unmapped run is not compressed"
+    expect 2 "--plot OUT.svg is required" "$tide" map "$scratch/snap.vmm.json"
+    expect 2 "--snapshot writes one trace" "$tide" replay "$trace" "$trace" --snapshot "$scratch/x"
+    printf '{"kind":"vmm","ranges":[{"address":1,"bytes":}]}' >"$scratch/bad_map.json"
+    expect 1 "bad_map.json: offset 45: expected a number" "$tide" map "$scratch/bad_map.json" --plot "$scratch/bad_map.svg"
+    # --series: the chart's curves
+    expect 0 "wrote .*series.csv" "$tide" replay "$trace" --pool vmm,segment --series "$scratch/series.csv"
+    head -1 "$scratch/series.csv" | grep -q '^event,time_us,vmm_live_bytes,vmm_held_bytes,vmm_cached_bytes,segment_live_bytes,' ||
+        fail "series.csv: unexpected header"
+    [ "$(wc -l <"$scratch/series.csv")" -eq 301 ] || fail "series.csv: expected 300 rows"
+    # gates: 3 when a gate fails, 0 when it holds; errors still 1
+    expect 3 "gate failed \(--max-ratio 1.01\): .*pool segment held" "$tide" replay "$trace" --pool segment --max-ratio 1.01
+    expect 0 "peak live" "$tide" replay "$trace" --pool segment --max-ratio 1.2
+    printf 'time_us,action,addr,size,stream\n0,alloc,4096,2147483648,0\n1,alloc,8192,1024,0\n' >"$scratch/too_big.csv"
+    expect 3 "gate failed \(--fail-on-oom\): .*too_big.csv: pool segment ran out of memory 1 time" "$tide" replay "$scratch/too_big.csv" --device sim:1GiB,novmm --pool segment --fail-on-oom
+    expect 0 "peak live" "$tide" replay "$scratch/too_big.csv" --device sim:1GiB,novmm --pool segment
+    expect 3 "gate failed \(--max-ratio 1.1\): fa-decode: pool segment held" "$tide" scenario fa-decode --context 2048 --pool segment --max-ratio 1.1
+    expect 0 "segment" "$tide" scenario fa-decode --context 2048 --pool segment --fail-on-oom --max-ratio 1.6
+    expect 2 "--max-ratio needs a ratio" "$tide" replay "$trace" --max-ratio 0.5
+    expect 1 "missing.csv: cannot open" "$tide" replay "$scratch/missing.csv" --max-ratio 1.01
+    expect 0 "3 = |3 a gate failed" "$tide" replay --help
+    # device errors that say why
+    expect 2 "cannot open device 'bogus': bad device spec 'bogus' \(try sim, sim:6GiB,novmm, cuda:0\)" "$tide" replay "$trace" --device bogus
+    expect 2 "cannot open device 'cuda:99': .*(cannot load the CUDA driver|no such device|no CUDA device)" "$tide" replay "$trace" --device cuda:99
+    # progress: only on a terminal (script gives one), never with --quiet or into a file
+    "$tide" replay "$data/qwen2vl_dynres.head2000.csv.gz" >"$out" 2>"$err"
+    [ -s "$err" ] && fail "replay into files wrote to stderr"
+    if command -v script >/dev/null 2>&1; then
+        TIDE_PROGRESS_AFTER_MS=0 script -qec "'$tide' replay '$data/qwen2vl_dynres.head2000.csv.gz'" /dev/null >"$out" 2>&1
+        grep -q 'events.*ETA' "$out" || fail "no progress line on a terminal"
+        TIDE_PROGRESS_AFTER_MS=0 script -qec "'$tide' replay '$data/qwen2vl_dynres.head2000.csv.gz' --quiet" /dev/null >"$out" 2>&1
+        grep -q 'ETA' "$out" && fail "--quiet still showed progress"
+    fi
+    ;;
+pickle)
+    # PyTorch snapshots: the same events as the CSV replay to the same figures
+    "$tide" replay "$data/qwen2vl_excerpt.csv" --pool vmm,segment,ggml-legacy --json |
+        sed 's/"trace":"[^"]*",//; s/"ns_per_event":[0-9.]*,//' >"$scratch/csv.json"
+    for f in qwen2vl_excerpt.pickle qwen2vl_excerpt.p5.pickle qwen2vl_excerpt.p2.pickle.gz; do
+        "$tide" replay "$data/$f" --pool vmm,segment,ggml-legacy --json |
+            sed 's/"trace":"[^"]*",//; s/"ns_per_event":[0-9.]*,//' >"$scratch/$f.json" || fail "replay $f"
+        cmp -s "$scratch/csv.json" "$scratch/$f.json" || { fail "$f replays differently from the CSV"; diff "$scratch/csv.json" "$scratch/$f.json"; }
+    done
+    expect 0 '"events":4,.*"peak_live_bytes":3145728,' "$tide" replay "$data/qwen2vl_excerpt.pickle" --pt-device 1 --json --pool segment
+    expect 1 "device 5 has no trace: the snapshot holds 2 devices" "$tide" replay "$data/qwen2vl_excerpt.pickle" --pt-device 5
+    expect 2 "--pt-device needs a whole number" "$tide" replay "$data/qwen2vl_excerpt.pickle" --pt-device x
+    size=$(wc -c <"$data/qwen2vl_excerpt.pickle")
+    head -c $((size / 2)) "$data/qwen2vl_excerpt.pickle" >"$scratch/cut.pickle"
+    expect 1 "cut.pickle: not a readable pickle: offset [0-9]+: truncated pickle" "$tide" replay "$scratch/cut.pickle"
+    printf '\200\002cos\nsystem\n.' >"$scratch/evil.pickle"
+    expect 1 "evil.pickle: not a readable pickle: offset 2: unsupported pickle opcode 0x63 \(GLOBAL\)" "$tide" replay "$scratch/evil.pickle"
+    expect 0 "torch.cuda.memory._record_memory_history\\(\\)" "$tide" replay --help
+    grep -q "tidepool CSV" "$out" || fail "tide replay --help does not name the tidepool CSV format"
+    grep -q "PyTorch snapshot" "$out" || fail "tide replay --help does not name PyTorch snapshots"
     ;;
 *)
     echo "unknown group $group"; exit 2 ;;
