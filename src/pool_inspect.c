@@ -106,6 +106,7 @@ static void free_range_json_locked(tp_pool *pool, text_out *out, bool *first, co
         uint64_t page = tpi_page_of(units, at);
         bool mapped = tpi_page_mapped(units, page);
         uint64_t run_end = at;
+        if (page >= units->page_high) run_end = end; /* never mapped from here on */
         while (run_end < end && tpi_page_mapped(units, tpi_page_of(units, run_end)) == mapped)
             run_end = TPI_MIN(tpi_page_address(units, tpi_page_of(units, run_end) + 1), end);
         const tpi_unit *unit = &units->units[page];
