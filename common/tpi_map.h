@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * tpi_map.h -- the one hash map of the project: 64-bit keys to 64-bit
  * values. Used by the pool (block start -> range node), the CUDA backend

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * tidepool.h -- the whole public API of tidepool, a GPU device-memory manager
  * for long-running inference servers.

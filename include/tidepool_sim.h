@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * tidepool_sim.h -- the simulated device's hooks: a virtual clock, kernels
  * of a given length that touch given ranges, fault injection, counters

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # Checks that a shared libtidepool exports exactly the functions the public
 # headers declare with TP_API (include/*.h), no more and no fewer.
 #   scripts/check_exports.sh path/to/libtidepool.so [include-dir]

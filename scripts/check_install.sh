@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # Checks that tidepool installs and links the way the README says, in
 # temporary directories (nothing is written to the source tree):
 #   1. the library alone (no tests, tools or PyTorch shim) configures with C

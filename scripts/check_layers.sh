@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # Checks that the library's components call only downward: builds the
 # static call graph of src/*.c with gcc -fcallgraph-info (at -O0, so calls
 # through inline helpers count where the helper lives) and checks every

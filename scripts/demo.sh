@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # Builds the tide tool and runs its demo on the simulated device: the memory
 # failures reported for llama.cpp's pools, side by side with tidepool.
 # Builds in build-demo (only tide and the library; the tests use build).

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # Makes sure what building tidepool needs ("build", the default) or what its
 # whole test suite needs ("test"; "install": only what scripts/check_install.sh
 # needs) is there, and on Debian or Ubuntu installs what is not with apt-get.

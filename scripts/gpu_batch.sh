@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # Everything tidepool measures on a real GPU, in one go (used on the H200):
 # the GPU test suite and compute-sanitizer, the graph-churn curves, the
 # hit-path benchmark and trace replays on cuda:0. Traces are read from

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # Builds tidepool and runs its whole test suite.
 #   scripts/test.sh          the suite (GPU tests skip, and say so, without a GPU)
 #   scripts/test.sh asan     ... under AddressSanitizer + UndefinedBehaviorSanitizer

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * backing_segment.c -- the segment backing, for devices without VMM: plain
  * device allocations (segments) split and coalesced inside, whole idle

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * backing_vmm.c -- the VMM backing: one address reservation made at creation,
  * physical pages mapped on demand and unmapped when idle.

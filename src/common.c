@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * common.c -- status names, host-memory helpers, logging and byte-count
  * parsing/formatting shared by every component.

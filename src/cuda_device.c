@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * cuda_device.c -- the CUDA backend: the driver API, loaded at run time.
  *

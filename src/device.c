@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * device.c -- opening devices from spec strings and the public stream/event
  * calls, which dispatch to the backend's table of operations.

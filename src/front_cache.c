@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * front_cache.c -- the bins and the last-freed slot; see front_cache.h.
  */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * front_cache.h -- freed blocks parked for reuse as they are: the hit path.
  * Below it: the backings (a block that leaves the cache goes back through

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * graph_cache.c -- a bounded cache of instantiated graph executables.
  *

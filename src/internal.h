@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * internal.h -- what the library's components share and the public header
  * does not show: host-memory and logging helpers, the device object and the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * oom_ladder.c -- the out-of-memory ladder and its report; see
  * oom_ladder.h.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * oom_ladder.h -- finding device memory for a request that the front cache
  * did not serve, and what happens when there is none. Below it: the front

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * pool.c -- the public pool API: create/destroy, alloc/free, trim and tick,
  * reclaim callbacks, forgetting streams and statistics (pins and capture

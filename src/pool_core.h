@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * pool_core.h -- the state a pool's layers share, and the interface of the
  * two backings. Plain data: pool.c owns it and hands each layer a pointer.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * pool_inspect.c -- looking at a pool from outside: the invariant checker
  * (tp_pool_check) and the memory map (tp_pool_snapshot_json). Part of the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * pool_object.h -- the pool object, shared by the files of the public pool
  * API: pool.c (lifecycle, alloc/free, trim/tick, reclaim, streams,

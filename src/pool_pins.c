@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * pool_pins.c -- pins and stream capture, part of the public pool API
  * (pool_object.h).

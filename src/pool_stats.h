@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * pool_stats.h -- the statistics every layer of a pool updates, and the
  * arithmetic on them. Plain data with inline helpers: a layer that counts a

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * range_alloc.c -- two-level segregated fit (TLSF) over offsets; see
  * range_alloc.h for what it is and what it leaves to its owner.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * range_alloc.h -- a two-level segregated-fit allocator of offsets (TLSF).
  * The bottom layer of a pool, with the block map and the device table: it

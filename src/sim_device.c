@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * sim_device.c -- the simulated device: the default backend everywhere. This
  * file is its model (resident map, kernels and the hazard checker, capture

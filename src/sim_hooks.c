@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * sim_hooks.c -- the simulated device's public calls (tidepool_sim.h): kernel
  * launches and the virtual clock, fault injection, counters, another

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * sim_internal.h -- what the simulated device's two files share: its private
  * types (the device, its streams, events, kernels, resident ranges, faults,

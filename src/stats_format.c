@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * stats_format.c -- the statistics of pools and graph caches as text: JSON
  * and the Prometheus text exposition format, both generated from the one

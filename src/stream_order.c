@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * stream_order.c -- stream tags, epochs and event rings; the rules are in
  * stream_order.h.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * stream_order.h -- the one home of stream-order semantics: which queued
  * work may still use a piece of memory, and what makes it safe for a

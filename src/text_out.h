@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * text_out.h -- appending formatted text to a caller's buffer the way the
  * *_json and *_openmetrics calls promise: always NUL-terminated when there

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * units.c -- the unit table, the idle LRU list and giving idle units back;
  * see units.h.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * units.h -- the pieces of device memory a pool can give back on their
  * own, which of them are idle, and giving them back. Below it: stream order

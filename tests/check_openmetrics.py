@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 """Parses Prometheus text files with prometheus_client's parser (the one
 servers' scrapers use) and checks what tidepool promises of them: every
 family is a gauge or a counter, has HELP text, and every sample carries the

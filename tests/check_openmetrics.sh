@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # Writes the pool's and the graph cache's Prometheus text (test_observe DIR)
 # and parses it with prometheus_client, with whichever python3 has it
 # (exit 77 -- a skip -- when none does).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fixture.h -- the shared test fixture: a simulated device with a counting
  * log, and a pool on it that checks its invariants after every operation.

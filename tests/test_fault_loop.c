@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Fault injection: the Nth device call fails (for one call, then for three
  * in a row), for N = 1, 2, ... until the workload runs without the fault
  * firing. Every run must end with clean statuses (only the documented ones),

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_hazards_random.c -- thousands of small, independent, seeded
  * multi-stream workloads that keep every rule of the stream-ordered contract

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The one internal hash map (common/tpi_map.h), against a reference model:
  * random puts, replacements and removals over a small key space (so keys
  * collide and probe runs form), the key that marks empty slots, growth and

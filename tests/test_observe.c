@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Watching a live pool: the observer's events (a recording replays to the
  * same peak), the memory map (every byte the pool holds, once, in the
  * right state) and the Prometheus text (well-formed; one HELP and TYPE per

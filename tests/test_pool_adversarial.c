@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Pools under hostile or unlucky callers: each test is a finding of an
  * adversarial run (its F-number in the issue that reported it) or a rule of
  * stream capture, and failed before its fix. */

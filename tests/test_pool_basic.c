@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Pools, both kinds: alloc/free, statistics and JSON, trim, idle release,
  * bad input, pins and capture. */
 #include "fixture.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Randomized stress against a reference model: tens of thousands of seeded
  * operations on several streams, kernels of random durations touching the
  * blocks, cross-stream use ordered by events, trims, ticks, out-of-memory

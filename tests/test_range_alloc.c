@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Range allocator, on its own (no pool): splitting, coalescing, bins, good
  * fit, the owner word and its merge hook, and a randomized run against a
  * reference model with the checker after every operation. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The failure modes (docs/failure-modes.md) that concern pools, each with
  * the invariant it must keep, on both pool kinds:
  *   1 monotonic growth, 2 more sizes than slots, 3 OOM with reclaimable

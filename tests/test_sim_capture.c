@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Simulated stream capture: work launched on a capturing stream is recorded,
  * not run; tp_sim_capture_end makes a graph of it that runs (and is checked
  * for hazards) when launched; calls CUDA forbids during a capture invalidate

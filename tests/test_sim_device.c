@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Simulated device: spec parsing, capacity, VMM and plain memory, the
  * virtual clock, events and ordering, the hazard checker, fault injection,
  * occupancy and graph executables. */

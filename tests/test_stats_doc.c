@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The statistics table in docs/stats.md is generated from the one field
  * list in tidepool.h (TP_POOL_STAT_BYTES_LIST, TP_POOL_STAT_COUNT_LIST):
  * this test fails when the two disagree, and `test_stats_doc --write

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Several threads share one pool (and one simulated device): each allocates
  * on its own stream, launches kernels, frees its own blocks and some handed
  * over by other threads (after ordering its stream behind the owner's with

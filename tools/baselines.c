@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * baselines.c -- faithful models of the two ggml CUDA pools of the public
  * reports (background of docs/failure-modes.md), replayed on the same

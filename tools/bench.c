@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * bench.c -- `tide bench`: the cost of a cached allocation, measured as
  * alloc+free pairs on one stream, for every tidepool pool the device has and

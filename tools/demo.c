@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * demo.c -- `tide demo`, the README's main command: the failures of the
  * public reports against tidepool, side by side, on a simulated 6 GiB GPU

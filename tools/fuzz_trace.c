@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fuzz_trace.c -- libFuzzer target for the trace reader (trace.c, pickle.c).
  *

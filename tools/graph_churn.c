@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * graph_churn.c -- `tide scenario graph-churn`: the image-request loop of
  * failure mode 7 (docs/failure-modes.md) against tidepool's graph cache on

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * pickle.c -- the pickle reader (see pickle.h).
  *

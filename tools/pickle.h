@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * pickle.h -- a small reader of Python pickles (protocols 2 to 5), enough for
  * the memory snapshots PyTorch writes (torch.cuda.memory._snapshot(),

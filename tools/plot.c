@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * plot.c -- hand-written SVG charts of replay curves (see plot.h).
  *

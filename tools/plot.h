@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * plot.h -- SVG charts of replay curves: live, reserved and cached bytes
  * over the trace for every pool of a run, in one chart with axes, units, a

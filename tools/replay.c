@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * replay.c -- the replay engine and the adapter for tidepool's own pools.
  *

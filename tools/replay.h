@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * replay.h -- replaying allocation traces through pools, several side by
  * side, each on its own simulated (or real) device.

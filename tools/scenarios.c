@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * scenarios.c -- the scenario generators (see scenarios.h).
  *

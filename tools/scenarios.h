@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * scenarios.h -- the workloads of the failure modes in docs/failure-modes.md
  * (and the image-request server of its background) as allocation traces made

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * tide.c -- the tidepool command line: dispatches to the subcommands.
  */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * tide.h -- the subcommands of the tide command line and what they share.
  * Each returns the process exit status: 0 success, 1 failure of the work,

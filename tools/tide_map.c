@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * tide_map.c -- `tide map SNAPSHOT.json --plot OUT.svg`: draws the memory
  * map a pool writes with tp_pool_snapshot_json (tide replay --snapshot

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * tide_observe.c -- --metrics, --snapshot and --series (see tide_observe.h).
  */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * tide_observe.h -- what `tide replay` and `tide scenario` write besides
  * their report: the final figures in the Prometheus text format

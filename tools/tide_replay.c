@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * tide_replay.c -- `tide replay FILE...`: replays allocation traces through
  * one or more pools side by side and reports the memory each held.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * tide_run.c -- the options and the output that `tide replay` and
  * `tide scenario` share (see tide_run.h), and the byte helpers of tide.h.

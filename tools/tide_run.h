@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * tide_run.h -- what `tide replay` and `tide scenario` share: the options
  * that choose the pools, the device and the output of a replay, and the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * tide_scenario.c -- `tide scenario NAME [parameters] [options]`: generates
  * a workload of docs/failure-modes.md (scenarios.c) and replays it through pools with

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * trace.c -- the trace reader and writer (formats in trace.h).
  *

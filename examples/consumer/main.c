@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * consumer -- a program outside the tidepool tree that uses an installed
  * tidepool: opens a simulated 1 GiB device, makes a pool, allocates and frees

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_ggml_adapter.cpp -- the ggml adapter driven the way ggml-cuda drives
  * its pools, on tidepool's simulated device.

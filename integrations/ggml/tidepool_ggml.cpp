@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * tidepool_ggml.cpp -- the adapter behind tidepool_ggml.h.
  *

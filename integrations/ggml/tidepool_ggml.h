@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * tidepool_ggml.h -- tidepool behind ggml-cuda's pool interface (C++17).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * gpu_common.h -- what the GPU tests share: the test's own handle on the
  * CUDA driver (dlopen'd, like the library's, for memsets and copies; no

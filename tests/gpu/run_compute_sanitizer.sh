@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # Runs the GPU tests under compute-sanitizer's memcheck and fails on any
 # error it reports (or any test failure). Skips (exit 77) when
 # compute-sanitizer or a CUDA device is missing.

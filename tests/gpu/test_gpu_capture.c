@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Pools under CUDA stream capture, for both pool kinds ("cuda:N" gives the
  * VMM pool, "cuda:N,novmm" the segment pool), as ggml (llama.cpp) captures
  * graphs: allocations and frees on the capturing stream in RELAXED mode,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Real work through a shared pool, to catch aliasing: several threads, each
  * with its own stream, allocate blocks, write a byte pattern of their own
  * into each (cuMemsetD8Async), and free them stream-ordered -- always after

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The CUDA backend's device-level behaviour on a real GPU:
  *   - opening: "cuda:N" and "cuda:N,novmm" fill the info (backend, name,
  *     capacity, power-of-two granularity, VMM flags); a missing ordinal is

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Graph-key churn on a real GPU (failure mode 7, docs/failure-modes.md):
  * a loop like a vision server's image requests, where every request brings
  * a graph of a topology never seen before (50..250 memset nodes, chained or

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The VMM ops of the CUDA backend against their contract in internal.h (the
  * simulator's semantics), on a real GPU:
  *   - map backs every page with its own allocation: after mapping a run,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Pool scenarios on the real device, for both pool kinds ("cuda:N" gives the
  * VMM pool, "cuda:N,novmm" the segment pool):
  *   - alloc/free/stats/trim: blocks of many sizes, written and read back;

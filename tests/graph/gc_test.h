@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * gc_test.h -- helpers shared by the graph cache tests, on top of the
  * shared harness (check.h, fixture.h). A failure to open the device or build

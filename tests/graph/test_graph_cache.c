@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_graph_cache.c -- the graph cache's API on the simulated device: bad
  * input, prepare/launch/hit/update, the count and byte bounds, segmented

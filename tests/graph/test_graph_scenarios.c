@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_graph_scenarios.c -- failure modes 4, 7, 8, 9 and 10 (docs/failure-modes.md) for the
  * graph cache, on the simulated device:

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_graph_threads.c -- several threads preparing, launching, evicting and
  * ticking one graph cache while another advances the virtual clock, another

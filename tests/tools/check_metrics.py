@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 """Parses tide's --metrics file with prometheus_client's parser (the one
 scrapers use) and checks it: every family a gauge or a counter with HELP
 text, named tidepool_*, no series twice, every sample labelled with the

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT
 # cli_test.sh -- the tide command line as a user meets it: help, usage errors
 # (exit status 2 with a message naming the problem), malformed input (exit 1,
 # the file and line named), scenario traces written and replayed, charts that

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fuzz_replay_corpus.c -- runs the trace fuzzer's target once on every
  * file named on the command line, without libFuzzer: the committed corpus

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 """Writes the PyTorch memory-snapshot pickles of tests/tools/data and
 tests/tools/fuzz_corpus: dicts shaped like what torch.cuda.memory._snapshot()
 returns (segments, device_traces, allocator_settings), built by hand from the

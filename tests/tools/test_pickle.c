@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_pickle.c -- the pickle reader (tools/pickle.c) and PyTorch memory
  * snapshots as traces (tools/trace.c): the committed snapshots (written by

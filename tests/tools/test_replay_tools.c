@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_replay_tools.c -- the replay engine, the ggml baselines, the
  * scenario generators and the SVG writer (tools/).

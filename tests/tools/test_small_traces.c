@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_small_traces.c -- replays the real traces of ../shared/traces/small
  * (recorded with PyTorch on the H200) through tidepool's vmm and segment

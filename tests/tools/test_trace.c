@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_trace.c -- the trace reader and writer (tools/trace.c): both formats,
  * gzip and plain, from files and from memory; malformed lines and files
