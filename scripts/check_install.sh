@@ -33,7 +33,7 @@ major=${version%%.*}
 say "library alone: configure, build, install"
 lib_build=$work/build-lib prefix=$work/prefix
 cmake -S "$root" -B "$lib_build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release \
-      -DTP_BUILD_TESTS=OFF -DTP_BUILD_TOOLS=OFF -DTP_BUILD_TORCH_SHIM=OFF >"$work/lib-configure.log"
+      -DTP_BUILD_TESTS=OFF -DTP_BUILD_TOOLS=OFF -DTP_BUILD_TORCH_SHIM=OFF -DTP_BUILD_GGML_ADAPTER=OFF >"$work/lib-configure.log"
 grep -q '^CMAKE_CXX_COMPILER:' "$lib_build/CMakeCache.txt" && fail "the library alone enabled C++"; ok
 grep -q '^ZLIB_' "$lib_build/CMakeCache.txt" && fail "the library alone looked for zlib"; ok
 cmake --build "$lib_build" >"$work/lib-build.log" || { cat "$work/lib-build.log"; fail "library build"; }

@@ -15,7 +15,7 @@ run_suite() { # name, build dir, extra cmake args...
   local name=$1 dir=$2
   shift 2
   echo "== $name: configure and build in $dir"
-  cmake -S . -B "$dir" -G Ninja -DTP_BUILD_TESTS=ON -DTP_BUILD_TOOLS=ON -DTP_BUILD_TORCH_SHIM=ON "$@" >/dev/null
+  cmake -S . -B "$dir" -G Ninja -DTP_BUILD_TESTS=ON -DTP_BUILD_TOOLS=ON -DTP_BUILD_TORCH_SHIM=ON -DTP_BUILD_GGML_ADAPTER=ON "$@" >/dev/null
   cmake --build "$dir"
   echo "== $name: ctest"
   ctest --test-dir "$dir" --output-on-failure -j "$jobs"
@@ -31,7 +31,7 @@ if [ "$mode" = asan ] || [ "$mode" = all ]; then
 fi
 if [ "$mode" = tsan ] || [ "$mode" = all ]; then
   # ThreadSanitizer: the tests that run threads.
-  CC=clang CXX=clang++ cmake -S . -B build-tsan -G Ninja -DTP_BUILD_TESTS=ON -DTP_BUILD_TOOLS=ON -DTP_BUILD_TORCH_SHIM=ON \
+  CC=clang CXX=clang++ cmake -S . -B build-tsan -G Ninja -DTP_BUILD_TESTS=ON -DTP_BUILD_TOOLS=ON -DTP_BUILD_TORCH_SHIM=ON -DTP_BUILD_GGML_ADAPTER=ON \
     -DCMAKE_BUILD_TYPE=Debug -DTP_SANITIZE=thread >/dev/null
   cmake --build build-tsan
   echo "== tests under TSan"
