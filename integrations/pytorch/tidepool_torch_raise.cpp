@@ -35,6 +35,18 @@ public:
     explicit tidepool_out_of_memory(const char *what) : std::runtime_error(what) {}
 };
 
+// Calls the handler. clang's -fsanitize=function (part of "undefined")
+// would check the call through the pointer against C++ type information,
+// and its runtime support is in the C++ part of UBSan's runtime, which a C
+// program linking this library (test_torch_shim) does not have: the check
+// is left out here (the handler's type is a C ABI contract, nothing more).
+#if defined(__clang__)
+__attribute__((no_sanitize("function")))
+#endif
+void call_oom_handler(tpt_oom_handler handler, const char *message) {
+    handler(message);
+}
+
 } // namespace
 
 extern "C" __attribute__((visibility("default"))) void *tp_torch_alloc(ssize_t size, int device, void *stream);
@@ -58,6 +70,6 @@ extern "C" void *tp_torch_alloc(ssize_t size, int device, void *stream) {
     // PyTorch raises torch.cuda.OutOfMemoryError). No device, or a refused
     // configuration, stays a plain error (RuntimeError).
     tpt_oom_handler handler = tpt_get_oom_handler();
-    if (handler && tpt_last_failure_was_oom()) handler(message); // throws
+    if (handler && tpt_last_failure_was_oom()) call_oom_handler(handler, message); // throws
     throw tidepool_out_of_memory(message);
 }

@@ -35,7 +35,10 @@ install)
   py=
   for cand in /usr/bin/python3 python3; do
     p=$(command -v "$cand" 2>/dev/null) || continue
-    if "$p" -c "import setuptools, wheel, venv, ensurepip" >/dev/null 2>&1; then py=$p; break; fi
+    # (wheel: setuptools before 70.1 needs it to build a wheel)
+    if "$p" -c "import setuptools, venv, ensurepip, importlib.util as u
+v = tuple(int(x) for x in setuptools.__version__.split('.')[:2])
+assert v >= (61, 0) and (u.find_spec('wheel') or v >= (70, 1))" >/dev/null 2>&1; then py=$p; break; fi
   done
   if [ -z "$py" ]; then
     echo "SKIP: no python3 with setuptools, wheel, venv and ensurepip (apt-get install python3-venv python3-setuptools python3-wheel)"
