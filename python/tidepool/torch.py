@@ -182,7 +182,7 @@ def mem_pool(**options):
     torch = _torch()
     if not hasattr(torch.cuda, "MemPool") or not hasattr(torch.cuda, "use_mem_pool"):
         raise RuntimeError("tidepool.torch.mem_pool() needs torch.cuda.MemPool and torch.cuda.use_mem_pool "
-                           "(PyTorch 2.8 or later); this is torch %s" % torch.__version__)
+                           "(a recent PyTorch); this is torch %s" % torch.__version__)
     with _lock:
         _apply_config(options)
         if _state["pool_allocator"] is None:
