@@ -1,4 +1,4 @@
-"""test_torch_ctypes.py LIB.so -- the PyTorch shim as PyTorch loads it (ctypes).
+"""test_torch_ctypes.py LIB.so [TIDE] -- the PyTorch shim as PyTorch loads it (ctypes).
 
 Standard library only; no torch, no GPU needed. Each case runs in a fresh
 python3 process because the shim reads TIDEPOOL_TORCH_CONF once, at load.
@@ -6,12 +6,17 @@ python3 process because the shim reads TIDEPOOL_TORCH_CONF once, at load.
   - no CUDA device (CUDA_VISIBLE_DEVICES= hides any): NULL, no crash,
     also with allocations from 8 threads at once
   - TIDEPOOL_TORCH_CONF: good values are applied, each bad one prints one
-    line on stderr and leaves the defaults
+    line on stderr naming it and is refused as a whole: no pool is created
+    (allocations fail; the statistics name the key at fault)
+  - tp_torch_configure: the same parser from a call, before any pool
   - the exit report (stats=FILE with %p, stats=-), log forwarding
   - oom=null: tp_torch_alloc itself returns NULL; oom=abort: aborts with
     the report (the default, oom=raise, throws: C++ callers only, see
     test_torch_raise.cpp)
   - the simulated device behind the same entry points (backend=sim)
+  - trace=PATH: a gzip CSV trace of every allocation and free, closed at
+    exit; replayed by TIDE (`tide replay`, when given) through the same pool
+    kind, its peak live bytes equal the pool's peak of requested bytes
 """
 import json
 import os
@@ -20,6 +25,7 @@ import sys
 import tempfile
 
 LIB = os.path.abspath(sys.argv[1])
+TIDE = os.path.abspath(sys.argv[2]) if len(sys.argv) > 2 else None
 failures = []
 
 
@@ -63,7 +69,8 @@ def test_exports():
     r = child(r"""
 for name in ["tp_torch_alloc", "tp_torch_try_alloc", "tp_torch_free", "tp_torch_init", "tp_torch_empty_cache",
              "tp_torch_set_memory_fraction", "tp_torch_record_stream", "tp_torch_trim",
-             "tp_torch_reset_peaks", "tp_torch_stats_json"]:
+             "tp_torch_reset_peaks", "tp_torch_stats_json", "tp_torch_configure", "tp_torch_prepare",
+             "tp_torch_metrics", "tp_torch_snapshot_json", "tp_torch_set_oom_handler", "tp_torch_trace_close"]:
     getattr(lib, name)
 hidden = []
 for name in ["tp_pool_alloc", "tp_device_open", "tp_status_name", "parse_config", "g"]:
@@ -153,20 +160,61 @@ print(json.dumps(c))
 
 
 def test_config_bad():
-    bad = ["kind=foo", "limit=70XB", "limit=", "limit=-1GiB", "limit=0x10", "limit=1e9", "limit=150%", "limit=0%",
-           "bogus=1", "limit=1GiB,limit=2GiB", "align=300", "align=128", "idle_release_ms=-5", "idle_release_ms=1.5",
-           "log=loud", "release_threshold=lots", "kind", "kind=vmm,,limit=1GiB", "tick_ms=abc",
-           "limit=99999999999999999999", "page=3MiB", "backend=rocm", "limit=1.5", "oom=maybe"]
-    for conf in bad:
-        r = child('print(json.dumps(stats(-1)["tidepool_torch"]["config"]))', conf=conf)
+    bad = [("kind=foo", "kind"), ("limit=70XB", "limit"), ("limit=", "limit"), ("limit=-1GiB", "limit"),
+           ("limit=0x10", "limit"), ("limit=1e9", "limit"), ("limit=150%", "limit"), ("limit=0%", "limit"),
+           ("bogus=1", "bogus"), ("limit=1GiB,limit=2GiB", "limit"), ("align=300", "align"), ("align=128", "align"),
+           ("idle_release_ms=-5", "idle_release_ms"), ("idle_release_ms=1.5", "idle_release_ms"), ("log=loud", "log"),
+           ("release_threshold=lots", "release_threshold"), ("kind", "kind"), ("kind=vmm,,limit=1GiB", ""),
+           ("tick_ms=abc", "tick_ms"), ("limit=99999999999999999999", "limit"), ("page=3MiB", "page"),
+           ("backend=rocm", "backend"), ("limit=1.5", "limit"), ("oom=maybe", "oom"),
+           ("backend=sim,limt=1GiB", "limt"), ("backend=sim,trace=", "trace")]
+    for conf, key in bad:
+        # The configuration is refused as a whole: on the simulated device
+        # (which would otherwise work) no pool is created either.
+        r = child(r"""
+c = stats(-1)["tidepool_torch"]["config"]
+p = alloc(4096, 0, None)
+print(json.dumps({"config": c, "ptr": p, "state": stats(0)["state"]}))
+""", conf=conf)
         lines = [l for l in r.stderr.splitlines() if l.strip()]
         check(r.returncode == 0, "config %r: child failed: %s" % (conf, r.stderr[-1000:]))
-        check(len(lines) == 1 and lines[0].startswith("tidepool-torch: TIDEPOOL_TORCH_CONF=")
-              and lines[0].endswith("using the defaults"), "config %r: stderr %r" % (conf, lines))
+        check(len(lines) >= 1 and lines[0].startswith("tidepool-torch: TIDEPOOL_TORCH_CONF=")
+              and lines[0].endswith("no pool will be created (every allocation fails) until it is fixed"),
+              "config %r: stderr %r" % (conf, lines))
         if r.returncode == 0:
-            c = json.loads(r.stdout.strip().splitlines()[-1])
-            check(c["ok"] is False and c["kind"] == "auto" and c["limit_bytes"] is None and c["align"] == 512
-                  and c["log"] == "warn", "config %r: not the defaults: %r" % (conf, c))
+            out = json.loads(r.stdout.strip().splitlines()[-1])
+            c = out["config"]
+            check(c["ok"] is False and c["bad_key"] == key and c["error"], "config %r: %r" % (conf, c))
+            check(out["ptr"] is None and out["state"] == "failed", "config %r: allocated anyway: %r" % (conf, out))
+
+
+def test_configure_call():
+    # tp_torch_configure: applied before the first pool; a bad item names
+    # its key and changes nothing; after a pool exists it is refused (-2).
+    r = child(r"""
+lib.tp_torch_configure.restype = ctypes.c_int
+lib.tp_torch_configure.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t]
+err, key = ctypes.create_string_buffer(256), ctypes.create_string_buffer(64)
+out = {}
+out["bad"] = lib.tp_torch_configure(b"backend=sim:2GiB,limt=1GiB", err, 256, key, 64)
+out["bad_key"], out["bad_err"] = key.value.decode(), err.value.decode()
+out["good"] = lib.tp_torch_configure(b"backend=sim:2GiB,limit=1GiB,log=off", err, 256, key, 64)
+c = stats(-1)["tidepool_torch"]["config"]
+out["config"] = [c["ok"], c["limit_bytes"], c["source"]]
+p = alloc(4096, 0, None)
+out["ptr"] = p is not None
+out["late"] = lib.tp_torch_configure(b"limit=2GiB", err, 256, key, 64)
+out["late_err"] = err.value.decode()
+out["limit"] = stats(0)["pool"]["limit_bytes"]
+print(json.dumps(out))
+""", conf="bogus=1")
+    check(r.returncode == 0, "configure: child failed: " + r.stderr[-1000:])
+    if r.returncode == 0:
+        o = json.loads(r.stdout.strip().splitlines()[-1])
+        check(o["bad"] == -1 and o["bad_key"] == "limt" and "unknown key 'limt'" in o["bad_err"], "configure bad: %r" % o)
+        check(o["good"] == 0 and o["config"] == [True, 1 << 30, "tp_torch_configure"], "configure good: %r" % o)
+        check(o["ptr"] and o["late"] == -2 and "once a pool exists" in o["late_err"], "configure late: %r" % o)
+        check(o["limit"] == 1 << 30, "configure: pool limit %r" % o["limit"])
 
 
 def test_oom_modes():
@@ -228,7 +276,88 @@ print("ok")
           "sim: rc=%d out=%s err=%s" % (r.returncode, r.stdout[-500:], r.stderr[-2000:]))
 
 
-for t in [test_exports, test_no_device, test_no_device_logs, test_config_good, test_config_bad,
+# A workload with sizes from 1 B to 64 MiB and frees in
+# mixed order (seeded): the trace must give back the pool's peak exactly.
+TRACE_WORKLOAD = r"""
+import random
+rng = random.Random(7)
+live = []
+for i in range(3000):
+    if live and (rng.random() < 0.45 or len(live) > 200):
+        p, n, s = live.pop(rng.randrange(len(live)))
+        lib.tp_torch_free(p, n, 0, s)
+    else:
+        n = rng.choice([1, 512, 4096, 100000, 1 << 20, 3 << 20, 64 << 20]) + rng.randrange(1000)
+        s = None  # the simulated device knows only its own streams (none made here)
+        p = alloc(n, 0, s)
+        assert p, n
+        live.append((p, n, s))
+for p, n, s in live[: len(live) // 2]:
+    lib.tp_torch_free(p, n, 0, s)
+"""
+
+
+def test_trace():
+    import gzip
+    with tempfile.TemporaryDirectory() as d:
+        for kind in ("vmm", "segment"):
+            path = os.path.join(d, "trace-%s-%%p.csv.gz" % kind)
+            r = child(TRACE_WORKLOAD + r"""
+import os
+s = stats(0)
+print(json.dumps({"pid": os.getpid(), "peak": s["pool"]["requested_bytes"]["peak"], "trace": s["trace"],
+                  "allocs": s["pool"]["allocs"], "frees": s["pool"]["frees"]}))
+""", conf="backend=sim:64GiB,log=off,oom=null,kind=%s,trace=%s" % (kind, path))
+            check(r.returncode == 0, "trace %s: child failed: %s" % (kind, r.stderr[-1500:]))
+            if r.returncode != 0:
+                continue
+            o = json.loads(r.stdout.strip().splitlines()[-1])
+            f = path.replace("%p", str(o["pid"]))
+            check(o["trace"]["path"] == f and o["trace"]["open"] is True and o["trace"]["gzip"] is True,
+                  "trace %s: stats %r" % (kind, o["trace"]))
+            check(os.path.exists(f), "trace %s: %s missing" % (kind, f))
+            if not os.path.exists(f):
+                continue
+            with gzip.open(f, "rt") as fh:  # complete gzip: closed at exit
+                rows = fh.read().splitlines()
+            check(rows[0] == "time_us,action,addr,size,stream", "trace %s: header %r" % (kind, rows[0]))
+            acts = [row.split(",")[1] for row in rows[1:]]
+            check(acts.count("alloc") == o["allocs"] and acts.count("free") == o["frees"],
+                  "trace %s: %d/%d rows for %d/%d" % (kind, acts.count("alloc"), acts.count("free"), o["allocs"], o["frees"]))
+            live = peak = 0
+            sizes = {}
+            times = []
+            for row in rows[1:]:
+                t, a, addr, n, stream = row.split(",")
+                times.append(int(t))
+                check(stream == "0", "trace %s: stream %r" % (kind, stream))
+                if a == "alloc":
+                    sizes[addr] = int(n)
+                    live += int(n)
+                    peak = max(peak, live)
+                else:
+                    live -= sizes.pop(addr)
+            check(peak == o["peak"], "trace %s: peak from the rows %d, pool %d" % (kind, peak, o["peak"]))
+            check(times == sorted(times), "trace %s: time goes backwards" % kind)
+            if TIDE:
+                rr = subprocess.run([TIDE, "replay", f, "--json", "--pool", kind, "--device",
+                                     "sim:64GiB" + (",novmm" if kind == "segment" else "")],
+                                    capture_output=True, text=True, timeout=120)
+                check(rr.returncode == 0, "trace %s: tide replay failed: %s" % (kind, rr.stderr[-500:]))
+                if rr.returncode == 0:
+                    res = json.loads(rr.stdout.strip().splitlines()[-1])["result"]
+                    check(res["peak_live_bytes"] == o["peak"] and res["errors"] == 0 and res["pool"] == kind,
+                          "trace %s: replay peak %d, pool peak %d (%r)" % (kind, res["peak_live_bytes"], o["peak"], res))
+    # an unwritable path: one line, no trace, allocations still work
+    r = child(r"""
+assert alloc(4096, 0, None)
+print(json.dumps(stats(0)["trace"]))
+""", conf="backend=sim,oom=null,trace=/nonexistent-dir/t.csv.gz")
+    check(r.returncode == 0 and "cannot create /nonexistent-dir/t.csv.gz" in r.stdout and "not recording" in r.stderr,
+          "trace unwritable: rc=%d out=%s err=%s" % (r.returncode, r.stdout[-300:], r.stderr[-300:]))
+
+
+for t in [test_trace, test_exports, test_no_device, test_no_device_logs, test_config_good, test_config_bad, test_configure_call,
           test_oom_modes, test_exit_report_file, test_sim_backend]:
     t()
     print("%s: %s" % (t.__name__, "done"), flush=True)

@@ -9,6 +9,12 @@
  *                              the simulated device behind the same entry
  *                              points: alloc/free from 8 threads, the limit,
  *                              empty_cache, record_stream, reset_peaks, stats.
+ *   test_torch_shim trace      TIDEPOOL_TORCH_CONF=backend=sim,...,trace=FILE (plain
+ *                              CSV): 8 threads allocate and free; after
+ *                              tp_torch_trace_close the file has the header,
+ *                              one row per alloc and free, and its peak of
+ *                              live bytes is the pool's requested peak; later
+ *                              events are not recorded.
  *   test_torch_shim json DIR   the stats JSON stays valid JSON in valid UTF-8
  *                              whatever the configuration holds: it runs
  *                              itself again (json-child) with a configuration
@@ -39,6 +45,7 @@ void tp_torch_record_stream(void *ptr, void *stream);
 unsigned long long tp_torch_trim(int device, unsigned long long target_reserved_bytes);
 int tp_torch_reset_peaks(int device);
 const char *tp_torch_stats_json(int device);
+int tp_torch_trace_close(void);
 
 static int failures;
 
@@ -417,6 +424,106 @@ static int run_json(const char *dir) {
     return failures;
 }
 
+static void *trace_thread(void *arg) {
+    unsigned seed = (unsigned)(uintptr_t)arg;
+    void *live[16] = {0};
+    ssize_t sizes[16] = {0};
+    for (int i = 0; i < 2000; i++) {
+        seed = seed * 1103515245u + 12345u;
+        int k = (int)((seed >> 8) % 16);
+        if (live[k]) {
+            tp_torch_free(live[k], sizes[k], 0, NULL);
+            live[k] = NULL;
+        } else {
+            sizes[k] = (ssize_t)(1 + (seed >> 12) % (3u << 20));
+            live[k] = tp_torch_alloc(sizes[k], 0, NULL);
+            if (!live[k]) return (void *)1;
+        }
+    }
+    for (int k = 0; k < 16; k++)
+        if (live[k]) tp_torch_free(live[k], sizes[k], 0, NULL);
+    return NULL;
+}
+
+static int run_trace(void) {
+    pthread_t threads[THREADS];
+    for (int t = 0; t < THREADS; t++) pthread_create(&threads[t], NULL, trace_thread, (void *)(uintptr_t)(t + 1));
+    for (int t = 0; t < THREADS; t++) {
+        void *r;
+        pthread_join(threads[t], &r);
+        CHECK(r == NULL);
+    }
+    const char *s = tp_torch_stats_json(0);
+    long long allocs = json_number(s, "\"allocs\""), frees = json_number(s, "\"frees\"");
+    long long peak = json_number(s, "\"requested_bytes\":{\"current\":0,\"peak\"");
+    CHECK(allocs > 0 && allocs == frees && peak > 0);
+    CHECK(strstr(s, "\"open\":true") != NULL);
+    /* the file: the resolved path (%p replaced) in the device's "trace" */
+    const char *at = strstr(s, "\"trace\":{\"path\":\"");
+    CHECK(at != NULL);
+    if (!at) return 1;
+    at += strlen("\"trace\":{\"path\":\"");
+    char path[1024];
+    size_t n = strcspn(at, "\"");
+    snprintf(path, sizeof path, "%.*s", (int)n, at);
+    CHECK(strstr(path, "%p") == NULL);
+    CHECK(tp_torch_trace_close() == 1);
+    CHECK(tp_torch_trace_close() == 0); /* already closed */
+    CHECK(strstr(tp_torch_stats_json(0), "\"open\":false") != NULL);
+    void *late = tp_torch_alloc(4096, 0, NULL); /* not recorded */
+    CHECK(late != NULL);
+    tp_torch_free(late, 4096, 0, NULL);
+    FILE *f = fopen(path, "r");
+    CHECK(f != NULL);
+    if (!f) return 1;
+    char line[256];
+    CHECK(fgets(line, sizeof line, f) && !strcmp(line, "time_us,action,addr,size,stream\n"));
+    long long rows_alloc = 0, rows_free = 0, live = 0, max_live = 0;
+    /* live bytes per address: a small open-addressing table */
+    enum { SLOTS = 1 << 12 };
+    static unsigned long long keys[SLOTS], vals[SLOTS];
+    while (fgets(line, sizeof line, f)) {
+        unsigned long long t, addr, size, stream;
+        char action[8];
+        if (sscanf(line, "%llu,%7[a-z],%llu,%llu,%llu", &t, action, &addr, &size, &stream) != 5) {
+            CHECK(!"a row does not parse");
+            break;
+        }
+        CHECK(stream == 0);
+        size_t h = (size_t)((addr * 0x9E3779B97F4A7C15ull) >> 52) & (SLOTS - 1);
+        if (!strcmp(action, "alloc")) {
+            while (keys[h]) h = (h + 1) & (SLOTS - 1);
+            keys[h] = addr;
+            vals[h] = size;
+            rows_alloc++;
+            live += (long long)size;
+            if (live > max_live) max_live = live;
+        } else {
+            while (keys[h] && keys[h] != addr) h = (h + 1) & (SLOTS - 1);
+            CHECK(keys[h] == addr && vals[h] == size);
+            live -= (long long)vals[h];
+            /* deletion with backward shift */
+            size_t i = h;
+            for (size_t j = (i + 1) & (SLOTS - 1); keys[j]; j = (j + 1) & (SLOTS - 1)) {
+                size_t home = (size_t)((keys[j] * 0x9E3779B97F4A7C15ull) >> 52) & (SLOTS - 1);
+                if (((j - home) & (SLOTS - 1)) >= ((j - i) & (SLOTS - 1))) {
+                    keys[i] = keys[j];
+                    vals[i] = vals[j];
+                    i = j;
+                }
+            }
+            keys[i] = 0;
+            rows_free++;
+        }
+    }
+    fclose(f);
+    CHECK(rows_alloc == allocs && rows_free == frees && live == 0);
+    CHECK(max_live == peak);
+    if (max_live != peak) fprintf(stderr, "trace peak %lld, pool peak %lld\n", max_live, peak);
+    remove(path);
+    return failures;
+}
+
 int main(int argc, char **argv) {
     if (argc == 3 && !strcmp(argv[1], "json")) return run_json(argv[2]) ? 1 : 0;
     if (argc == 3 && !strcmp(argv[1], "json-child")) return run_json_child(argv[2]) ? 1 : 0;
@@ -424,7 +531,10 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: test_torch_shim nodevice|sim|json DIR\n");
         return 2;
     }
-    int rc = !strcmp(argv[1], "nodevice") ? run_nodevice() : !strcmp(argv[1], "sim") ? run_sim() : -1;
+    int rc = !strcmp(argv[1], "nodevice") ? run_nodevice()
+             : !strcmp(argv[1], "sim")    ? run_sim()
+             : !strcmp(argv[1], "trace")  ? run_trace()
+                                          : -1;
     if (rc < 0) {
         fprintf(stderr, "unknown mode %s\n", argv[1]);
         return 2;

@@ -29,9 +29,17 @@
  * defined here and oom=raise is not available (the default is then null).
  *
  * Configuration: TIDEPOOL_TORCH_CONF, read once when the library is loaded
- * (constructor) or at the first call. key=value items separated by commas;
- * an unknown key, a duplicate or a value that does not parse prints one line
- * to stderr and the whole configuration falls back to the defaults.
+ * (constructor) or at the first call, or tp_torch_configure before the
+ * first pool. key=value items separated by commas; an unknown key, a
+ * duplicate or a value that does not parse prints one line to stderr naming
+ * it, and the configuration is refused as a whole: no pool is created and
+ * every allocation fails with that message (falling back to the defaults
+ * would drop the limit the user asked for). tp_torch_configure reports the
+ * item instead (the Python package raises ValueError naming the key).
+ *
+ * Observability: tp_torch_metrics (Prometheus text), tp_torch_snapshot_json
+ * (the memory map), trace=PATH (a CSV trace of every alloc and free, from a
+ * pool observer: tidepool_torch_trace.c).
  *
  * Hooks beyond alloc/free, for C++ hosts (CUDAPluggableAllocator's set_*_fn
  * are not exposed to Python) and for ctypes callers: tp_torch_init,
@@ -94,6 +102,13 @@ TPT_EXPORT void tp_torch_record_stream(void *ptr, void *stream);
 TPT_EXPORT unsigned long long tp_torch_trim(int device, unsigned long long target_reserved_bytes);
 TPT_EXPORT int tp_torch_reset_peaks(int device);
 TPT_EXPORT const char *tp_torch_stats_json(int device);
+TPT_EXPORT int tp_torch_configure(const char *text, char *err, size_t err_capacity, char *bad_key,
+                                  size_t bad_key_capacity);
+TPT_EXPORT int tp_torch_prepare(int device);
+TPT_EXPORT const char *tp_torch_metrics(int device, const char *labels);
+TPT_EXPORT const char *tp_torch_snapshot_json(int device);
+TPT_EXPORT void tp_torch_set_oom_handler(void (*handler)(const char *message));
+TPT_EXPORT int tp_torch_trace_close(void);
 
 /* ----------------------------------------------------------------- config */
 
@@ -115,6 +130,7 @@ typedef struct tpt_config {
     uint64_t sim_capacity_bytes;
     tpt_oom_mode oom;
     char stats_path[PATH_MAX];  /* "": none, "-": stderr */
+    char trace_path[PATH_MAX];  /* "": no trace */
 } tpt_config;
 
 static void config_defaults(tpt_config *c) {
@@ -239,6 +255,9 @@ static bool parse_item(tpt_config *c, const char *key, const char *value, char *
     } else if (!strcmp(key, "stats")) {
         if (strlen(value) >= sizeof c->stats_path) BAD("stats=: path too long");
         strcpy(c->stats_path, value);
+    } else if (!strcmp(key, "trace")) {
+        if (strlen(value) >= sizeof c->trace_path) BAD("trace=: path too long");
+        strcpy(c->trace_path, value);
     } else if (!strcmp(key, "oom")) {
         if (!strcmp(value, "null")) c->oom = TPT_OOM_NULL;
         else if (!strcmp(value, "abort")) c->oom = TPT_OOM_ABORT;
@@ -262,7 +281,7 @@ static bool parse_item(tpt_config *c, const char *key, const char *value, char *
         }
     } else {
         BAD("unknown key '%s' (known: kind, limit, release_threshold, idle_release_ms, align, page, va_reserve, "
-            "max_map, tick_ms, log, stats, oom, backend)", key);
+            "max_map, tick_ms, log, stats, trace, oom, backend)", key);
     }
     return true;
 #undef BAD
@@ -275,8 +294,12 @@ static char *trim(char *s) {
     return s;
 }
 
-/* Parses text into *out (defaults first). Returns false with err filled. */
-static bool parse_config(const char *text, tpt_config *out, char *err, size_t err_cap) {
+/* Parses text into *out (defaults first). Returns false with err filled,
+ * and the key of the item at fault (or the item itself, when it is not
+ * key=value) in bad_key. */
+static bool parse_config(const char *text, tpt_config *out, char *err, size_t err_cap, char *bad_key,
+                         size_t bad_key_cap) {
+    snprintf(bad_key, bad_key_cap, "%s", "");
     config_defaults(out);
     if (!text) return true;
     size_t len = strlen(text);
@@ -287,7 +310,7 @@ static bool parse_config(const char *text, tpt_config *out, char *err, size_t er
     }
     memcpy(copy, text, len + 1);
     bool ok = true;
-    char seen[16][24];
+    char seen[32][24];
     size_t seen_count = 0;
     char *item = copy;
     if (!*trim(copy)) goto done; /* empty: defaults */
@@ -298,11 +321,13 @@ static bool parse_config(const char *text, tpt_config *out, char *err, size_t er
         char *eq = strchr(it, '=');
         if (!*it) {
             snprintf(err, err_cap, "empty item");
+            snprintf(bad_key, bad_key_cap, "%s", "");
             ok = false;
             break;
         }
         if (!eq) {
             snprintf(err, err_cap, "'%s' is not key=value", it);
+            snprintf(bad_key, bad_key_cap, "%s", it);
             ok = false;
             break;
         }
@@ -311,15 +336,17 @@ static bool parse_config(const char *text, tpt_config *out, char *err, size_t er
         for (size_t i = 0; i < seen_count; i++) {
             if (!strcmp(seen[i], key)) {
                 snprintf(err, err_cap, "'%s' given twice", key);
+                snprintf(bad_key, bad_key_cap, "%s", key);
                 ok = false;
                 goto done;
             }
         }
         if (!parse_item(out, key, value, err, err_cap)) {
+            snprintf(bad_key, bad_key_cap, "%s", key);
             ok = false;
             break;
         }
-        if (seen_count < 16 && strlen(key) < sizeof seen[0]) strcpy(seen[seen_count++], key);
+        if (seen_count < 32 && strlen(key) < sizeof seen[0]) strcpy(seen[seen_count++], key);
         if (!comma) break;
         item = comma + 1;
     }
@@ -348,6 +375,8 @@ typedef struct tpt_slot {
     atomic_ullong free_errors;
     atomic_ullong record_stream_calls;
     atomic_ullong cross_stream_waits;
+    tpt_trace *trace;       /* trace=: set with pool, under create_lock; never freed */
+    char trace_error[160];  /* why the trace could not be opened */
 } tpt_slot;
 
 /* record_stream side table: ptr -> the index of its first rs_node in g.rs_nodes;
@@ -364,6 +393,10 @@ static struct {
     tpt_config config;
     bool config_ok;
     char config_error[256];
+    char config_bad_key[64];     /* the key of the item at fault */
+    bool config_from_call;       /* set by tp_torch_configure (not the environment) */
+    bool pools_attempted;        /* under create_lock: the configuration can no longer change */
+    _Atomic(tpt_oom_handler) oom_handler;
     int device_count;            /* from tp_torch_init; 0: unknown */
     pthread_mutex_t create_lock;
     tpt_slot slots[TPT_MAX_DEVICES];
@@ -402,13 +435,17 @@ static void forward_log(void *user, tp_log_level level, const char *message) {
 
 static void at_exit(void);
 
+/* A configuration with an error is refused as a whole: no pool is created
+ * (every allocation fails, naming the item), rather than running on the
+ * defaults without the limit the user asked for. */
 static void global_init(void) {
     const char *text = getenv("TIDEPOOL_TORCH_CONF");
     char err[200] = "";
-    g.config_ok = parse_config(text, &g.config, err, sizeof err);
+    g.config_ok = parse_config(text, &g.config, err, sizeof err, g.config_bad_key, sizeof g.config_bad_key);
     if (!g.config_ok) {
         snprintf(g.config_error, sizeof g.config_error, "%s", err);
-        fprintf(stderr, TPT_PREFIX ": TIDEPOOL_TORCH_CONF=\"%s\": %s; using the defaults\n", text, err);
+        fprintf(stderr, TPT_PREFIX ": TIDEPOOL_TORCH_CONF=\"%s\": %s; no pool will be created (every allocation "
+                "fails) until it is fixed\n", text, err);
     }
     atexit(at_exit);
 }
@@ -460,7 +497,15 @@ static tp_pool *create_pool(int ordinal) {
     pthread_mutex_lock(&g.create_lock);
     tp_pool *pool = atomic_load_explicit(&slot->pool, memory_order_relaxed);
     if (pool || slot->state == SLOT_FAILED) goto out;
+    g.pools_attempted = true;
     const tpt_config *c = &g.config;
+    if (!g.config_ok) {
+        slot->state = SLOT_FAILED;
+        slot->error = TP_ERR_INVALID_ARGUMENT;
+        snprintf(slot->spec, sizeof slot->spec, "cuda:%d", ordinal);
+        log_line(TP_LOG_ERROR, "%s: no pool: the configuration was refused (%s)", slot->spec, g.config_error);
+        goto out;
+    }
     if (c->backend == TPT_BACKEND_SIM) {
         char cap[32] = "";
         if (c->sim_capacity_bytes) snprintf(cap, sizeof cap, ":%llu", (unsigned long long)c->sim_capacity_bytes);
@@ -510,6 +555,17 @@ static tp_pool *create_pool(int ordinal) {
         log_line(TP_LOG_ERROR, "%s: no pool (%s: %s); allocations on device %d return NULL", slot->spec,
                  tp_status_name(st), tp_status_describe(st), ordinal);
         goto out;
+    }
+    if (c->trace_path[0]) {
+        /* Before the pool is published: the trace sees its first allocation. */
+        char path[PATH_MAX];
+        tpt_trace_resolve(c->trace_path, ordinal, path, sizeof path);
+        slot->trace = tpt_trace_open(path, slot->trace_error, sizeof slot->trace_error);
+        if (!slot->trace) log_line(TP_LOG_ERROR, "%s: trace=%s: %s; not recording", slot->spec, path, slot->trace_error);
+        else if (tp_pool_set_observer(pool, tpt_trace_observer, slot->trace) != TP_OK)
+            log_line(TP_LOG_ERROR, "%s: trace: could not install the pool observer", slot->spec);
+        else
+            log_line(TP_LOG_INFO, "%s: recording the trace to %s", slot->spec, path);
     }
     slot->device = device;
     slot->state = SLOT_ACTIVE;
@@ -661,9 +717,26 @@ static void format_bytes(uint64_t v, char *buf, size_t capacity) {
     snprintf(buf, capacity, "%.2f %s", x, units[u]);
 }
 
+int tpt_last_failure_was_oom(void) { return tls_alloc_status == TP_ERR_OUT_OF_MEMORY; }
+
+tpt_oom_handler tpt_get_oom_handler(void) { return atomic_load(&g.oom_handler); }
+
+/* Installs (or with NULL removes) the function that turns an out-of-memory
+ * failure of tp_torch_alloc into the host's exception (oom=raise). */
+TPT_EXPORT void tp_torch_set_oom_handler(void (*handler)(const char *message)) {
+    ensure_init();
+    atomic_store(&g.oom_handler, handler);
+}
+
 void tpt_oom_message(ssize_t size, int device, char *buf, size_t capacity) {
     char amount[32];
     format_bytes(size > 0 ? (uint64_t)size : 0, amount, sizeof amount);
+    if (!g.config_ok) {
+        snprintf(buf, capacity, "tidepool could not allocate %s on device %d: its configuration was refused: "
+                 "%s (TIDEPOOL_TORCH_CONF; fix or remove the item '%s'; no pool is created until then)",
+                 amount, device, g.config_error, g.config_bad_key);
+        return;
+    }
     if (device < 0 || device >= TPT_MAX_DEVICES) {
         snprintf(buf, capacity, "CUDA out of memory. Tried to allocate %s on device %d: tidepool has no pool "
                  "for that device number", amount, device);
@@ -792,6 +865,69 @@ TPT_EXPORT void tp_torch_record_stream(void *ptr, void *stream) {
     log_line(TP_LOG_WARN, "record_stream(%p): not a live block of any tidepool pool; ignored", ptr);
 }
 
+/* Replaces the configuration (TIDEPOOL_TORCH_CONF's syntax) before any pool
+ * exists. 0: applied. -1: an item is wrong: err says why and bad_key names
+ * its key (or the item, when it is not key=value); nothing changes. -2: too
+ * late, a pool was already created or tried (err says so); nothing changes. */
+TPT_EXPORT int tp_torch_configure(const char *text, char *err, size_t err_capacity, char *bad_key,
+                                  size_t bad_key_capacity) {
+    ensure_init();
+    char why[200] = "", key[64] = "";
+    tpt_config parsed;
+    if (!parse_config(text ? text : "", &parsed, why, sizeof why, key, sizeof key)) {
+        if (err && err_capacity) snprintf(err, err_capacity, "%s", why);
+        if (bad_key && bad_key_capacity) snprintf(bad_key, bad_key_capacity, "%s", key);
+        return -1;
+    }
+    pthread_mutex_lock(&g.create_lock);
+    if (g.pools_attempted) {
+        pthread_mutex_unlock(&g.create_lock);
+        if (err && err_capacity)
+            snprintf(err, err_capacity, "the configuration cannot change once a pool exists (an allocation already "
+                     "happened)");
+        if (bad_key && bad_key_capacity) snprintf(bad_key, bad_key_capacity, "%s", "");
+        return -2;
+    }
+    g.config = parsed;
+    g.config_ok = true;
+    g.config_error[0] = '\0';
+    g.config_bad_key[0] = '\0';
+    g.config_from_call = true;
+    pthread_mutex_unlock(&g.create_lock);
+    return 0;
+}
+
+/* Creates device's pool now (it is otherwise created at the first
+ * allocation), so that a device or configuration problem shows at once.
+ * Returns TP_OK (0) or the tp_status of the failure. */
+TPT_EXPORT int tp_torch_prepare(int device) {
+    ensure_init();
+    if (device < 0 || device >= TPT_MAX_DEVICES) return TP_ERR_INVALID_ARGUMENT;
+    if (pool_for(device)) return TP_OK;
+    pthread_mutex_lock(&g.create_lock);
+    tp_status st = g.slots[device].error;
+    pthread_mutex_unlock(&g.create_lock);
+    return st != TP_OK ? (int)st : (int)TP_ERR_NO_DEVICE;
+}
+
+/* Stops every trace (trace=) and writes out and closes its file now rather
+ * than at exit. Returns how many files were closed, or -1 if writing one
+ * failed. */
+TPT_EXPORT int tp_torch_trace_close(void) {
+    ensure_init();
+    int closed = 0;
+    bool failed = false;
+    for (int d = 0; d < TPT_MAX_DEVICES; d++) {
+        pthread_mutex_lock(&g.create_lock);
+        tpt_trace *t = g.slots[d].trace;
+        pthread_mutex_unlock(&g.create_lock);
+        int rc = tpt_trace_close(t);
+        if (rc > 0) closed++;
+        if (rc < 0) failed = true;
+    }
+    return failed ? -1 : closed;
+}
+
 TPT_EXPORT int tp_torch_reset_peaks(int device) {
     ensure_init();
     int count = 0;
@@ -915,8 +1051,11 @@ static void sb_config(sbuf *b) {
     if (!g.config_ok) {
         sb_appendf(b, "\"error\":");
         sb_json_string(b, g.config_error);
+        sb_appendf(b, ",\"bad_key\":");
+        sb_json_string(b, g.config_bad_key);
         sb_appendf(b, ",");
     }
+    sb_appendf(b, "\"source\":\"%s\",", g.config_from_call ? "tp_torch_configure" : "TIDEPOOL_TORCH_CONF");
     sb_appendf(b, "\"kind\":\"%s\",", kind_name(c->kind));
     if (c->limit_fraction > 0) sb_appendf(b, "\"limit\":\"%.0f%%\",", c->limit_fraction * 100);
     else sb_bytes_or_null(b, "limit_bytes", c->limit_bytes, true);
@@ -932,7 +1071,9 @@ static void sb_config(sbuf *b) {
                (unsigned long long)(c->tick_ns / 1000000ull), level_name(c->log_level), oom_name(c->oom),
                c->backend == TPT_BACKEND_SIM ? "sim" : "cuda");
     sb_json_string(b, c->stats_path);
-    sb_appendf(b, "}");
+    sb_appendf(b, ",\"trace\":");
+    sb_json_string(b, c->trace_path);
+    sb_appendf(b, ",\"trace_gzip\":%s}", tpt_trace_has_gzip() ? "true" : "false");
 }
 
 /* One device's object. Returns false if the slot was never used. */
@@ -953,11 +1094,27 @@ static bool sb_device(sbuf *b, int d, bool include_unused) {
     if (state == SLOT_FAILED) sb_appendf(b, "\"error\":\"%s\",", tp_status_name(error));
     sb_appendf(b,
                "\"shim\":{\"alloc_calls\":%llu,\"free_calls\":%llu,\"zero_size_allocs\":%llu,\"failed_allocs\":%llu,"
-               "\"free_errors\":%llu,\"record_stream_calls\":%llu,\"cross_stream_waits\":%llu},\"pool\":",
+               "\"free_errors\":%llu,\"record_stream_calls\":%llu,\"cross_stream_waits\":%llu},",
                (unsigned long long)atomic_load(&slot->alloc_calls), (unsigned long long)atomic_load(&slot->free_calls),
                zero, failed, (unsigned long long)atomic_load(&slot->free_errors),
                (unsigned long long)atomic_load(&slot->record_stream_calls),
                (unsigned long long)atomic_load(&slot->cross_stream_waits));
+    pthread_mutex_lock(&g.create_lock);
+    tpt_trace *trace = slot->trace;
+    char trace_error[sizeof slot->trace_error];
+    memcpy(trace_error, slot->trace_error, sizeof trace_error);
+    pthread_mutex_unlock(&g.create_lock);
+    if (trace) {
+        sb_appendf(b, "\"trace\":{\"path\":");
+        sb_json_string(b, tpt_trace_path(trace));
+        sb_appendf(b, ",\"rows\":%llu,\"open\":%s,\"gzip\":%s},", (unsigned long long)tpt_trace_rows(trace),
+                   tpt_trace_is_open(trace) ? "true" : "false", tpt_trace_has_gzip() ? "true" : "false");
+    } else if (trace_error[0]) {
+        sb_appendf(b, "\"trace\":{\"error\":");
+        sb_json_string(b, trace_error);
+        sb_appendf(b, "},");
+    }
+    sb_appendf(b, "\"pool\":");
     tp_pool *pool = atomic_load_explicit(&slot->pool, memory_order_acquire);
     if (!pool) {
         sb_appendf(b, "null}");
@@ -1007,10 +1164,43 @@ TPT_EXPORT const char *tp_torch_stats_json(int device) {
     return tls.data;
 }
 
+/* One pool's Prometheus text or memory map into this thread's buffer. */
+static const char *tls_pool_text(int device, bool metrics, const char *labels) {
+    static _Thread_local char *buf;
+    static _Thread_local size_t cap;
+    ensure_init();
+    if (device < 0 || device >= TPT_MAX_DEVICES) return "";
+    tp_pool *pool = atomic_load_explicit(&g.slots[device].pool, memory_order_acquire);
+    if (!pool) return "";
+    for (int attempt = 0; attempt < 4; attempt++) {
+        size_t need = 0;
+        tp_status st = metrics ? tp_pool_stats_openmetrics(pool, labels, buf, cap, &need)
+                               : tp_pool_snapshot_json(pool, buf, cap, &need);
+        if (st == TP_OK && buf) return buf;
+        if (st != TP_OK && st != TP_ERR_BUFFER_TOO_SMALL) return "";
+        size_t grown = need + need / 4 + 4096; /* the map may grow between the calls */
+        char *p = realloc(buf, grown);
+        if (!p) return "";
+        buf = p;
+        cap = grown;
+    }
+    return "";
+}
+
+/* tidepool's Prometheus text for device's pool (tp_pool_stats_openmetrics;
+ * labels: extra label pairs or NULL); "" when the device has no pool. The
+ * string belongs to the calling thread until its next call of this
+ * function or tp_torch_snapshot_json. */
+TPT_EXPORT const char *tp_torch_metrics(int device, const char *labels) { return tls_pool_text(device, true, labels); }
+
+/* The memory map of device's pool (tp_pool_snapshot_json); "" when none. */
+TPT_EXPORT const char *tp_torch_snapshot_json(int device) { return tls_pool_text(device, false, NULL); }
+
 /* ------------------------------------------------------------------- exit */
 
 static void at_exit(void) {
     atomic_store(&g.exiting, true);
+    if (tp_torch_trace_close() < 0) fprintf(stderr, TPT_PREFIX ": writing a trace failed\n");
     const char *path = g.config.stats_path;
     if (!path[0]) return;
     sbuf b = {0};

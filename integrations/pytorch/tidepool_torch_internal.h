@@ -5,7 +5,9 @@
 #ifndef TIDEPOOL_TORCH_INTERNAL_H
 #define TIDEPOOL_TORCH_INTERNAL_H
 
+#include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/types.h>
 
 #ifdef __cplusplus
@@ -26,6 +28,33 @@ tpt_oom_mode tpt_get_oom_mode(void);
 void tpt_oom_message(ssize_t size, int device, char *buf, size_t capacity);
 /* oom=abort: prints the message and aborts. */
 void tpt_oom_abort(ssize_t size, int device) __attribute__((noreturn));
+/* Whether the failure tpt_alloc just reported was a lack of memory (as
+ * opposed to no device, or a configuration refused). */
+int tpt_last_failure_was_oom(void);
+/* The function tp_torch_set_oom_handler installed, or NULL: called with the
+ * out-of-memory message, it throws the host's own exception type (PyTorch's
+ * c10::OutOfMemoryError, built against the installed torch). */
+typedef void (*tpt_oom_handler)(const char *message);
+tpt_oom_handler tpt_get_oom_handler(void);
+
+/* trace=PATH (tidepool_torch_trace.c). */
+struct tp_pool_event;
+typedef struct tpt_trace tpt_trace;
+/* Whether this build writes gzip (zlib found at build time). */
+bool tpt_trace_has_gzip(void);
+/* The file name for device: %p -> pid, %d -> device (see the .c file). */
+void tpt_trace_resolve(const char *pattern, int device, char *out, size_t capacity);
+/* Creates the file and writes the header row; NULL with err filled. */
+tpt_trace *tpt_trace_open(const char *path, char *err, size_t err_capacity);
+/* A tp_pool_observer_fn; user is the tpt_trace. */
+void tpt_trace_observer(void *user, const struct tp_pool_event *event);
+/* Stops recording, writes the rest and closes the file (the tpt_trace stays
+ * allocated: a late observer call finds it closed). 1 when written, 0 when
+ * already closed or in a forked child, -1 on a write error. */
+int tpt_trace_close(tpt_trace *trace);
+const char *tpt_trace_path(const tpt_trace *trace);
+uint64_t tpt_trace_rows(tpt_trace *trace);
+bool tpt_trace_is_open(tpt_trace *trace);
 
 #ifdef __cplusplus
 }
