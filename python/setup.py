@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 """setup.py -- the tidepool Python package.
 
 Building runs CMake on the repository this directory belongs to (python/..,

@@ -38,6 +38,8 @@ check() { # fills missing with the Debian/Ubuntu packages of what is absent
   command -v pkg-config >/dev/null || missing+=(pkg-config)   # check_install.sh
   [ "$mode" = test ] || return 0
   command -v xmllint >/dev/null || missing+=(libxml2-utils)   # the SVG checks
+  # the Python package, built and installed offline into a venv (Debian's python3)
+  /usr/bin/python3 -c 'import setuptools, wheel, venv' >/dev/null 2>&1 || missing+=(python3-setuptools python3-wheel python3-venv)
   # the Prometheus text parsed by a real parser (Debian's python3)
   /usr/bin/python3 -c 'import prometheus_client' >/dev/null 2>&1 || python3 -c 'import prometheus_client' >/dev/null 2>&1 \
     || missing+=(python3-prometheus-client)

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 """Records a PyTorch CUDA memory snapshot of a small transformer-like
 workload (attention with a growing KV cache, then a conv layer) and writes
 two files that `tide replay` must read as the same trace:

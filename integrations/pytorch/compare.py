@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
 r"""compare.py -- PyTorch's CUDA allocator against tidepool, side by side, on
 the workloads of record_pytorch_traces.py (the ones whose traces are in
 shared/traces).

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT
 # run_ctypes_test.sh TEST.py LIB.so SANITIZED [ARGS...] -- runs the ctypes
 # test (python3 TEST.py LIB.so ARGS...), or skips (exit 77, CTest
 # SKIP_RETURN_CODE) without python3 or in a sanitizer build (python3 cannot

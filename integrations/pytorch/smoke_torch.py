@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
 """smoke_torch.py LIB.so -- libtidepool_torch.so inside PyTorch, on a GPU.
 
 Checks, each reported as ok/FAIL with what was seen:

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
 """test_compare_summary.py -- compare.py's medians over rounds, without torch
 or a GPU: summarize() on made-up runs, and the --rounds option's checks."""
 import importlib.util

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_oom_handler.cpp -- a stand-in, for tests, for the Python package's
  * _tidepool_oom.so: a shared library whose handler throws its own exception

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* test_oom_handler.h -- the exception type test_oom_handler.cpp throws. */
 #ifndef TEST_OOM_HANDLER_H
 #define TEST_OOM_HANDLER_H

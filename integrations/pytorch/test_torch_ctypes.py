@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 """test_torch_ctypes.py LIB.so [TIDE] -- the PyTorch shim as PyTorch loads it (ctypes).
 
 Standard library only; no torch, no GPU needed. Each case runs in a fresh

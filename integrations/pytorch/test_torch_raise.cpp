@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_torch_raise.cpp -- tp_torch_alloc as PyTorch calls it, from C++.
  *   nodevice  no CUDA device, oom=raise (default): std::runtime_error whose

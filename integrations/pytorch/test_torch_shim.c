@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_torch_shim.c -- the PyTorch shim through its exported entry points.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * tidepool_torch.c -- a PyTorch CUDA pluggable allocator backed by tidepool.
  *

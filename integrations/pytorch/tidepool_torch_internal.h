@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * tidepool_torch_internal.h -- between the C shim (tidepool_torch.c) and its
  * C++ entry point (tidepool_torch_raise.cpp). Nothing here is exported.

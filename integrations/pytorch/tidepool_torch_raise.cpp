@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * tidepool_torch_raise.cpp -- tp_torch_alloc, the allocation entry point
  * PyTorch calls, in C++ so that an allocation failure can be an exception.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * tidepool_torch_trace.c -- trace=PATH: one pool's allocations and frees as
  * tidepool's CSV trace (time_us,action,addr,size,stream), the format

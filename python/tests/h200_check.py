@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
 """h200_check.py [--tide PATH] [--keep DIR] -- the tidepool package with PyTorch on a GPU.
 
 Needs torch and a CUDA GPU, and the tidepool package (installed, or

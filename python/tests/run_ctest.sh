@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT
 # run_ctest.sh dev LIB.so SANITIZED [TIDE]
 #     the package's tests against the build tree (PYTHONPATH=python,
 #     TIDEPOOL_TORCH_LIB=LIB.so)

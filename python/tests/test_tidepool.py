@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
 """test_tidepool.py [--tide PATH] -- the tidepool Python package without a GPU.
 
 Standard library only (unittest; pytest not needed). Runs against the

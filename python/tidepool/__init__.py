@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 """tidepool: a GPU device-memory manager, as a pluggable allocator for PyTorch.
 
     import torch, tidepool.torch

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 // _oom.cpp -- built against the installed torch's headers (like a torch
 // extension): throws c10::OutOfMemoryError, which PyTorch's Python bindings
 // turn into torch.cuda.OutOfMemoryError. libtidepool_torch.so calls it

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 """Builds _tidepool_oom.so, the out-of-memory handler that throws
 c10::OutOfMemoryError (so that PyTorch raises torch.cuda.OutOfMemoryError),
 against an installed torch's headers and libc10.so -- as a torch C++

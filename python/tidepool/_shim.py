@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 """ctypes binding of libtidepool_torch.so: configuration, statistics, metrics,
 memory map, trimming, traces. Standard library only (no torch, no GPU).
 

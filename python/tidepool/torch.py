@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 """tidepool for PyTorch.
 
 Two modes (README.md, "Which mode"):
