@@ -343,6 +343,14 @@ pickle)
             sed 's/"trace":"[^"]*",//; s/"ns_per_event":[0-9.]*,//' >"$scratch/$f.json" || fail "replay $f"
         cmp -s "$scratch/csv.json" "$scratch/$f.json" || { fail "$f replays differently from the CSV"; diff "$scratch/csv.json" "$scratch/$f.json"; }
     done
+    # A snapshot recorded on an H200 (scripts/gpu_torch_snapshot.py: torch 2.11, a small attention loop
+    # and a conv layer) and the CSV the recorder's rule makes of it: the same trace.
+    "$tide" replay "$data/h200_torch_snapshot.csv.gz" --pool vmm,segment --json |
+        sed 's/"trace":"[^"]*",//; s/"ns_per_event":[0-9.]*,//' >"$scratch/h200_csv.json" || fail "replay the H200 CSV"
+    "$tide" replay "$data/h200_torch_snapshot.pickle.gz" --pool vmm,segment --json |
+        sed 's/"trace":"[^"]*",//; s/"ns_per_event":[0-9.]*,//' >"$scratch/h200_pickle.json" || fail "replay the H200 snapshot"
+    cmp -s "$scratch/h200_csv.json" "$scratch/h200_pickle.json" || fail "the H200 snapshot replays differently from its CSV"
+    grep -q '"events":781,' "$scratch/h200_pickle.json" || fail "the H200 snapshot has not its 781 alloc/free events"
     expect 0 '"events":4,.*"peak_live_bytes":3145728,' "$tide" replay "$data/qwen2vl_excerpt.pickle" --pt-device 1 --json --pool segment
     expect 1 "device 5 has no trace: the snapshot holds 2 devices" "$tide" replay "$data/qwen2vl_excerpt.pickle" --pt-device 5
     expect 2 "--pt-device needs a whole number" "$tide" replay "$data/qwen2vl_excerpt.pickle" --pt-device x
