@@ -135,7 +135,7 @@ typedef struct tp_device tp_device;
 typedef struct tp_stream_opaque *tp_stream;
 typedef struct tp_event_opaque *tp_event;
 /* A graph template: a captured CUgraph cast to tp_graph on CUDA, or one made
- * by tp_sim_graph_create on the simulated device. */
+ * by the simulated device (tidepool_sim.h). */
 typedef struct tp_graph_opaque *tp_graph;
 #define TP_STREAM_DEFAULT ((tp_stream)0)
 
