@@ -323,26 +323,26 @@ typedef struct map_layout {
     size_t rows_left_out; /* 1: MAX_ROWS reached, the rest not drawn */
 } map_layout;
 
+/* Makes room for one more element in *array (elem bytes each), doubling
+ * from first; false when memory runs out (the array is kept). */
+static bool grow_for_one(void **array, size_t elem, size_t count, size_t *capacity, size_t first) {
+    if (count < *capacity) return true;
+    size_t cap = *capacity ? *capacity * 2 : first;
+    void *grown = realloc(*array, cap * elem);
+    if (!grown) return false;
+    *array = grown;
+    *capacity = cap;
+    return true;
+}
+
 static bool add_row(map_layout *l, map_row row) {
-    if (l->row_count == l->row_capacity) {
-        size_t cap = l->row_capacity ? l->row_capacity * 2 : 64;
-        map_row *grown = realloc(l->rows, cap * sizeof *grown);
-        if (!grown) return false;
-        l->rows = grown;
-        l->row_capacity = cap;
-    }
+    if (!grow_for_one((void **)&l->rows, sizeof *l->rows, l->row_count, &l->row_capacity, 64)) return false;
     l->rows[l->row_count++] = row;
     return true;
 }
 
 static bool add_piece(map_layout *l, map_piece piece) {
-    if (l->piece_count == l->piece_capacity) {
-        size_t cap = l->piece_capacity ? l->piece_capacity * 2 : 256;
-        map_piece *grown = realloc(l->pieces, cap * sizeof *grown);
-        if (!grown) return false;
-        l->pieces = grown;
-        l->piece_capacity = cap;
-    }
+    if (!grow_for_one((void **)&l->pieces, sizeof *l->pieces, l->piece_count, &l->piece_capacity, 256)) return false;
     l->pieces[l->piece_count++] = piece;
     return true;
 }
