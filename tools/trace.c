@@ -73,7 +73,7 @@ enum { SLOT_FREE = 0, SLOT_CUTTING, SLOT_PARSED };
 typedef struct text_block {
     const char *text; /* into the region, or the block's buffer */
     size_t length;
-    char *buffer; /* stream sources: BLOCK_BYTES of its own */
+    char *buffer; /* stream sources: block_bytes of its own */
     int tail;     /* TAIL_MORE, or what ends the text after this block */
     char tail_reason[REASON_CAPACITY]; /* TAIL_DAMAGED: why (no location) */
     uint64_t source_bytes; /* bytes of the file as stored read up to the block's end */
@@ -89,6 +89,8 @@ struct trace_reader {
     char name[200];
     trace_format format;
     unsigned pt_device; /* PyTorch snapshot: which device's trace */
+    size_t block_bytes; /* BLOCK_BYTES, or the options' */
+    bool stream_gzip;   /* options: never inflate whole */
     uint64_t file_bytes; /* the file's size as stored (0: not known) */
     /* The source: a region of text, or a stream (fd). */
     const char *region;
@@ -104,7 +106,7 @@ struct trace_reader {
     uint64_t raw_bytes; /* bytes read from the file */
     bool damage_pending; /* found after producing output: the next read reports it */
     char damage_reason[REASON_CAPACITY];
-    char *carry; /* stream: text after the last whole line (BLOCK_BYTES) */
+    char *carry; /* stream: text after the last whole line (block_bytes) */
     size_t carry_length;
     bool cut_done; /* the block with the text's end is cut */
     /* In order, on the caller's thread. */
@@ -255,7 +257,7 @@ static uint64_t source_position(const trace_reader *r) {
 static bool inflate_whole(trace_reader *r, char *err, size_t cap) {
 #ifdef TIDE_HAVE_LIBDEFLATE
     const char *choice = getenv("TIDE_INFLATE");
-    if (choice && !strcmp(choice, "zlib")) return true;
+    if (r->stream_gzip || (choice && !strcmp(choice, "zlib"))) return true;
     if (r->file_bytes < 18 || r->file_bytes > UINT32_MAX) return true; /* zlib's avail_in is 32 bits */
     /* the part of the file the gzip check read is in r->input already */
     unsigned char *all = malloc((size_t)r->file_bytes);
@@ -349,7 +351,7 @@ static bool open_source(trace_reader *r, const char *path, char *err, size_t cap
         }
         r->z_ready = true;
     }
-    r->carry = malloc(BLOCK_BYTES);
+    r->carry = malloc(r->block_bytes);
     if (!r->carry) {
         snprintf(err, cap, "%s: out of memory", path);
         return false;
@@ -365,16 +367,16 @@ static void cut_block(trace_reader *r, text_block *b) {
     b->tail = TAIL_MORE;
     if (r->region) {
         size_t start = r->region_offset, left = r->region_length - start;
-        if (left <= BLOCK_BYTES) {
+        if (left <= r->block_bytes) {
             b->text = r->region + start;
             b->length = left;
             b->tail = TAIL_END;
             r->region_offset = r->region_length;
         } else {
             const char *s = r->region + start;
-            const char *nl = last_newline(s, BLOCK_BYTES);
+            const char *nl = last_newline(s, r->block_bytes);
             size_t cut = nl ? (size_t)(nl - s) + 1 : 0;
-            if (BLOCK_BYTES - cut > TRACE_LINE_MAX_BYTES) b->tail = TAIL_TOO_LONG;
+            if (r->block_bytes - cut > TRACE_LINE_MAX_BYTES) b->tail = TAIL_TOO_LONG;
             b->text = s;
             b->length = cut;
             r->region_offset = start + cut;
@@ -388,8 +390,8 @@ static void cut_block(trace_reader *r, text_block *b) {
     memcpy(buf, r->carry, n);
     r->carry_length = 0;
     bool end = false, damaged = false;
-    while (n < BLOCK_BYTES) {
-        long got = stream_read(r, buf + n, BLOCK_BYTES - n);
+    while (n < r->block_bytes) {
+        long got = stream_read(r, buf + n, r->block_bytes - n);
         if (got > 0) {
             n += (size_t)got;
         } else {
@@ -469,10 +471,10 @@ static bool start_blocks(trace_reader *r) {
     if (!r->slots) return false;
     for (size_t i = 0; i < r->slot_count; i++) {
         text_block *b = &r->slots[i];
-        b->event_capacity = trace_text_max_events(BLOCK_BYTES);
+        b->event_capacity = trace_text_max_events(r->block_bytes);
         b->events = malloc(b->event_capacity * sizeof *b->events);
         if (!b->events) return false;
-        if (!r->region && !(b->buffer = malloc(BLOCK_BYTES))) return false;
+        if (!r->region && !(b->buffer = malloc(r->block_bytes))) return false;
     }
     if (!r->threads) return true;
     if (pthread_mutex_init(&r->lock, NULL) || pthread_mutex_init(&r->cut_lock, NULL) ||
@@ -604,7 +606,7 @@ static bool read_header(trace_reader *r, char *err, size_t cap) {
     } else {
         for (;;) { /* until a newline, TRACE_LINE_MAX_BYTES + 1 bytes, or the end */
             if (memchr(r->carry, '\n', r->carry_length) || r->carry_length > TRACE_LINE_MAX_BYTES) break;
-            long got = stream_read(r, r->carry + r->carry_length, BLOCK_BYTES - r->carry_length);
+            long got = stream_read(r, r->carry + r->carry_length, r->block_bytes - r->carry_length);
             if (got < 0) {
                 snprintf(err, cap, "%s:1: %s", r->name, r->damage_reason);
                 return false;
@@ -662,7 +664,7 @@ static trace_reader *open_common(trace_reader *r, char *err, size_t cap) {
         pickle = r->region_length && (unsigned char)r->region[0] == 0x80;
     } else {
         long got = 0;
-        while (!r->carry_length && (got = stream_read(r, r->carry, BLOCK_BYTES)) > 0) r->carry_length = (size_t)got;
+        while (!r->carry_length && (got = stream_read(r, r->carry, r->block_bytes)) > 0) r->carry_length = (size_t)got;
         if (got < 0) {
             snprintf(err, cap, "%s:1: %s", r->name, r->damage_reason);
             goto fail;
@@ -689,7 +691,13 @@ static trace_reader *new_reader(const char *name, const trace_open_options *opti
     }
     r->fd = -1;
     snprintf(r->name, sizeof r->name, "%s", name);
-    if (options) r->pt_device = options->pt_device;
+    r->block_bytes = BLOCK_BYTES;
+    if (options) {
+        r->pt_device = options->pt_device;
+        r->stream_gzip = options->stream_gzip;
+        if (options->block_bytes) r->block_bytes = options->block_bytes;
+        if (r->block_bytes <= TRACE_LINE_MAX_BYTES) r->block_bytes = TRACE_LINE_MAX_BYTES + 1;
+    }
     return r;
 }
 

@@ -27,6 +27,7 @@
 #ifndef TIDEPOOL_TRACE_H
 #define TIDEPOOL_TRACE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -54,6 +55,12 @@ trace_reader *trace_open_memory(const char *data, size_t length, char *err, size
 
 typedef struct trace_open_options {
     unsigned pt_device; /* PyTorch snapshots: the device whose trace is read (default 0) */
+    /* For tests and measurements (0/false: the defaults): the bytes of text
+     * in a block (at least 1024; default 1 MiB), and gzip inflated by zlib
+     * as a stream even where libdeflate could take the file whole (also
+     * the environment's TIDE_INFLATE=zlib). */
+    size_t block_bytes;
+    bool stream_gzip;
 } trace_open_options;
 /* The same with options (NULL: the defaults). A snapshot that cannot be
  * read, or has no trace for the device, fails here with the reason
