@@ -9,9 +9,10 @@
  *     gzip file inflated whole by libdeflate -- only where tide was built
  *     with it (TIDE_HAVE_LIBDEFLATE), the file is one gzip member, and its
  *     size (the trailer's ISIZE) is at most TRACE_WHOLE_INFLATE_MAX_BYTES, so
- *     a big trace never needs its whole text in memory; anything libdeflate
- *     does not take (damaged data included) goes to zlib, which then says
- *     what is wrong and where;
+ *     a big trace never needs its whole text in memory (and not asked to
+ *     stream: trace_open_options.stream_gzip, TIDE_INFLATE=zlib); anything
+ *     libdeflate does not take (damaged data included) goes to zlib, which
+ *     then says what is wrong and where;
  *   - a stream, read in blocks of BLOCK_BYTES through a fixed buffer: zlib's
  *     inflate over the file (concatenated gzip members are read on, bytes
  *     after the last member ignored, as gzread does), or read() for a plain
