@@ -6,8 +6,8 @@
  * capacity and the simulated clock are per pool. The simulated clock
  * follows the trace's timestamps, so time-based policies (idle release)
  * behave as they would have in the recorded run. Trace addresses are only
- * identities: a per-pool table maps each live trace address to what the
- * pool returned. Peak live bytes are computed by the engine from the
+ * identities: the run gives each live trace address a slot (once for all
+ * pools) and each pool keeps what it returned per slot (see slot_table). Peak live bytes are computed by the engine from the
  * requests alone and are the same for every pool.
  */
 #include "replay.h"
