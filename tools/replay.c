@@ -6,8 +6,8 @@
  * capacity and the simulated clock are per pool. The simulated clock
  * follows the trace's timestamps, so time-based policies (idle release)
  * behave as they would have in the recorded run. Trace addresses are only
- * identities: a per-pool table maps each live trace address to what the
- * pool returned. Peak live bytes are computed by the engine from the
+ * identities: the run gives each live trace address a slot (once for all
+ * pools) and each pool keeps what it returned per slot (see slot_table). Peak live bytes are computed by the engine from the
  * requests alone and are the same for every pool.
  */
 #include "replay.h"
@@ -214,72 +214,87 @@ tp_status replay_open_device(const char *spec, tp_device **out, char *err, size_
 
 /* ----------------------------------------------------------- the engine */
 
-/* The live table of a lane: trace address -> index of a live_block, whose
- * slots are recycled through a free list (tpi_map values are 64 bits, a
- * live block is two of them). */
+/* The live table, in two parts. The run's slot table (shared by its lanes,
+ * filled once per chunk before any lane replays it) gives each live trace
+ * address a slot: an alloc of bytes > 0 takes a new slot (from a free list,
+ * else the next never used) or, when its address is live already (an alloc
+ * the trace never freed), that address's slot; a free gives its address's
+ * slot back. Each lane keeps, per slot, what its pool returned (a
+ * live_block), so its replay loop indexes an array instead of hashing.
+ * Which addresses are live depends on the trace alone, not on what any pool
+ * did, so one table serves every lane: a lane writes its block at the alloc
+ * and reads it at the free, in trace order, before the slot can be taken
+ * again. */
 typedef struct live_block {
-    uint64_t address; /* what the pool returned; 0 = the allocation failed. Free slot: the next free index */
+    uint64_t address; /* what the pool returned; 0 = the allocation failed */
     uint64_t bytes;
 } live_block;
 
-#define LIVE_NONE UINT64_MAX
+#define SLOT_NONE UINT32_MAX /* no slot: a zero-byte alloc, a free of an address not live */
 
-typedef struct live_table {
-    tpi_map map;
-    live_block *blocks;
-    size_t count, capacity; /* slots in use or on the free list; allocated */
-    uint64_t free_head;     /* LIVE_NONE: no free slot */
-} live_table;
+typedef struct slot_table {
+    tpi_map map;        /* trace address -> slot */
+    uint32_t *free;     /* slots given back, a stack */
+    size_t free_count, free_capacity;
+    uint32_t used;      /* slots ever handed out */
+    uint32_t *of_event; /* the chunk's slots, one per event */
+    size_t of_event_capacity;
+} slot_table;
 
-static void live_init(live_table *t) {
+static void slots_init(slot_table *t) {
     memset(t, 0, sizeof *t);
     tpi_map_init(&t->map, NULL);
-    t->free_head = LIVE_NONE;
 }
 
-static void live_destroy(live_table *t) {
+static void slots_destroy(slot_table *t) {
     tpi_map_destroy(&t->map);
-    free(t->blocks);
-    t->blocks = NULL;
+    free(t->free);
+    free(t->of_event);
 }
 
-/* Inserts trace_address, or replaces its block if it is live already.
- * False when host memory runs out (the table is unchanged). */
-static bool live_put(live_table *t, uint64_t trace_address, uint64_t address, uint64_t bytes) {
-    uint64_t *known = tpi_map_find(&t->map, trace_address);
-    if (known) { /* an alloc the trace never freed: the new block takes its place */
-        t->blocks[*known] = (live_block){address, bytes};
-        return true;
+/* The slot of each event of the chunk into t->of_event; false when host
+ * memory runs out for the chunk's array. A map or free-list that cannot
+ * grow leaves the alloc without a slot (its free is then unknown). */
+static bool slots_resolve(slot_table *t, const trace_event *events, size_t count) {
+    if (count > t->of_event_capacity) {
+        uint32_t *grown = realloc(t->of_event, count * sizeof *grown);
+        if (!grown) return false;
+        t->of_event = grown;
+        t->of_event_capacity = count;
     }
-    uint64_t index;
-    if (t->free_head != LIVE_NONE) {
-        index = t->free_head;
-    } else {
-        if (t->count == t->capacity) {
-            size_t cap = t->capacity ? t->capacity * 2 : 4096;
-            live_block *blocks = realloc(t->blocks, cap * sizeof *blocks);
-            if (!blocks) return false;
-            t->blocks = blocks;
-            t->capacity = cap;
+    for (size_t i = 0; i < count; i++) {
+        const trace_event *e = &events[i];
+        uint32_t slot = SLOT_NONE;
+        if (e->action == TRACE_ALLOC && e->bytes) {
+            uint64_t *known = tpi_map_find(&t->map, e->address);
+            if (known) {
+                slot = (uint32_t)*known;
+            } else if (t->free_count || t->used < SLOT_NONE) {
+                uint32_t fresh = t->free_count ? t->free[t->free_count - 1] : t->used;
+                if (tpi_map_put(&t->map, e->address, fresh)) {
+                    slot = fresh;
+                    if (t->free_count) t->free_count--;
+                    else t->used++;
+                }
+            }
+        } else if (e->action == TRACE_FREE) {
+            uint64_t taken;
+            if (tpi_map_remove(&t->map, e->address, &taken)) {
+                if (t->free_count == t->free_capacity) {
+                    size_t cap = t->free_capacity ? t->free_capacity * 2 : 4096;
+                    uint32_t *grown = realloc(t->free, cap * sizeof *grown);
+                    if (grown) {
+                        t->free = grown;
+                        t->free_capacity = cap;
+                    }
+                }
+                slot = (uint32_t)taken;
+                /* a slot that cannot go back on the stack is never reused */
+                if (t->free_count < t->free_capacity) t->free[t->free_count++] = slot;
+            }
         }
-        index = t->count;
+        t->of_event[i] = slot;
     }
-    if (!tpi_map_put(&t->map, trace_address, index)) return false;
-    if (index == t->free_head)
-        t->free_head = t->blocks[index].address;
-    else
-        t->count++;
-    t->blocks[index] = (live_block){address, bytes};
-    return true;
-}
-
-/* Takes trace_address out of the table into *out; false when it is not live. */
-static bool live_take(live_table *t, uint64_t trace_address, live_block *out) {
-    uint64_t index;
-    if (!tpi_map_remove(&t->map, trace_address, &index)) return false;
-    *out = t->blocks[index];
-    t->blocks[index] = (live_block){t->free_head, 0};
-    t->free_head = index;
     return true;
 }
 
@@ -296,7 +311,8 @@ typedef struct replay_lane {
     uint64_t sim_now_ns;
     uint64_t last_event_ns; /* trace time of the latest event, for the final sample */
     uint64_t next_tick_ns;  /* trace time of the next tick (options.tick_ns) */
-    live_table live;
+    live_block *blocks; /* by slot (slot_table) */
+    size_t block_capacity;
     stream_entry streams[MAX_STREAMS];
     size_t stream_count;
     uint64_t live_bytes;
@@ -307,6 +323,8 @@ typedef struct replay_lane {
 struct replay_run {
     replay_lane *lanes;
     size_t lane_count;
+    slot_table slots;
+    uint64_t resolve_ns; /* host time spent giving events their slots */
     replay_options options;
     uint64_t events;
     replay_result *results;
@@ -359,7 +377,19 @@ static void lane_oom_report(replay_lane *lane, char *buf, size_t capacity) {
     if (lane->factory->ops->oom_report) lane->factory->ops->oom_report(lane->impl, buf, capacity);
 }
 
-static void lane_event(replay_lane *lane, const trace_event *e, bool follow_time, uint64_t tick_ns) {
+/* Room for slot in lane->blocks; false when host memory ran out. */
+static bool lane_reserve(replay_lane *lane, uint32_t slot) {
+    if (slot < lane->block_capacity) return true;
+    size_t cap = lane->block_capacity ? lane->block_capacity : 4096;
+    while (cap <= slot) cap *= 2;
+    live_block *grown = realloc(lane->blocks, cap * sizeof *grown);
+    if (!grown) return false;
+    lane->blocks = grown;
+    lane->block_capacity = cap;
+    return true;
+}
+
+static void lane_event(replay_lane *lane, const trace_event *e, uint32_t slot, bool follow_time, uint64_t tick_ns) {
     replay_result *r = &lane->result;
     lane->last_event_ns = e->time_ns;
     if (lane->is_sim && follow_time && e->time_ns > lane->sim_now_ns) {
@@ -402,14 +432,14 @@ static void lane_event(replay_lane *lane, const trace_event *e, bool follow_time
             lane->live_bytes += e->bytes;
             if (lane->live_bytes > r->peak_live_bytes) r->peak_live_bytes = lane->live_bytes;
         }
-        live_put(&lane->live, e->address, address, e->bytes);
+        if (slot != SLOT_NONE && lane_reserve(lane, slot)) lane->blocks[slot] = (live_block){address, e->bytes};
     } else if (e->action == TRACE_FREE) {
         r->frees++;
-        live_block block;
-        if (!live_take(&lane->live, e->address, &block)) {
+        if (slot == SLOT_NONE || slot >= lane->block_capacity) {
             r->unknown_frees++;
             return;
         }
+        live_block block = lane->blocks[slot];
         if (block.address) {
             if (lane->factory->ops->free(lane->impl, block.address, block.bytes, lane_stream(lane, e->stream)) !=
                 REPLAY_OK)
@@ -426,6 +456,7 @@ replay_run *replay_begin(const char *pool_names, const replay_options *options, 
         return NULL;
     }
     run->options = *options;
+    slots_init(&run->slots);
     if (!run->options.device_spec) run->options.device_spec = "sim:1TiB";
     char names[256];
     snprintf(names, sizeof names, "%s", pool_names);
@@ -443,7 +474,6 @@ replay_run *replay_begin(const char *pool_names, const replay_options *options, 
         }
         replay_lane *lane = &run->lanes[run->lane_count];
         lane->factory = f;
-        live_init(&lane->live);
         if (replay_open_device(run->options.device_spec, &lane->device, err, cap) != TP_OK) goto fail;
         run->lane_count++;
         tp_device_info info;
@@ -492,23 +522,34 @@ fail:
     return NULL;
 }
 
+#define FEED_EVENTS 65536 /* events resolved, then replayed by every lane, at a time */
+
 void replay_feed(replay_run *run, const trace_event *events, size_t count) {
-    for (size_t l = 0; l < run->lane_count; l++) {
-        replay_lane *lane = &run->lanes[l];
-        uint64_t sample_ns = 0;
-        uint64_t start = replay_now_ns();
-        for (size_t i = 0; i < count; i++) {
-            lane_event(lane, &events[i], run->options.follow_trace_time, run->options.tick_ns);
-            if (lane->samples_capacity && lane->result.events >= lane->next_sample) {
-                uint64_t s0 = replay_now_ns();
-                lane_sample(lane, events[i].time_ns);
-                lane->next_sample = lane->result.events + lane->sample_every;
-                sample_ns += replay_now_ns() - s0;
+    while (count) {
+        size_t n = count < FEED_EVENTS ? count : FEED_EVENTS;
+        uint64_t t0 = replay_now_ns();
+        const uint32_t *slots = slots_resolve(&run->slots, events, n) ? run->slots.of_event : NULL;
+        run->resolve_ns += replay_now_ns() - t0;
+        for (size_t l = 0; l < run->lane_count; l++) {
+            replay_lane *lane = &run->lanes[l];
+            uint64_t sample_ns = 0;
+            uint64_t start = replay_now_ns();
+            for (size_t i = 0; i < n; i++) {
+                lane_event(lane, &events[i], slots ? slots[i] : SLOT_NONE, run->options.follow_trace_time,
+                           run->options.tick_ns);
+                if (lane->samples_capacity && lane->result.events >= lane->next_sample) {
+                    uint64_t s0 = replay_now_ns();
+                    lane_sample(lane, events[i].time_ns);
+                    lane->next_sample = lane->result.events + lane->sample_every;
+                    sample_ns += replay_now_ns() - s0;
+                }
             }
+            lane->result.replay_ns += replay_now_ns() - start - sample_ns;
         }
-        lane->result.replay_ns += replay_now_ns() - start - sample_ns;
+        run->events += n;
+        events += n;
+        count -= n;
     }
-    run->events += count;
 }
 
 size_t replay_finish(replay_run *run, replay_result **out_results) {
@@ -550,55 +591,57 @@ void replay_free(replay_run *run) {
         if (lane->impl) lane->factory->ops->destroy(lane->impl);
         for (size_t i = 0; i < lane->stream_count; i++) tp_stream_destroy(lane->device, lane->streams[i].stream);
         if (lane->device) tp_device_close(lane->device);
-        live_destroy(&lane->live);
+        free(lane->blocks);
         free(lane->result.samples);
     }
     free(run->lanes);
     free(run->results);
+    slots_destroy(&run->slots);
     free(run);
 }
 
 int replay_file(const char *path, const char *pool_names, const replay_options *options, replay_run **out_run,
-                uint64_t *out_parse_ns, char *err, size_t cap) {
+                replay_file_timing *timing, char *err, size_t cap) {
     *out_run = NULL;
+    replay_file_timing t = {0};
+    uint64_t start = replay_now_ns();
     trace_open_options open_options = {.pt_device = options->pt_device};
     trace_reader *reader = trace_open_with(path, &open_options, err, cap);
     if (!reader) return -1;
+    t.open_ns = replay_now_ns() - start;
     replay_run *run = replay_begin(pool_names, options, err, cap);
     if (!run) {
         trace_close(reader);
         return -1;
     }
-    enum { CHUNK = 1 << 16 };
-    trace_event *chunk = malloc(CHUNK * sizeof *chunk);
-    if (!chunk) {
-        snprintf(err, cap, "out of memory");
-        replay_free(run);
-        trace_close(reader);
-        return -1;
-    }
-    uint64_t parse_ns = 0;
+    t.threads = options->threads > 1 ? options->threads : 1;
+    if (trace_get_format(reader) == TRACE_FORMAT_PYTORCH_PICKLE) t.threads = 1; /* parsed whole at open */
+    trace_set_threads(reader, t.threads - 1);
     for (;;) {
+        const trace_event *events;
         uint64_t t0 = replay_now_ns();
-        long n = trace_read(reader, chunk, CHUNK, err, cap);
-        parse_ns += replay_now_ns() - t0;
+        long n = trace_read_batch(reader, &events, err, cap);
+        t.read_ns += replay_now_ns() - t0;
         if (n < 0) {
-            free(chunk);
             replay_free(run);
             trace_close(reader);
             return -1;
         }
         if (n == 0) break;
-        replay_feed(run, chunk, (size_t)n);
+        replay_feed(run, events, (size_t)n);
         if (options->progress) {
             replay_progress p = {.events = run->events};
             trace_position(reader, &p.bytes_read, &p.bytes_total, &p.events_total);
             options->progress(options->progress_user, &p);
         }
     }
-    free(chunk);
+    uint64_t end = replay_now_ns();
     trace_close(reader);
-    if (out_parse_ns) *out_parse_ns = parse_ns;
+    t.events = run->events;
+    t.slot_ns = run->resolve_ns;
+    for (size_t l = 0; l < run->lane_count; l++) t.replay_ns += run->lanes[l].result.replay_ns;
+    t.wall_ns = end - start;
+    if (timing) *timing = t;
     *out_run = run;
     return 0;
 }

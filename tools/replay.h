@@ -128,6 +128,9 @@ typedef struct replay_options {
      * their reserved bytes reach a new high after an allocation: see
      * replay_peak_snapshot. */
     bool snapshot_peaks;
+    /* replay_file: threads that read, parse and replay the trace, the
+     * replay's own included (0 or 1: all on the calling thread). */
+    unsigned threads;
     /* replay_file calls this after every chunk of events (optional). */
     void (*progress)(void *user, const replay_progress *progress);
     void *progress_user;
@@ -143,9 +146,20 @@ void replay_feed(replay_run *run, const trace_event *events, size_t count);
 size_t replay_finish(replay_run *run, replay_result **out_results);
 void replay_free(replay_run *run);
 
-/* Replays a whole file. Returns 0, or -1 with err filled. */
+/* Where a replay_file run spent its time (host ns, wall clock). */
+typedef struct replay_file_timing {
+    uint64_t events;
+    unsigned threads;  /* as used */
+    uint64_t open_ns;  /* opening the file: the header, and a gzip file inflated whole (trace.c) */
+    uint64_t read_ns;  /* the replay thread waiting for parsed events (with one thread: reading and parsing them) */
+    uint64_t slot_ns;  /* giving events their live-table slots (once for all pools) */
+    uint64_t replay_ns; /* the pools replaying (all of them; replay_result.replay_ns is each one's) */
+    uint64_t wall_ns;  /* from opening the file to the last event replayed, all included */
+} replay_file_timing;
+
+/* Replays a whole file. Returns 0, or -1 with err filled. timing may be NULL. */
 int replay_file(const char *path, const char *pool_names, const replay_options *options, replay_run **out_run,
-                uint64_t *out_parse_ns, char *err, size_t capacity);
+                replay_file_timing *timing, char *err, size_t capacity);
 
 /* True for tidepool's own pools (vmm, segment), false for the baselines. */
 bool replay_is_tidepool(const char *pool_name);

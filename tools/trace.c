@@ -2,167 +2,647 @@
 /*
  * trace.c -- the trace reader and writer (formats in trace.h).
  *
- * Lines are read with gzgets (zlib reads gzip and plain files alike) into a
- * fixed buffer; a line longer than the buffer is an error, never silently
- * split. Fields are parsed strictly: anything but the expected digits (or
- * the RMM time syntax) is reported with its file and line. Blank lines and
- * a trailing CR are accepted, as is a last line without a newline.
+ * The source. A file is gzip when it starts with the gzip magic (1f 8b),
+ * plain otherwise (as zlib's gzopen tells them). Its text comes from one of
+ *   - a region in memory, cut into blocks without copying: the caller's
+ *     data (trace_open_memory), a plain regular file mapped (mmap), or a
+ *     gzip file inflated whole by libdeflate -- only where tide was built
+ *     with it (TIDE_HAVE_LIBDEFLATE), the file is one gzip member, and its
+ *     size (the trailer's ISIZE) is at most TRACE_WHOLE_INFLATE_MAX_BYTES, so
+ *     a big trace never needs its whole text in memory (and not asked to
+ *     stream: trace_open_options.stream_gzip, TIDE_INFLATE=zlib); anything
+ *     libdeflate does not take (damaged data included) goes to zlib, which
+ *     then says what is wrong and where;
+ *   - a stream, read in blocks of BLOCK_BYTES through a fixed buffer: zlib's
+ *     inflate over the file (concatenated gzip members are read on, bytes
+ *     after the last member ignored, as gzread does), or read() for a plain
+ *     file that cannot be mapped (a pipe).
+ * Damaged gzip data is an error, never a shorter trace: a stream cut short
+ * (inflate wants input after the file's end: "truncated gzip file"), bad
+ * deflate data or a wrong CRC/length trailer ("corrupt gzip data"), or a
+ * read error, named with the file and the line being read when the data
+ * stopped. Text inflated before the damage is parsed first, so a bad line
+ * before it is the error reported.
  *
- * Damaged gzip input is an error, never a shorter trace: zlib's gzgets
- * returns what it could inflate and keeps the reason in gzerror (a stream
- * cut short is Z_BUF_ERROR, "unexpected end of file"; bad deflate data or a
- * wrong CRC/length trailer is Z_DATA_ERROR), so the reader asks gzerror at
- * the end of the data (gzgets NULL) and for a line without its newline (the
- * last bytes before a cut), and reports the file and the line reached.
+ * Blocks. The text after the header is cut at newlines into blocks of at
+ * most BLOCK_BYTES of whole lines (the last block may end without one); a
+ * stream keeps the bytes after the last newline (at most
+ * TRACE_LINE_MAX_BYTES, else the line is too long: an error) for the next
+ * block. A block parses on its own (trace_text.c), so with threads
+ * (trace_set_threads) worker threads cut and parse blocks while the caller
+ * takes them in order: cutting is serial (one worker at a time holds
+ * cut_lock, and takes the blocks' sequence numbers in order), parsing is
+ * parallel, and the caller puts the blocks back in order. Line numbers and
+ * the time origin are applied in order by the caller: a block reports its
+ * line count and, at a bad line, the line's index in the block.
+ * Invariants: block seq lives in slot seq % slot_count; a slot is cut only
+ * when FREE (the caller released the block before it), is PARSED once its
+ * events are ready, and the caller takes seqs in order; at most slot_count
+ * blocks of text and events exist, so memory is bounded whatever the
+ * trace's length. Without threads the same blocks are cut and parsed on
+ * the caller's thread.
  */
 #include "trace.h"
 
 #include "pickle.h"
+#include "trace_text.h"
 
-#include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
+#ifdef TIDE_HAVE_LIBDEFLATE
+#include <libdeflate.h>
+#endif
 
-#define LINE_CAPACITY 1024
+#define BLOCK_BYTES (1u << 20)
+#define INPUT_BYTES (1u << 18) /* compressed bytes read at a time */
+#define TRACE_WHOLE_INFLATE_MAX_BYTES (1ull << 30)
+#define MAX_THREADS 64
+#define REASON_CAPACITY 400
+
+enum { TAIL_MORE = 0, TAIL_END, TAIL_DAMAGED, TAIL_TOO_LONG };
+enum { SLOT_FREE = 0, SLOT_CUTTING, SLOT_PARSED };
+
+typedef struct text_block {
+    const char *text; /* into the region, or the block's buffer */
+    size_t length;
+    char *buffer; /* stream sources: block_bytes of its own */
+    int tail;     /* TAIL_MORE, or what ends the text after this block */
+    char tail_reason[REASON_CAPACITY]; /* TAIL_DAMAGED: why (no location) */
+    uint64_t source_bytes; /* bytes of the file as stored read up to the block's end */
+    trace_event *events;
+    size_t event_capacity;
+    trace_text_result parsed;
+    bool bad;
+    char what[300];
+    int state; /* SLOT_*; under lock with threads */
+} text_block;
 
 struct trace_reader {
-    gzFile gz;            /* file source, or NULL */
-    const char *data;     /* memory source */
-    size_t length, offset;
     char name[200];
     trace_format format;
-    unsigned long long line;
+    unsigned pt_device; /* PyTorch snapshot: which device's trace */
+    size_t block_bytes; /* BLOCK_BYTES, or the options' */
+    bool stream_gzip;   /* options: never inflate whole */
+    uint64_t file_bytes; /* the file's size as stored (0: not known) */
+    /* The source: a region of text, or a stream (fd). */
+    const char *region;
+    size_t region_length, region_offset;
+    void *mapping; /* a mapped plain file */
+    size_t mapping_length;
+    char *inflated; /* a gzip file inflated whole */
+    int fd;
+    bool gzip, z_ready, input_end, member_end;
+    z_stream z;
+    unsigned char *input; /* compressed bytes (INPUT_BYTES, or the whole file) */
+    size_t input_capacity;
+    uint64_t raw_bytes; /* bytes read from the file */
+    bool damage_pending; /* found after producing output: the next read reports it */
+    char damage_reason[REASON_CAPACITY];
+    char *carry; /* stream: text after the last whole line (block_bytes) */
+    size_t carry_length;
+    bool cut_done; /* the block with the text's end is cut */
+    /* In order, on the caller's thread. */
+    unsigned long long line; /* lines consumed, the header included */
     bool have_origin;
     uint64_t origin_ns; /* time of the first event */
-    char damage[512];   /* LINE_DAMAGED: "FILE:LINE: what" */
-    unsigned pt_device; /* PyTorch snapshot: which device's trace */
-    uint64_t file_bytes; /* the file's size as stored (0: not known) */
-    trace_event *pk_events; /* PyTorch snapshot: every event, converted at open */
+    uint64_t position_bytes; /* source bytes behind the blocks taken */
+    bool ended;
+    char error[700]; /* sticky: once an error, always that error */
+    /* Blocks. */
+    unsigned threads;
+    text_block *slots;
+    size_t slot_count;
+    uint64_t next_cut, next_take;
+    text_block *held; /* returned by the last batch; released at the next */
+    pthread_t workers[MAX_THREADS];
+    unsigned worker_count;
+    pthread_mutex_t lock, cut_lock;
+    pthread_cond_t freed, parsed;
+    bool stop, locks_ready;
+    /* trace_read's copy-out of the current batch */
+    const trace_event *batch;
+    size_t batch_count, batch_next;
+    /* PyTorch snapshot: every event, converted at open */
+    trace_event *pk_events;
     size_t pk_count, pk_next;
-    char buf[LINE_CAPACITY];
 };
+
+static uint32_t fold_stream(uint64_t v) { return (uint32_t)(v ^ (v >> 32)); }
 
 static const char TIDEPOOL_HEADER[] = "time_us,action,addr,size,stream";
 static const char RMM_HEADER[] = "Thread,Time,Action,Pointer,Size,Stream";
 
-typedef enum line_status {
-    LINE_OK = 0,
-    LINE_BAD,      /* too long for the buffer, or holds a NUL byte (not text) */
-    LINE_DAMAGED,  /* the gzip data is truncated or corrupt, or reading failed: r->damage says how */
-} line_status;
+/* --------------------------------------------------------------- sources */
 
-/* Fills r->damage with why zlib stopped, if it stopped on an error (the
- * line number is the line being read when the data ran out). */
-static bool gz_damaged(trace_reader *r, unsigned long long line) {
-    char where[230];
-    if (line) snprintf(where, sizeof where, "%s:%llu", r->name, line);
-    else snprintf(where, sizeof where, "%s", r->name); /* a pickle: read whole, no lines */
-    int code = Z_OK;
-    const char *msg = gzerror(r->gz, &code);
-    if (code == Z_OK || code == Z_STREAM_END) return false;
-    /* zlib's message starts with the path it was opened with: drop it */
-    size_t name_len = strlen(r->name);
-    if (msg && !strncmp(msg, r->name, name_len) && !strncmp(msg + name_len, ": ", 2)) msg += name_len + 2;
-    if (code == Z_BUF_ERROR)
-        snprintf(r->damage, sizeof r->damage, "%s: truncated gzip file: the compressed data stops before its end (zlib: %s)",
-                 where, msg && *msg ? msg : "unexpected end of file");
-    else if (code == Z_DATA_ERROR)
-        snprintf(r->damage, sizeof r->damage, "%s: corrupt gzip data (zlib: %s)", where,
-                 msg && *msg ? msg : "bad deflate data");
-    else if (code == Z_ERRNO)
-        snprintf(r->damage, sizeof r->damage, "%s: read error: %s", where, strerror(errno));
+/* The last '\n' in s[0, n), or NULL (memrchr is not C11). */
+static const char *last_newline(const char *s, size_t n) {
+    while (n) {
+        if (s[--n] == '\n') return s + n;
+    }
+    return NULL;
+}
+
+static void zlib_reason(trace_reader *r, int code) {
+    const char *msg = r->z.msg;
+    if (code == Z_DATA_ERROR)
+        snprintf(r->damage_reason, sizeof r->damage_reason, "corrupt gzip data (zlib: %s)",
+                 msg && *msg ? msg : "compressed data error");
+    else if (code == Z_MEM_ERROR)
+        snprintf(r->damage_reason, sizeof r->damage_reason, "zlib error %d (out of memory)", code);
     else
-        snprintf(r->damage, sizeof r->damage, "%s: zlib error %d (%s)", where, code, msg && *msg ? msg : "unknown");
+        snprintf(r->damage_reason, sizeof r->damage_reason, "zlib error %d (%s)", code,
+                 msg && *msg ? msg : "internal error: inflate stream corrupt");
+}
+
+static void truncated_reason(trace_reader *r) {
+    snprintf(r->damage_reason, sizeof r->damage_reason,
+             "truncated gzip file: the compressed data stops before its end (zlib: unexpected end of file)");
+}
+
+/* More compressed input; false on a read error (reason set). */
+static bool read_input(trace_reader *r) {
+    if (r->input_end) return true;
+    if (r->z.avail_in && r->z.next_in != r->input) memmove(r->input, r->z.next_in, r->z.avail_in);
+    r->z.next_in = r->input;
+    for (;;) {
+        ssize_t n = read(r->fd, r->input + r->z.avail_in, r->input_capacity - r->z.avail_in);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) {
+            snprintf(r->damage_reason, sizeof r->damage_reason, "read error: %s", strerror(errno));
+            return false;
+        }
+        if (n == 0) r->input_end = true;
+        r->z.avail_in += (uInt)n;
+        r->raw_bytes += (uint64_t)n;
+        return true;
+    }
+}
+
+/* Up to capacity bytes of text from the stream: > 0, 0 at the end, or -1
+ * when the data is damaged (r->damage_reason says how). */
+static long stream_read(trace_reader *r, char *buf, size_t capacity) {
+    if (r->damage_pending) return -1;
+    if (!r->gzip) {
+        if (r->z.avail_in) { /* what the gzip check read first */
+            size_t n = r->z.avail_in < capacity ? r->z.avail_in : capacity;
+            memcpy(buf, r->z.next_in, n);
+            r->z.next_in += n;
+            r->z.avail_in -= (uInt)n;
+            return (long)n;
+        }
+        for (;;) {
+            ssize_t n = read(r->fd, buf, capacity);
+            if (n < 0 && errno == EINTR) continue;
+            if (n < 0) {
+                snprintf(r->damage_reason, sizeof r->damage_reason, "read error: %s", strerror(errno));
+                r->damage_pending = true;
+                return -1;
+            }
+            r->raw_bytes += (uint64_t)n;
+            return (long)n;
+        }
+    }
+    r->z.next_out = (unsigned char *)buf;
+    r->z.avail_out = (uInt)capacity;
+    while (r->z.avail_out == capacity) {
+        if (r->member_end) { /* another member follows, or the end (bytes after the last member are ignored) */
+            while (r->z.avail_in < 2 && !r->input_end)
+                if (!read_input(r)) goto damaged;
+            if (r->z.avail_in < 2 || r->z.next_in[0] != 0x1f || r->z.next_in[1] != 0x8b) break;
+            inflateReset(&r->z);
+            r->member_end = false;
+        }
+        if (r->z.avail_in == 0) {
+            if (!read_input(r)) goto damaged;
+            if (r->z.avail_in == 0) {
+                truncated_reason(r);
+                goto damaged;
+            }
+        }
+        int ret = inflate(&r->z, Z_NO_FLUSH);
+        if (ret == Z_STREAM_END) {
+            r->member_end = true;
+        } else if (ret != Z_OK && ret != Z_BUF_ERROR) {
+            zlib_reason(r, ret);
+            goto damaged;
+        }
+    }
+    return (long)(capacity - r->z.avail_out);
+damaged:
+    r->damage_pending = true;
+    return capacity - r->z.avail_out ? (long)(capacity - r->z.avail_out) : -1;
+}
+
+/* Bytes of the file as stored behind the text read so far. */
+static uint64_t source_position(const trace_reader *r) {
+    if (r->region) {
+        if (r->inflated && r->region_length)
+            return (uint64_t)((double)r->file_bytes * (double)r->region_offset / (double)r->region_length);
+        return r->region_offset;
+    }
+    return r->raw_bytes - r->z.avail_in;
+}
+
+/* Inflates a regular gzip file whole with libdeflate into r->inflated; on
+ * any failure keeps what it read as zlib's input instead. False only when
+ * reading failed (reason in err). */
+static bool inflate_whole(trace_reader *r, char *err, size_t cap) {
+#ifdef TIDE_HAVE_LIBDEFLATE
+    const char *choice = getenv("TIDE_INFLATE");
+    if (r->stream_gzip || (choice && !strcmp(choice, "zlib"))) return true;
+    if (r->file_bytes < 18 || r->file_bytes > UINT32_MAX) return true; /* zlib's avail_in is 32 bits */
+    /* the part of the file the gzip check read is in r->input already */
+    unsigned char *all = malloc((size_t)r->file_bytes);
+    if (!all) return true;
+    size_t have = r->z.avail_in;
+    memcpy(all, r->z.next_in, have);
+    while (have < r->file_bytes) {
+        ssize_t n = read(r->fd, all + have, (size_t)r->file_bytes - have);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) {
+            snprintf(err, cap, "%s: read error: %s", r->name, strerror(errno));
+            free(all);
+            return false;
+        }
+        if (n == 0) break; /* the file shrank: zlib will say so */
+        have += (size_t)n;
+        r->raw_bytes += (uint64_t)n;
+    }
+    /* one member's ISIZE: its text's size modulo 2^32 */
+    const unsigned char *t = all + have - 4;
+    size_t size = (size_t)t[0] | (size_t)t[1] << 8 | (size_t)t[2] << 16 | (size_t)t[3] << 24;
+    struct libdeflate_decompressor *d = NULL;
+    if (have >= 18 && size <= TRACE_WHOLE_INFLATE_MAX_BYTES && (r->inflated = malloc(size ? size : 1)) &&
+        (d = libdeflate_alloc_decompressor())) {
+        size_t used_in = 0, used_out = 0;
+        enum libdeflate_result res = libdeflate_gzip_decompress_ex(d, all, have, r->inflated, size, &used_in, &used_out);
+        libdeflate_free_decompressor(d);
+        if (res == LIBDEFLATE_SUCCESS && used_in == have && used_out == size) {
+            free(all);
+            r->region = r->inflated;
+            r->region_length = used_out;
+            return true;
+        }
+    }
+    free(r->inflated);
+    r->inflated = NULL;
+    /* zlib reads from the whole file in memory */
+    free(r->input);
+    r->input = all;
+    r->input_capacity = have;
+    r->z.next_in = all;
+    r->z.avail_in = (uInt)have;
+    r->input_end = true;
+#else
+    (void)r, (void)err, (void)cap;
+#endif
     return true;
 }
 
-/* Next line without its terminator; NULL at the end, or on LINE_DAMAGED. */
-static char *next_line(trace_reader *r, line_status *status) {
-    *status = LINE_OK;
-    size_t n = 0;
-    if (r->gz) {
-        if (!gzgets(r->gz, r->buf, sizeof r->buf)) {
-            if (gz_damaged(r, r->line + 1)) *status = LINE_DAMAGED;
-            return NULL;
+/* Opens the source of path: a mapped plain file, a gzip file inflated whole,
+ * or a stream. */
+static bool open_source(trace_reader *r, const char *path, char *err, size_t cap) {
+    r->fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (r->fd < 0) {
+        snprintf(err, cap, "%s: cannot open: %s", path, strerror(errno ? errno : ENOENT));
+        return false;
+    }
+    struct stat st;
+    bool regular = fstat(r->fd, &st) == 0 && S_ISREG(st.st_mode);
+    if (regular) r->file_bytes = (uint64_t)st.st_size;
+    r->input_capacity = INPUT_BYTES;
+    r->input = malloc(r->input_capacity);
+    if (!r->input) {
+        snprintf(err, cap, "%s: out of memory", path);
+        return false;
+    }
+    r->z.next_in = r->input;
+    while (r->z.avail_in < 2 && !r->input_end) /* the magic */
+        if (!read_input(r)) {
+            snprintf(err, cap, "%s: %s", path, r->damage_reason);
+            return false;
         }
-        r->line++;
-        n = strlen(r->buf);
-        /* A line without its newline is the last of the data: if zlib
-         * stopped on an error, the line is cut (or garbage), not the end. */
-        if ((n == 0 || r->buf[n - 1] != '\n') && gz_damaged(r, r->line)) {
-            *status = LINE_DAMAGED;
-            return NULL;
-        }
-        /* gzgets stops at a newline, a full buffer or the end of the file;
-         * anything else means strlen stopped at a NUL inside the line. */
-        if ((n == 0 || r->buf[n - 1] != '\n') && !gzeof(r->gz)) {
-            *status = LINE_BAD;
-            return r->buf;
-        }
-    } else {
-        if (r->offset >= r->length) return NULL;
-        r->line++;
-        const char *start = r->data + r->offset;
-        const char *nl = memchr(start, '\n', r->length - r->offset);
-        size_t len = nl ? (size_t)(nl - start) + 1 : r->length - r->offset;
-        r->offset += len;
-        if (len >= sizeof r->buf) {
-            *status = LINE_BAD;
-            return r->buf;
-        }
-        memcpy(r->buf, start, len);
-        r->buf[len] = '\0';
-        n = len;
-        if (memchr(r->buf, '\0', n)) { /* an embedded NUL: not text */
-            *status = LINE_BAD;
-            return r->buf;
+    r->gzip = r->z.avail_in >= 2 && r->input[0] == 0x1f && r->input[1] == 0x8b;
+    if (!r->gzip && regular && r->file_bytes && r->file_bytes <= SIZE_MAX) {
+        void *m = mmap(NULL, (size_t)r->file_bytes, PROT_READ, MAP_PRIVATE, r->fd, 0);
+        if (m != MAP_FAILED) {
+            madvise(m, (size_t)r->file_bytes, MADV_SEQUENTIAL);
+            r->mapping = m;
+            r->mapping_length = (size_t)r->file_bytes;
+            r->region = m;
+            r->region_length = r->mapping_length;
+            return true;
         }
     }
-    while (n && (r->buf[n - 1] == '\n' || r->buf[n - 1] == '\r')) r->buf[--n] = '\0';
-    return r->buf;
+    if (r->gzip) {
+        if (regular && !inflate_whole(r, err, cap)) return false;
+        if (r->region) return true;
+        if (inflateInit2(&r->z, 15 + 16) != Z_OK) {
+            snprintf(err, cap, "%s: out of memory", path);
+            return false;
+        }
+        r->z_ready = true;
+    }
+    r->carry = malloc(r->block_bytes);
+    if (!r->carry) {
+        snprintf(err, cap, "%s: out of memory", path);
+        return false;
+    }
+    return true;
 }
+
+/* ---------------------------------------------------------------- blocks */
+
+/* Cuts the next block into b (the caller holds cut_lock, or is the only
+ * thread). */
+static void cut_block(trace_reader *r, text_block *b) {
+    b->tail = TAIL_MORE;
+    if (r->region) {
+        size_t start = r->region_offset, left = r->region_length - start;
+        if (left <= r->block_bytes) {
+            b->text = r->region + start;
+            b->length = left;
+            b->tail = TAIL_END;
+            r->region_offset = r->region_length;
+        } else {
+            const char *s = r->region + start;
+            const char *nl = last_newline(s, r->block_bytes);
+            size_t cut = nl ? (size_t)(nl - s) + 1 : 0;
+            if (r->block_bytes - cut > TRACE_LINE_MAX_BYTES) b->tail = TAIL_TOO_LONG;
+            b->text = s;
+            b->length = cut;
+            r->region_offset = start + cut;
+        }
+        b->source_bytes = source_position(r);
+        if (b->tail != TAIL_MORE) r->cut_done = true;
+        return;
+    }
+    char *buf = b->buffer;
+    size_t n = r->carry_length;
+    memcpy(buf, r->carry, n);
+    r->carry_length = 0;
+    bool end = false, damaged = false;
+    while (n < r->block_bytes) {
+        long got = stream_read(r, buf + n, r->block_bytes - n);
+        if (got > 0) {
+            n += (size_t)got;
+        } else {
+            end = got == 0;
+            damaged = got < 0;
+            break;
+        }
+    }
+    b->text = buf;
+    if (end) {
+        b->length = n;
+        b->tail = TAIL_END;
+    } else {
+        const char *nl = last_newline(buf, n);
+        size_t cut = nl ? (size_t)(nl - buf) + 1 : 0;
+        b->length = cut;
+        if (n - cut > TRACE_LINE_MAX_BYTES) {
+            b->tail = TAIL_TOO_LONG;
+        } else if (damaged) {
+            b->tail = TAIL_DAMAGED;
+            snprintf(b->tail_reason, sizeof b->tail_reason, "%s", r->damage_reason);
+        } else {
+            memcpy(r->carry, buf + cut, n - cut);
+            r->carry_length = n - cut;
+        }
+    }
+    b->source_bytes = source_position(r);
+    if (b->tail != TAIL_MORE) r->cut_done = true;
+}
+
+static void parse_block(trace_reader *r, text_block *b) {
+    b->bad = !trace_text_parse(r->format, b->text, b->length, b->events, &b->parsed, b->what, sizeof b->what);
+}
+
+static void *worker_main(void *arg) {
+    trace_reader *r = arg;
+    for (;;) {
+        pthread_mutex_lock(&r->cut_lock);
+        pthread_mutex_lock(&r->lock);
+        text_block *b = NULL;
+        if (!r->cut_done && !r->stop) {
+            b = &r->slots[r->next_cut % r->slot_count];
+            while (b->state != SLOT_FREE && !r->stop) pthread_cond_wait(&r->freed, &r->lock);
+            if (r->stop) b = NULL;
+            else b->state = SLOT_CUTTING;
+        }
+        pthread_mutex_unlock(&r->lock);
+        if (!b) {
+            pthread_mutex_unlock(&r->cut_lock);
+            return NULL;
+        }
+        cut_block(r, b);
+        r->next_cut++;
+        pthread_mutex_unlock(&r->cut_lock);
+        parse_block(r, b);
+        pthread_mutex_lock(&r->lock);
+        b->state = SLOT_PARSED;
+        pthread_cond_broadcast(&r->parsed);
+        pthread_mutex_unlock(&r->lock);
+    }
+}
+
+static void stop_workers(trace_reader *r) {
+    if (!r->worker_count) return;
+    pthread_mutex_lock(&r->lock);
+    r->stop = true;
+    pthread_cond_broadcast(&r->freed);
+    pthread_mutex_unlock(&r->lock);
+    for (unsigned i = 0; i < r->worker_count; i++) pthread_join(r->workers[i], NULL);
+    r->worker_count = 0;
+}
+
+/* The slots and, with threads, the workers; false when out of memory. */
+static bool start_blocks(trace_reader *r) {
+    r->slot_count = r->threads ? 2 * (size_t)r->threads + 2 : 1;
+    r->slots = calloc(r->slot_count, sizeof *r->slots);
+    if (!r->slots) return false;
+    for (size_t i = 0; i < r->slot_count; i++) {
+        text_block *b = &r->slots[i];
+        b->event_capacity = trace_text_max_events(r->block_bytes);
+        b->events = malloc(b->event_capacity * sizeof *b->events);
+        if (!b->events) return false;
+        if (!r->region && !(b->buffer = malloc(r->block_bytes))) return false;
+    }
+    if (!r->threads) return true;
+    if (pthread_mutex_init(&r->lock, NULL) || pthread_mutex_init(&r->cut_lock, NULL) ||
+        pthread_cond_init(&r->freed, NULL) || pthread_cond_init(&r->parsed, NULL))
+        return false;
+    r->locks_ready = true;
+    for (unsigned i = 0; i < r->threads; i++) {
+        if (pthread_create(&r->workers[i], NULL, worker_main, r) != 0) break;
+        r->worker_count++;
+    }
+    if (!r->worker_count) { /* no threads to be had: parse here */
+        r->threads = 0;
+    }
+    return true;
+}
+
+/* The next block in order, parsed. */
+static text_block *take_block(trace_reader *r) {
+    if (!r->threads) {
+        text_block *b = &r->slots[0];
+        cut_block(r, b);
+        parse_block(r, b);
+        return b;
+    }
+    text_block *b = &r->slots[r->next_take % r->slot_count];
+    pthread_mutex_lock(&r->lock);
+    while (b->state != SLOT_PARSED) pthread_cond_wait(&r->parsed, &r->lock);
+    pthread_mutex_unlock(&r->lock);
+    r->next_take++;
+    return b;
+}
+
+static void release_block(trace_reader *r, text_block *b) {
+    if (!r->threads) return;
+    pthread_mutex_lock(&r->lock);
+    b->state = SLOT_FREE;
+    pthread_cond_broadcast(&r->freed);
+    pthread_mutex_unlock(&r->lock);
+}
+
+#define FAIL(...)                                                  \
+    do {                                                           \
+        snprintf(r->error, sizeof r->error, __VA_ARGS__);          \
+        snprintf(err, cap, "%s", r->error);                        \
+        return -1;                                                 \
+    } while (0)
+
+long trace_read_batch(trace_reader *r, const trace_event **out_events, char *err, size_t cap) {
+    *out_events = NULL;
+    if (r->format == TRACE_FORMAT_PYTORCH_PICKLE) {
+        size_t n = r->pk_count - r->pk_next;
+        *out_events = r->pk_events + r->pk_next;
+        r->pk_next = r->pk_count;
+        return (long)n;
+    }
+    if (r->error[0]) {
+        snprintf(err, cap, "%s", r->error);
+        return -1;
+    }
+    for (;;) {
+        if (r->held) {
+            release_block(r, r->held);
+            r->held = NULL;
+        }
+        if (r->ended) return 0;
+        if (!r->slots && !start_blocks(r)) FAIL("%s: out of memory", r->name);
+        text_block *b = take_block(r);
+        r->held = b;
+        if (b->bad) FAIL("%s:%llu: %s", r->name, r->line + b->parsed.lines + 1, b->what);
+        r->line += b->parsed.lines;
+        r->position_bytes = b->source_bytes;
+        if (b->tail == TAIL_DAMAGED) FAIL("%s:%llu: %s", r->name, r->line + 1, b->tail_reason);
+        if (b->tail == TAIL_TOO_LONG) FAIL("%s:%llu: line too long or not text", r->name, r->line + 1);
+        if (b->tail == TAIL_END) r->ended = true;
+        size_t n = b->parsed.events;
+        if (!n) continue;
+        trace_event *e = b->events;
+        if (!r->have_origin) {
+            r->have_origin = true;
+            r->origin_ns = e[0].time_ns;
+        }
+        /* Times that run backwards are clamped: the replay's clock only moves on. */
+        uint64_t origin = r->origin_ns;
+        for (size_t i = 0; i < n; i++) e[i].time_ns = e[i].time_ns >= origin ? e[i].time_ns - origin : 0;
+        *out_events = e;
+        return (long)n;
+    }
+}
+
+#undef FAIL
+
+long trace_read(trace_reader *r, trace_event *events, size_t capacity, char *err, size_t cap) {
+    size_t n = 0;
+    while (n < capacity) {
+        if (r->batch_next == r->batch_count) {
+            long got = trace_read_batch(r, &r->batch, err, cap);
+            if (got < 0) return -1;
+            r->batch_count = (size_t)got;
+            r->batch_next = 0;
+            if (!got) break;
+        }
+        size_t take = r->batch_count - r->batch_next;
+        if (take > capacity - n) take = capacity - n;
+        memcpy(events + n, r->batch + r->batch_next, take * sizeof *events);
+        n += take;
+        r->batch_next += take;
+    }
+    return (long)n;
+}
+
+void trace_set_threads(trace_reader *r, unsigned threads) {
+    if (r->slots || r->format == TRACE_FORMAT_PYTORCH_PICKLE) return; /* too late, or nothing to parse */
+    r->threads = threads > MAX_THREADS ? MAX_THREADS : threads;
+}
+
+/* ---------------------------------------------------------------- opening */
 
 static bool open_pickle(trace_reader *r, char *err, size_t cap);
 
-static trace_reader *open_common(trace_reader *r, char *err, size_t cap) {
-    /* A pickle starts with PROTO (0x80), which no text header does. */
-    bool pickle = false;
-    if (r->gz) {
-        int first = gzgetc(r->gz);
-        if (first >= 0) {
-            pickle = first == 0x80;
-            if (gzungetc(first, r->gz) < 0) {
-                snprintf(err, cap, "%s: read error", r->name);
-                goto fail;
-            }
-        }
+/* The first line of the text; false with err filled. */
+static bool read_header(trace_reader *r, char *err, size_t cap) {
+    const char *text;
+    size_t avail;
+    bool at_end;
+    if (r->region) {
+        text = r->region;
+        avail = r->region_length;
+        at_end = true;
     } else {
-        pickle = r->length && (unsigned char)r->data[0] == 0x80;
+        for (;;) { /* until a newline, TRACE_LINE_MAX_BYTES + 1 bytes, or the end */
+            if (memchr(r->carry, '\n', r->carry_length) || r->carry_length > TRACE_LINE_MAX_BYTES) break;
+            long got = stream_read(r, r->carry + r->carry_length, r->block_bytes - r->carry_length);
+            if (got < 0) {
+                snprintf(err, cap, "%s:1: %s", r->name, r->damage_reason);
+                return false;
+            }
+            if (got == 0) break;
+            r->carry_length += (size_t)got;
+        }
+        text = r->carry;
+        avail = r->carry_length;
+        at_end = false;
     }
-    if (pickle) {
-        if (!open_pickle(r, err, cap)) goto fail;
-        r->format = TRACE_FORMAT_PYTORCH_PICKLE;
-        return r;
-    }
-    line_status status;
-    char *header = next_line(r, &status);
-    if (status == LINE_DAMAGED) {
-        snprintf(err, cap, "%s", r->damage);
-        goto fail;
-    }
-    if (!header) {
+    if (!avail) {
         snprintf(err, cap, "%s: empty file (expected a header line '%s' or '%s')", r->name, TIDEPOOL_HEADER, RMM_HEADER);
-        goto fail;
+        return false;
     }
-    if (status == LINE_BAD) {
+    const char *nl = memchr(text, '\n', avail);
+    size_t length = nl ? (size_t)(nl - text) + 1 : avail;
+    (void)at_end;
+    if (length > TRACE_LINE_MAX_BYTES || memchr(text, '\0', length)) {
         snprintf(err, cap, "%s:1: header line too long or not text", r->name);
-        goto fail;
+        return false;
     }
+    char line[TRACE_LINE_MAX_BYTES + 1];
+    memcpy(line, text, length);
+    line[length] = '\0';
+    while (length && (line[length - 1] == '\n' || line[length - 1] == '\r')) line[--length] = '\0';
+    if (r->region) {
+        r->region_offset = nl ? (size_t)(nl - text) + 1 : avail;
+    } else {
+        size_t used = nl ? (size_t)(nl - text) + 1 : avail;
+        memmove(r->carry, r->carry + used, r->carry_length - used);
+        r->carry_length -= used;
+    }
+    r->line = 1;
+    const char *header = line;
     /* Tolerate a UTF-8 byte-order mark and surrounding blanks. */
     if ((unsigned char)header[0] == 0xEF && (unsigned char)header[1] == 0xBB && (unsigned char)header[2] == 0xBF) header += 3;
     while (*header == ' ') header++;
@@ -173,12 +653,53 @@ static trace_reader *open_common(trace_reader *r, char *err, size_t cap) {
     } else {
         snprintf(err, cap, "%s:1: unknown header '%.80s' (expected '%s' or '%s')", r->name, header, TIDEPOOL_HEADER,
                  RMM_HEADER);
-        goto fail;
+        return false;
     }
+    return true;
+}
+
+static trace_reader *open_common(trace_reader *r, char *err, size_t cap) {
+    /* A pickle starts with PROTO (0x80), which no text header does. */
+    bool pickle;
+    if (r->region) {
+        pickle = r->region_length && (unsigned char)r->region[0] == 0x80;
+    } else {
+        long got = 0;
+        while (!r->carry_length && (got = stream_read(r, r->carry, r->block_bytes)) > 0) r->carry_length = (size_t)got;
+        if (got < 0) {
+            snprintf(err, cap, "%s:1: %s", r->name, r->damage_reason);
+            goto fail;
+        }
+        pickle = r->carry_length && (unsigned char)r->carry[0] == 0x80;
+    }
+    if (pickle) {
+        if (!open_pickle(r, err, cap)) goto fail;
+        r->format = TRACE_FORMAT_PYTORCH_PICKLE;
+        return r;
+    }
+    if (!read_header(r, err, cap)) goto fail;
     return r;
 fail:
     trace_close(r);
     return NULL;
+}
+
+static trace_reader *new_reader(const char *name, const trace_open_options *options, char *err, size_t cap) {
+    trace_reader *r = calloc(1, sizeof *r);
+    if (!r) {
+        snprintf(err, cap, "out of memory");
+        return NULL;
+    }
+    r->fd = -1;
+    snprintf(r->name, sizeof r->name, "%s", name);
+    r->block_bytes = BLOCK_BYTES;
+    if (options) {
+        r->pt_device = options->pt_device;
+        r->stream_gzip = options->stream_gzip;
+        if (options->block_bytes) r->block_bytes = options->block_bytes;
+        if (r->block_bytes <= TRACE_LINE_MAX_BYTES) r->block_bytes = TRACE_LINE_MAX_BYTES + 1;
+    }
+    return r;
 }
 
 trace_reader *trace_open(const char *path, char *err, size_t cap) { return trace_open_with(path, NULL, err, cap); }
@@ -188,42 +709,44 @@ trace_reader *trace_open_memory(const char *data, size_t length, char *err, size
 }
 
 trace_reader *trace_open_with(const char *path, const trace_open_options *options, char *err, size_t cap) {
-    trace_reader *r = calloc(1, sizeof *r);
-    if (!r) {
-        snprintf(err, cap, "out of memory");
+    trace_reader *r = new_reader(path, options, err, cap);
+    if (!r) return NULL;
+    if (!open_source(r, path, err, cap)) {
+        trace_close(r);
         return NULL;
     }
-    snprintf(r->name, sizeof r->name, "%s", path);
-    if (options) r->pt_device = options->pt_device;
-    r->gz = gzopen(path, "rb");
-    if (!r->gz) {
-        snprintf(err, cap, "%s: cannot open: %s", path, strerror(errno ? errno : ENOENT));
-        free(r);
-        return NULL;
-    }
-    gzbuffer(r->gz, 1 << 17);
-    struct stat st;
-    if (stat(path, &st) == 0 && S_ISREG(st.st_mode)) r->file_bytes = (uint64_t)st.st_size;
     return open_common(r, err, cap);
 }
 
 trace_reader *trace_open_memory_with(const char *data, size_t length, const trace_open_options *options, char *err,
                                      size_t cap) {
-    trace_reader *r = calloc(1, sizeof *r);
-    if (!r) {
-        snprintf(err, cap, "out of memory");
-        return NULL;
-    }
-    snprintf(r->name, sizeof r->name, "<memory>");
-    if (options) r->pt_device = options->pt_device;
-    r->data = data;
-    r->length = length;
+    trace_reader *r = new_reader("<memory>", options, err, cap);
+    if (!r) return NULL;
+    r->region = data;
+    r->region_length = length;
     return open_common(r, err, cap);
 }
 
 void trace_close(trace_reader *r) {
     if (!r) return;
-    if (r->gz) gzclose(r->gz);
+    stop_workers(r);
+    if (r->locks_ready) {
+        pthread_mutex_destroy(&r->lock);
+        pthread_mutex_destroy(&r->cut_lock);
+        pthread_cond_destroy(&r->freed);
+        pthread_cond_destroy(&r->parsed);
+    }
+    for (size_t i = 0; r->slots && i < r->slot_count; i++) {
+        free(r->slots[i].events);
+        free(r->slots[i].buffer);
+    }
+    free(r->slots);
+    if (r->z_ready) inflateEnd(&r->z);
+    if (r->mapping) munmap(r->mapping, r->mapping_length);
+    if (r->fd >= 0) close(r->fd);
+    free(r->inflated);
+    free(r->input);
+    free(r->carry);
     free(r->pk_events);
     free(r);
 }
@@ -232,185 +755,26 @@ trace_format trace_get_format(const trace_reader *r) { return r->format; }
 
 void trace_position(const trace_reader *r, uint64_t *bytes_read, uint64_t *bytes_total, uint64_t *events_total) {
     *events_total = r->format == TRACE_FORMAT_PYTORCH_PICKLE ? r->pk_count : 0;
-    if (r->format == TRACE_FORMAT_PYTORCH_PICKLE) { /* read whole at open */
-        *bytes_read = *bytes_total = r->gz ? r->file_bytes : r->length;
-        return;
-    }
-    if (r->gz) {
-        long offset = (long)gzoffset(r->gz);
-        *bytes_read = offset > 0 ? (uint64_t)offset : 0;
-        *bytes_total = r->file_bytes;
-    } else {
-        *bytes_read = r->offset;
-        *bytes_total = r->length;
-    }
-}
-
-/* Splits line at commas into exactly n fields; more or fewer is an error. */
-static bool split_fields(char *line, char **fields, int n) {
-    int count = 0;
-    char *p = line;
-    for (;;) {
-        fields[count++] = p;
-        char *comma = strchr(p, ',');
-        if (!comma) break;
-        if (count == n) return false; /* a field too many */
-        *comma = '\0';
-        p = comma + 1;
-    }
-    return count == n;
-}
-
-static bool parse_u64(const char *s, uint64_t *out) {
-    if (!*s) return false;
-    uint64_t v = 0;
-    for (; *s; s++) {
-        if (!isdigit((unsigned char)*s)) return false;
-        unsigned d = (unsigned)(*s - '0');
-        if (v > (UINT64_MAX - d) / 10) return false;
-        v = v * 10 + d;
-    }
-    *out = v;
-    return true;
-}
-
-/* Decimal, or hexadecimal with 0x. */
-static bool parse_pointer(const char *s, uint64_t *out) {
-    if (s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) {
-        s += 2;
-        if (!*s) return false;
-        uint64_t v = 0;
-        for (; *s; s++) {
-            int d;
-            if (*s >= '0' && *s <= '9') d = *s - '0';
-            else if (*s >= 'a' && *s <= 'f') d = *s - 'a' + 10;
-            else if (*s >= 'A' && *s <= 'F') d = *s - 'A' + 10;
-            else return false;
-            if (v >> 60) return false;
-            v = (v << 4) | (uint64_t)d;
-        }
-        *out = v;
-        return true;
-    }
-    return parse_u64(s, out);
-}
-
-/* RMM time: fractional seconds ("1634567890.123456") or "HH:MM:SS.ffffff". */
-static bool parse_rmm_time(const char *s, uint64_t *out_ns) {
-    uint64_t whole = 0, frac_ns = 0;
-    const char *dot = strchr(s, '.');
-    char head[40];
-    size_t head_len = dot ? (size_t)(dot - s) : strlen(s);
-    if (head_len == 0 || head_len >= sizeof head) return false;
-    memcpy(head, s, head_len);
-    head[head_len] = '\0';
-    if (strchr(head, ':')) {
-        unsigned h, m, sec;
-        char tail;
-        if (sscanf(head, "%u:%u:%u%c", &h, &m, &sec, &tail) != 3 || m > 59 || sec > 60) return false;
-        for (const char *c = head; *c; c++)
-            if (!isdigit((unsigned char)*c) && *c != ':') return false;
-        whole = (uint64_t)h * 3600 + m * 60 + sec;
-    } else if (!parse_u64(head, &whole)) {
-        return false;
-    }
-    if (dot) {
-        const char *f = dot + 1;
-        int digits = 0;
-        if (!*f) return false;
-        for (; *f; f++, digits++) {
-            if (!isdigit((unsigned char)*f)) return false;
-            if (digits < 9) frac_ns = frac_ns * 10 + (uint64_t)(*f - '0');
-        }
-        for (; digits < 9; digits++) frac_ns *= 10;
-    }
-    if (whole > UINT64_MAX / 1000000000ull - 1) return false;
-    *out_ns = whole * 1000000000ull + frac_ns;
-    return true;
-}
-
-static uint32_t fold_stream(uint64_t v) { return (uint32_t)(v ^ (v >> 32)); }
-
-#define BAD(...)                                                              \
-    do {                                                                      \
-        int at_ = snprintf(err, cap, "%s:%llu: ", r->name, r->line);          \
-        if (at_ > 0 && (size_t)at_ < cap) snprintf(err + at_, cap - (size_t)at_, __VA_ARGS__); \
-        return -1;                                                            \
-    } while (0)
-
-long trace_read(trace_reader *r, trace_event *events, size_t capacity, char *err, size_t cap) {
-    if (r->format == TRACE_FORMAT_PYTORCH_PICKLE) {
-        size_t n = r->pk_count - r->pk_next < capacity ? r->pk_count - r->pk_next : capacity;
-        if (n) memcpy(events, r->pk_events + r->pk_next, n * sizeof *events);
-        r->pk_next += n;
-        (void)err, (void)cap;
-        return (long)n;
-    }
-    size_t n = 0;
-    while (n < capacity) {
-        line_status status;
-        char *line = next_line(r, &status);
-        if (status == LINE_DAMAGED) {
-            snprintf(err, cap, "%s", r->damage);
-            return -1;
-        }
-        if (!line) break;
-        if (status == LINE_BAD) BAD("line too long or not text");
-        if (!*line) continue;
-        char *f[6];
-        trace_event *e = &events[n];
-        uint64_t t_ns;
-        if (r->format == TRACE_FORMAT_TIDEPOOL) {
-            if (!split_fields(line, f, 5)) BAD("expected 5 comma-separated fields (time_us,action,addr,size,stream)");
-            uint64_t t_us, stream;
-            if (!parse_u64(f[0], &t_us) || t_us > UINT64_MAX / 1000) BAD("bad time_us '%.40s'", f[0]);
-            t_ns = t_us * 1000;
-            if (strcmp(f[1], "alloc") == 0) e->action = TRACE_ALLOC;
-            else if (strcmp(f[1], "free") == 0) e->action = TRACE_FREE;
-            else BAD("bad action '%.40s' (expected alloc or free)", f[1]);
-            if (!parse_pointer(f[2], &e->address)) BAD("bad addr '%.40s'", f[2]);
-            if (!parse_u64(f[3], &e->bytes)) BAD("bad size '%.40s'", f[3]);
-            if (!parse_u64(f[4], &stream)) BAD("bad stream '%.40s'", f[4]);
-            e->stream = fold_stream(stream);
-        } else {
-            if (!split_fields(line, f, 6)) BAD("expected 6 comma-separated fields (Thread,Time,Action,Pointer,Size,Stream)");
-            uint64_t thread, stream;
-            if (!parse_pointer(f[0], &thread)) BAD("bad Thread '%.40s'", f[0]);
-            if (!parse_rmm_time(f[1], &t_ns)) BAD("bad Time '%.40s'", f[1]);
-            if (strcmp(f[2], "allocate") == 0) e->action = TRACE_ALLOC;
-            else if (strcmp(f[2], "free") == 0 || strcmp(f[2], "deallocate") == 0) e->action = TRACE_FREE;
-            else if (strcmp(f[2], "allocate failure") == 0 || strcmp(f[2], "allocate_failure") == 0)
-                e->action = TRACE_ALLOC_FAILURE;
-            else BAD("bad Action '%.40s' (expected allocate, free or allocate failure)", f[2]);
-            if (!parse_pointer(f[3], &e->address)) BAD("bad Pointer '%.40s'", f[3]);
-            if (!parse_u64(f[4], &e->bytes)) BAD("bad Size '%.40s'", f[4]);
-            if (!parse_pointer(f[5], &stream)) BAD("bad Stream '%.40s'", f[5]);
-            e->stream = fold_stream(stream);
-        }
-        if (!r->have_origin) {
-            r->have_origin = true;
-            r->origin_ns = t_ns;
-        }
-        /* Times that run backwards are clamped: the replay's clock only moves on. */
-        e->time_ns = t_ns >= r->origin_ns ? t_ns - r->origin_ns : 0;
-        n++;
-    }
-    return (long)n;
+    *bytes_total = r->fd >= 0 ? r->file_bytes : r->region_length;
+    *bytes_read = r->format == TRACE_FORMAT_PYTORCH_PICKLE ? *bytes_total : r->position_bytes;
 }
 
 /* ------------------------------------------------ PyTorch memory snapshots */
 
 /* The whole (decompressed) file into memory; NULL with err filled. */
 static unsigned char *slurp(trace_reader *r, size_t *out_length, char *err, size_t cap) {
-    if (!r->gz) {
-        unsigned char *copy = malloc(r->length ? r->length : 1);
+    if (r->region) {
+        unsigned char *copy = malloc(r->region_length ? r->region_length : 1);
         if (!copy) snprintf(err, cap, "%s: out of memory", r->name);
-        else memcpy(copy, r->data, r->length);
-        *out_length = r->length;
+        else memcpy(copy, r->region, r->region_length);
+        *out_length = r->region_length;
         return copy;
     }
-    size_t length = 0, capacity = 1 << 20;
+    size_t length = r->carry_length, capacity = (size_t)1 << 20;
+    if (capacity < length) capacity = length;
     unsigned char *buf = malloc(capacity);
+    if (buf) memcpy(buf, r->carry, length);
+    r->carry_length = 0;
     for (;;) {
         if (!buf) {
             snprintf(err, cap, "%s: out of memory reading the snapshot", r->name);
@@ -423,14 +787,13 @@ static unsigned char *slurp(trace_reader *r, size_t *out_length, char *err, size
             capacity *= 2;
             continue;
         }
-        size_t want = capacity - length < (1u << 30) ? capacity - length : (1u << 30);
-        int n = gzread(r->gz, buf + length, (unsigned)want);
+        long n = stream_read(r, (char *)buf + length, capacity - length < (1u << 30) ? capacity - length : (1u << 30));
         if (n > 0) {
             length += (size_t)n;
             continue;
         }
-        if (gz_damaged(r, 0)) {
-            snprintf(err, cap, "%s", r->damage);
+        if (n < 0) {
+            snprintf(err, cap, "%s: %s", r->name, r->damage_reason);
             free(buf);
             return NULL;
         }

@@ -17,13 +17,17 @@
  *                          (free_completed, segment_*, snapshot, oom, ...)
  *                          are left out; addr, size, stream, time_us as in
  *                          the CSV; other keys (frames, ...) are ignored.
- * Files may be gzip-compressed or plain (zlib reads both). CSV events come
- * out in chunks, so a trace of any length streams through fixed memory; a
- * snapshot is read whole at open (a pickle is one object), its events kept.
+ * Files may be gzip-compressed or plain. CSV events come out in blocks of
+ * lines, so a trace of any length streams through fixed memory (a gzip
+ * file of at most 1 GiB of text may be inflated whole first, where tide was
+ * built with libdeflate); with threads, worker threads parse blocks ahead
+ * while the caller takes them in order. A snapshot is read whole at open (a
+ * pickle is one object), its events kept. trace.c says how.
  */
 #ifndef TIDEPOOL_TRACE_H
 #define TIDEPOOL_TRACE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -51,6 +55,12 @@ trace_reader *trace_open_memory(const char *data, size_t length, char *err, size
 
 typedef struct trace_open_options {
     unsigned pt_device; /* PyTorch snapshots: the device whose trace is read (default 0) */
+    /* For tests and measurements (0/false: the defaults): the bytes of text
+     * in a block (at least 1024; default 1 MiB), and gzip inflated by zlib
+     * as a stream even where libdeflate could take the file whole (also
+     * the environment's TIDE_INFLATE=zlib). */
+    size_t block_bytes;
+    bool stream_gzip;
 } trace_open_options;
 /* The same with options (NULL: the defaults). A snapshot that cannot be
  * read, or has no trace for the device, fails here with the reason
@@ -66,6 +76,18 @@ trace_format trace_get_format(const trace_reader *reader);
  * gzip file, or a read error, is malformed input too (LINE: the line being
  * read when the data stopped), never an early end. */
 long trace_read(trace_reader *reader, trace_event *events, size_t capacity, char *err, size_t err_capacity);
+
+/* The next events in trace order, without a copy: *events points into the
+ * reader and stays valid until the next read or trace_close. Returns how
+ * many (0 at the end), or -1 as trace_read. Mixing it with trace_read is
+ * allowed (trace_read copies out of the same blocks). */
+long trace_read_batch(trace_reader *reader, const trace_event **events, char *err, size_t err_capacity);
+
+/* Worker threads that read and parse CSV blocks ahead of the caller (0,
+ * the default: all on the caller's thread; at most 64). Set before the
+ * first read; later it changes nothing, as for a snapshot. The events and
+ * errors are the same whatever the count. */
+void trace_set_threads(trace_reader *reader, unsigned threads);
 
 /* How far the reader is: bytes of the file as stored (compressed or not)
  * read so far and in all (0: not known, e.g. a pipe or memory), and the

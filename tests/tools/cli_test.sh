@@ -106,6 +106,16 @@ replay)
     done
     cmp -s "$scratch/qwen2vl_excerpt.csv.json" "$scratch/qwen2vl_excerpt.csv.gz.json" || fail "gzip and plain replays differ"
     cmp -s "$scratch/qwen2vl_excerpt.csv.json" "$scratch/qwen2vl_excerpt.rmm.csv.json" || fail "RMM and CSV replays differ"
+    # one thread or several, plain or zlib-streamed gzip: the same figures
+    for t in 1 3; do
+        for f in qwen2vl_excerpt.csv qwen2vl_excerpt.csv.gz; do
+            TIDE_INFLATE=zlib "$tide" replay "$data/$f" --pool segment,ggml-legacy --json --threads $t |
+                sed 's/"trace":"[^"]*",//; s/"ns_per_event":[0-9.]*,//' >"$scratch/$f.t$t.json" || fail "replay $f --threads $t"
+            cmp -s "$scratch/qwen2vl_excerpt.csv.json" "$scratch/$f.t$t.json" || fail "$f --threads $t replays differently"
+        done
+    done
+    expect 2 "--threads needs a whole number" "$tide" replay "$data/qwen2vl_excerpt.csv" --threads 0
+    expect 0 "events in [0-9.]+ s end to end, [0-9.]+M events/s, 3 threads: opening" "$tide" replay "$data/qwen2vl_excerpt.csv" --threads 3
     # frees of addresses allocated before the window: counted, not fatal
     expect 0 '"unknown_frees":[1-9]' "$tide" replay "$data/gemma3_window.csv" --json
     # a trace cut from a longer recording starts with frees (F2: the first

@@ -1,0 +1,349 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * test_trace_text.c -- the CSV line parser (tools/trace_text.c) and the
+ * block reader around it (tools/trace.c): the fast path against the careful
+ * one on generated and mutated lines; strict errors with their line (huge
+ * numbers, CRLF, NUL, the line length limit, a last line without its
+ * newline); blocks cut at every position of a text; and the same events
+ * whatever the source (memory, mapped file, zlib stream, whole inflate) and
+ * the number of worker threads.
+ * argv[1]: a scratch directory; argv[2]: the shared traces' directory (the
+ * parallel-vs-serial test on decode_growing_kv.csv.gz is skipped, and says
+ * so, where it is absent).
+ */
+#include "../check.h"
+#include "trace.h"
+#include "trace_text.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zlib.h>
+
+static const char *scratch_dir, *shared_dir;
+
+static bool same_event(const trace_event *a, const trace_event *b) {
+    return a->time_ns == b->time_ns && a->address == b->address && a->bytes == b->bytes && a->stream == b->stream &&
+           a->action == b->action;
+}
+
+/* xorshift: the tests' own random numbers, the same every run */
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static uint64_t rnd(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+
+/* A number as a trace might write it: small, large, 19 or 20 digits, the
+ * largest u64, one past it (as text), leading zeros. */
+static void random_number(char *out, size_t cap) {
+    switch (rnd() % 8) {
+    case 0: snprintf(out, cap, "%llu", (unsigned long long)(rnd() % 10)); break;
+    case 1: snprintf(out, cap, "%llu", (unsigned long long)rnd()); break;
+    case 2: snprintf(out, cap, "18446744073709551615"); break;
+    case 3: snprintf(out, cap, "18446744073709551616"); break;
+    case 4: snprintf(out, cap, "9999999999999999999"); break;
+    case 5: snprintf(out, cap, "000%llu", (unsigned long long)(rnd() % 100000)); break;
+    case 6: snprintf(out, cap, "0x%llx", (unsigned long long)rnd()); break;
+    default: snprintf(out, cap, "%llu", (unsigned long long)(rnd() >> (rnd() % 64))); break;
+    }
+}
+
+/* A tidepool line, mostly well formed, sometimes mutated. */
+static size_t random_line(char *out, size_t cap) {
+    char t[40], a[40], s[40], st[40];
+    random_number(t, sizeof t);
+    random_number(a, sizeof a);
+    random_number(s, sizeof s);
+    random_number(st, sizeof st);
+    if (rnd() % 2) snprintf(t, sizeof t, "%llu", (unsigned long long)(1795975099620091ull + rnd() % 1000000));
+    const char *ends[] = {"\n", "\r\n", "\r\r\n", "", "\r"};
+    int n = snprintf(out, cap, "%s,%s,%s,%s,%s%s", t, rnd() % 2 ? "alloc" : "free", a, s, st, ends[rnd() % 5]);
+    size_t length = (size_t)n;
+    if (rnd() % 4 == 0 && length) { /* mutate one byte */
+        const char junk[] = ",x-0 9\n\r\0aF";
+        out[rnd() % length] = junk[rnd() % (sizeof junk - 1)];
+    }
+    return length;
+}
+
+/* The fast path (trace_text_parse on one line) agrees with the careful one
+ * (trace_text_parse_line) on every line: accepted or not, event, message. */
+static void test_fast_matches_careful(void) {
+    char line[200];
+    int accepted = 0, refused = 0;
+    for (int i = 0; i < 200000; i++) {
+        size_t length = random_line(line, sizeof line);
+        if (length > 1 && memchr(line, '\n', length - 1)) continue; /* a newline put inside: two lines */
+        trace_event fast = {0}, careful = {0};
+        char fast_what[300] = "", careful_what[300] = "";
+        trace_text_result result;
+        bool ok = trace_text_parse(TRACE_FORMAT_TIDEPOOL, line, length, &fast, &result, fast_what, sizeof fast_what);
+        int got = trace_text_parse_line(TRACE_FORMAT_TIDEPOOL, line, length, &careful, careful_what, sizeof careful_what);
+        if (got < 0) {
+            refused++;
+            CHECK_MSG(!ok && result.lines == 0 && !strcmp(fast_what, careful_what), "'%.*s': fast '%s', careful '%s'",
+                      (int)length, line, ok ? "accepted" : fast_what, careful_what);
+        } else {
+            accepted += got;
+            CHECK_MSG(ok && result.lines == (length ? 1u : 0u) && result.events == (size_t)got &&
+                          (!got || same_event(&fast, &careful)),
+                      "'%.*s': fast %s (%zu events), careful %d", (int)length, line, ok ? "accepted" : fast_what,
+                      result.events, got);
+        }
+        if (check_failures) return;
+    }
+    CHECK(accepted > 10000 && refused > 10000); /* both sides exercised */
+}
+
+/* Parses text from memory whole; returns the events or -1 with err. */
+static long read_memory(const char *text, size_t length, const trace_open_options *options, unsigned threads,
+                        trace_event *events, size_t capacity, char *err, size_t cap) {
+    trace_reader *r = trace_open_memory_with(text, length, options, err, cap);
+    if (!r) return -1;
+    trace_set_threads(r, threads);
+    size_t n = 0;
+    for (;;) {
+        const trace_event *batch;
+        long got = trace_read_batch(r, &batch, err, cap);
+        if (got < 0) {
+            trace_close(r);
+            return -1;
+        }
+        if (got == 0) break;
+        if (n + (size_t)got > capacity) {
+            snprintf(err, cap, "more than %zu events", capacity);
+            trace_close(r);
+            return -1;
+        }
+        memcpy(events + n, batch, (size_t)got * sizeof *batch);
+        n += (size_t)got;
+    }
+    trace_close(r);
+    return (long)n;
+}
+
+static void expect_error(const char *text, const char *expected) {
+    trace_event e[8];
+    char err[512] = "";
+    long n = read_memory(text, strlen(text), NULL, 0, e, 8, err, sizeof err);
+    CHECK_MSG(n == -1 && !strncmp(err, expected, strlen(expected)), "'%s': expected '%s...', got %ld '%s'", text,
+              expected, n, err);
+}
+
+static void expect_events(const char *text, long count, uint64_t last_bytes) {
+    trace_event e[8];
+    char err[512] = "";
+    long n = read_memory(text, strlen(text), NULL, 0, e, 8, err, sizeof err);
+    CHECK_MSG(n == count && (n <= 0 || e[n - 1].bytes == last_bytes), "'%s': %ld events (%s), last %llu", text, n, err,
+              n > 0 ? (unsigned long long)e[n - 1].bytes : 0ull);
+}
+
+static void test_strict_lines(void) {
+    const char *h = "time_us,action,addr,size,stream\n";
+    char text[4096];
+#define TEXT(body) (snprintf(text, sizeof text, "%s%s", h, body), text)
+    expect_events(TEXT("1,alloc,2,3,0\r\n2,free,2,3,0\r\n"), 2, 3);
+    expect_events(TEXT("1,alloc,2,3,0\n2,free,2,7,0"), 2, 7);      /* no trailing newline */
+    expect_events(TEXT("1,alloc,2,3,0\r\r\n2,free,2,9,0\r"), 2, 9); /* CRs before the newline, or the end */
+    expect_events(TEXT("\n\r\n1,alloc,2,5,0\n\n"), 1, 5);             /* blank lines */
+    expect_events(TEXT("1,alloc,0x1F,18446744073709551615,18446744073709551615\n"), 1, UINT64_MAX);
+    expect_events(TEXT("18446744073709551,alloc,1,00000000000000000000000042,0\n"), 1, 42);
+    expect_error(TEXT("1,alloc,2,18446744073709551616,0\n"), "<memory>:2: bad size '18446744073709551616'");
+    expect_error(TEXT("18446744073709552,alloc,1,2,0\n"), "<memory>:2: bad time_us"); /* * 1000 overflows */
+    expect_error(TEXT("1,alloc,2,3,0\n\n1,alloc,2,-3,0\n"), "<memory>:4: bad size '-3'");
+    expect_error(TEXT("1,alloc,2,3,0\n1,alloc,2,3\n"), "<memory>:3: expected 5 comma-separated fields");
+    expect_error(TEXT("1,alloc,2,3,0\n1,Alloc,2,3,0\n"), "<memory>:3: bad action 'Alloc'");
+    expect_error(TEXT("1,alloc,0x,3,0\n"), "<memory>:2: bad addr '0x'");
+    expect_error(TEXT("1,alloc,0x10000000000000000,3,0\n"), "<memory>:2: bad addr");
+    expect_error(TEXT("1,alloc,2,3,0\r1,alloc,2,3,0\n"), "<memory>:2: expected 5 comma-separated fields");
+    expect_error(TEXT("1,alloc,2,3, 0\n"), "<memory>:2: bad stream ' 0'");
+    expect_error(TEXT("1,alloc,2,3,0\n2,free,2,3,"), "<memory>:3: bad stream ''");
+    /* the length limit: 1023 bytes with the newline pass, 1024 do not */
+    char line[1100];
+    int pad = 1023 - (int)strlen("1,alloc,2,3,\n");
+    snprintf(line, sizeof line, "1,alloc,2,3,%0*d\n", pad, 5);
+    expect_events(TEXT(line), 1, 3);
+    snprintf(line, sizeof line, "1,alloc,2,3,%0*d\n", pad + 1, 5);
+    expect_error(TEXT(line), "<memory>:2: line too long or not text");
+    /* a NUL byte is not text */
+    static const char nul[] = "time_us,action,addr,size,stream\n1,alloc,2,3,0\n1,alloc,2\0,3,0\n";
+    trace_event e[4];
+    char err[512] = "";
+    CHECK(read_memory(nul, sizeof nul - 1, NULL, 0, e, 4, err, sizeof err) == -1);
+    CHECK_CONTAINS(err, "<memory>:3: line too long or not text");
+#undef TEXT
+}
+
+/* A text of count event lines (with blank and CRLF lines among them). */
+static size_t make_text(char *text, size_t cap, int count) {
+    size_t n = (size_t)snprintf(text, cap, "time_us,action,addr,size,stream\n");
+    for (int i = 0; i < count && n < cap; i++) {
+        if (i % 17 == 5) n += (size_t)snprintf(text + n, cap - n, "\n");
+        n += (size_t)snprintf(text + n, cap - n, "%llu,%s,%llu,%llu,%d%s", 1700000000000000ull + (unsigned long long)i * 37,
+                              i % 2 ? "free" : "alloc", 139772529999872ull + (unsigned long long)(i / 2) * 4096,
+                              (unsigned long long)(rnd() % 100000000), i % 3, i % 5 == 1 ? "\r\n" : "\n");
+    }
+    return n;
+}
+
+/* Blocks of every size from the smallest on: each line boundary falls at
+ * every position of a block once; events and errors do not change. */
+static void test_block_boundaries(void) {
+    static char text[8192];
+    size_t length = make_text(text, sizeof text, 150);
+    length--; /* the last line without its newline */
+    static trace_event reference[200], got[200];
+    char err[512];
+    long expected = read_memory(text, length, NULL, 0, reference, 200, err, sizeof err);
+    REQUIRE(expected == 150);
+    for (size_t block = 1024; block <= 1024 + 64; block++) {
+        for (unsigned threads = 0; threads <= 2; threads += 2) {
+            trace_open_options options = {.block_bytes = block};
+            long n = read_memory(text, length, &options, threads, got, 200, err, sizeof err);
+            bool same = n == expected;
+            for (long i = 0; same && i < n; i++) same = same_event(&reference[i], &got[i]);
+            CHECK_MSG(same, "block %zu, %u threads: %ld events (%s)", block, threads, n, err);
+        }
+    }
+    /* a bad line found at its line number whatever block it falls in */
+    static char bad[8192];
+    memcpy(bad, text, length);
+    char *line_80 = bad;
+    for (int i = 0; i < 80; i++) line_80 = strchr(line_80, '\n') + 1; /* line 81 of the file */
+    unsigned long long line_number = 81;
+    line_80[0] = 'x';
+    char expected_err[64];
+    snprintf(expected_err, sizeof expected_err, "<memory>:%llu: bad time_us 'x", line_number);
+    for (size_t block = 1024; block <= 1024 + 64; block += 3) {
+        trace_open_options options = {.block_bytes = block};
+        long n = read_memory(bad, length, &options, 3, got, 200, err, sizeof err);
+        CHECK_MSG(n == -1 && !strncmp(err, expected_err, strlen(expected_err)), "block %zu: %ld '%s'", block, n, err);
+    }
+}
+
+/* Reads a file whole with options and threads; the events or -1. */
+static long read_path(const char *path, const trace_open_options *options, unsigned threads, trace_event *events,
+                      size_t capacity, char *err, size_t cap) {
+    trace_reader *r = trace_open_with(path, options, err, cap);
+    if (!r) return -1;
+    trace_set_threads(r, threads);
+    size_t n = 0;
+    for (;;) {
+        const trace_event *batch;
+        long got = trace_read_batch(r, &batch, err, cap);
+        if (got <= 0) {
+            trace_close(r);
+            return got < 0 ? -1 : (long)n;
+        }
+        if (events) {
+            if (n + (size_t)got > capacity) {
+                trace_close(r);
+                return -1;
+            }
+            memcpy(events + n, batch, (size_t)got * sizeof *batch);
+        }
+        n += (size_t)got;
+    }
+}
+
+/* A file, plain and gzip, read through every source (mapped, stream,
+ * inflated whole or by zlib) with small blocks and 0 to 5 threads: the
+ * same events. */
+static void test_sources_and_threads(void) {
+    enum { COUNT = 6000 };
+    static char text[COUNT * 64];
+    size_t length = make_text(text, sizeof text, COUNT);
+    char plain[1024], gz[1024], err[512];
+    snprintf(plain, sizeof plain, "%s/text_trace.csv", scratch_dir);
+    snprintf(gz, sizeof gz, "%s/text_trace.csv.gz", scratch_dir);
+    FILE *f = fopen(plain, "wb");
+    REQUIRE(f && fwrite(text, 1, length, f) == length && fclose(f) == 0);
+    gzFile g = gzopen(gz, "wb6");
+    REQUIRE(g && gzwrite(g, text, (unsigned)length) == (int)length && gzclose(g) == Z_OK);
+    static trace_event reference[COUNT], got[COUNT];
+    long expected = read_memory(text, length, NULL, 0, reference, COUNT, err, sizeof err);
+    REQUIRE(expected == COUNT);
+    const char *paths[] = {plain, gz, gz};
+    for (int p = 0; p < 3; p++) {
+        for (unsigned threads = 0; threads <= 5; threads++) {
+            trace_open_options options = {.block_bytes = 1024 + 97 * threads, .stream_gzip = p == 2};
+            long n = read_path(paths[p], &options, threads, got, COUNT, err, sizeof err);
+            bool same = n == expected;
+            for (long i = 0; same && i < n; i++) same = same_event(&reference[i], &got[i]);
+            CHECK_MSG(same, "%s (%s), %u threads: %ld events (%s)", paths[p], p == 2 ? "zlib" : "default", threads, n,
+                      err);
+        }
+    }
+}
+
+/* The real trace, serial against 1 to 7 worker threads: the same events. */
+static void test_parallel_real_trace(void) {
+    char path[1024], err[512];
+    snprintf(path, sizeof path, "%s/traces/decode_growing_kv.csv.gz", shared_dir);
+    FILE *probe = fopen(path, "rb");
+    if (!probe) {
+        printf("  (skipped: %s is absent)\n", path);
+        return;
+    }
+    fclose(probe);
+    enum { MAX = 2000000 };
+    trace_event *serial = malloc(MAX * sizeof *serial), *parallel = malloc(MAX * sizeof *parallel);
+    REQUIRE(serial && parallel);
+    long n0 = read_path(path, NULL, 0, serial, MAX, err, sizeof err);
+    CHECK_MSG(n0 > 1000000, "%ld (%s)", n0, err);
+    unsigned counts[] = {1, 3, 7};
+    for (int i = 0; i < 3; i++) {
+        trace_open_options options = {.stream_gzip = i == 1};
+        long n = read_path(path, &options, counts[i], parallel, MAX, err, sizeof err);
+        bool same = n == n0;
+        for (long j = 0; same && j < n; j++) same = same_event(&serial[j], &parallel[j]);
+        CHECK_MSG(same,
+                  "%u threads: %ld events, serial %ld (%s)", counts[i], n, n0, err);
+    }
+    free(serial);
+    free(parallel);
+}
+
+/* A damaged gzip stream read with threads: the same error as without. */
+static void test_damage_with_threads(void) {
+    enum { COUNT = 4000 };
+    static char text[COUNT * 64];
+    size_t length = make_text(text, sizeof text, COUNT);
+    char gz[1024], cut[1024];
+    snprintf(gz, sizeof gz, "%s/text_damage.csv.gz", scratch_dir);
+    snprintf(cut, sizeof cut, "%s/text_damage_cut.csv.gz", scratch_dir);
+    gzFile g = gzopen(gz, "wb6");
+    REQUIRE(g && gzwrite(g, text, (unsigned)length) == (int)length && gzclose(g) == Z_OK);
+    FILE *f = fopen(gz, "rb");
+    REQUIRE(f);
+    static unsigned char bytes[COUNT * 64];
+    size_t size = fread(bytes, 1, sizeof bytes, f);
+    fclose(f);
+    f = fopen(cut, "wb");
+    REQUIRE(f && fwrite(bytes, 1, size * 2 / 3, f) == size * 2 / 3 && fclose(f) == 0);
+    char serial_err[512] = "", err[512] = "";
+    CHECK(read_path(cut, NULL, 0, NULL, 0, serial_err, sizeof serial_err) == -1);
+    CHECK_CONTAINS(serial_err, "truncated gzip file");
+    for (unsigned threads = 1; threads <= 4; threads++) {
+        trace_open_options options = {.block_bytes = 1500};
+        err[0] = '\0';
+        CHECK(read_path(cut, &options, threads, NULL, 0, err, sizeof err) == -1);
+        CHECK_MSG(!strcmp(err, serial_err), "%u threads: '%s', serial '%s'", threads, err, serial_err);
+    }
+}
+
+static const test_case tests[] = {
+    TEST_CASE(test_fast_matches_careful), TEST_CASE(test_strict_lines),        TEST_CASE(test_block_boundaries),
+    TEST_CASE(test_sources_and_threads),  TEST_CASE(test_parallel_real_trace), TEST_CASE(test_damage_with_threads),
+};
+
+int main(int argc, char **argv) {
+    REQUIRE(argc >= 3);
+    scratch_dir = argv[1];
+    shared_dir = argv[2];
+    return TEST_MAIN("test_trace_text", tests, argc - 2, argv + 2);
+}
