@@ -74,7 +74,7 @@ void tpi_front_destroy(tpi_front *f) {
     for (size_t slot = 1; slot < f->slot_end; slot++) {
         tpi_front_stream *fs = f->streams[slot];
         if (!fs) continue;
-        tpi_host_free(host, fs->live.entries, fs->live.capacity * sizeof *fs->live.entries);
+        tpi_live_free(host, &fs->live);
         tpi_host_free(host, fs->base, stream_bytes(f));
     }
     tpi_host_free(host, f->streams, f->stream_capacity * sizeof *f->streams);
@@ -188,15 +188,25 @@ void tpi_front_world_leave(tpi_front *f) {
 
 /* ----------------------------------------------------------- live maps */
 
+/* The entries fill whole cache lines of their own: two streams' maps
+ * never share one. */
+static size_t live_bytes(uint32_t capacity) { return capacity * sizeof(tpi_live_entry) + TPI_CACHE_LINE_BYTES; }
+
+void tpi_live_free(const tpi_host *host, tpi_live_map *m) {
+    if (m->base) tpi_host_free(host, m->base, live_bytes(m->capacity));
+    *m = (tpi_live_map){0};
+}
+
 bool tpi_live_grow(const tpi_host *host, tpi_live_map *m) {
     uint32_t capacity = m->capacity ? 2 * m->capacity : 16;
-    tpi_live_entry *entries = tpi_host_alloc(host, capacity * sizeof *entries);
-    if (!entries) return false;
+    void *base = tpi_host_alloc(host, live_bytes(capacity));
+    if (!base) return false;
+    tpi_live_entry *entries = (tpi_live_entry *)tpi_align_up((uint64_t)(uintptr_t)base, TPI_CACHE_LINE_BYTES);
     for (uint32_t i = 0; i < capacity; i++) entries[i].offset = UINT64_MAX;
-    tpi_live_map grown = {entries, capacity, 0, 64u - (unsigned)__builtin_ctz(capacity)};
+    tpi_live_map grown = {entries, capacity, 0, 64u - (unsigned)__builtin_ctz(capacity), base};
     for (uint32_t i = 0; i < m->capacity; i++)
         if (m->entries[i].offset != UINT64_MAX) tpi_live_insert_(&grown, &m->entries[i]);
-    tpi_host_free(host, m->entries, m->capacity * sizeof *m->entries);
+    tpi_live_free(host, m);
     *m = grown;
     return true;
 }

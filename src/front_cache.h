@@ -85,9 +85,10 @@ typedef struct tpi_live_entry {
 /* Open addressing, linear probing, at most half full, backward-shift
  * deletion (the scheme of common/tpi_map.h with a wider value). */
 typedef struct tpi_live_map {
-    tpi_live_entry *entries;
+    tpi_live_entry *entries; /* cache-line aligned, inside base */
     uint32_t capacity, count;
     unsigned shift;
+    void *base;
 } tpi_live_map;
 
 typedef struct tpi_front_stream {
@@ -232,6 +233,7 @@ static inline void tpi_live_remove_entry(tpi_live_map *m, tpi_live_entry *e) {
 }
 
 bool tpi_live_grow(const tpi_host *host, tpi_live_map *m);
+void tpi_live_free(const tpi_host *host, tpi_live_map *m);
 
 /* Inserts (offset is not there, and there is room). */
 static inline void tpi_live_insert_(tpi_live_map *m, const tpi_live_entry *entry) {
@@ -267,10 +269,10 @@ static inline bool tpi_front_hit_take_slot(tpi_front *f, tpi_front_stream *fs, u
     if (word >= TPI_FRONT_SLOT_FILLING || (uint32_t)(word >> 32) != fs->slot || !f->slot_in_place ||
         f->slot_size != size)
         return false;
-    /* The word names this stream, whose lock we hold: its fields stay. */
-    if (!atomic_compare_exchange_strong_explicit(&f->slot_word, &word, TPI_FRONT_SLOT_EMPTY, memory_order_acq_rel,
-                                                 memory_order_relaxed))
-        return false;
+    /* The word names this stream, whose lock we hold: nobody else may
+     * change it (other streams only fill an empty word) or its fields, so
+     * a store empties it, no exchange needed. */
+    atomic_store_explicit(&f->slot_word, TPI_FRONT_SLOT_EMPTY, memory_order_release);
     *out_offset = f->slot_offset;
     *out_node = (uint32_t)word;
     return true;
