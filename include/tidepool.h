@@ -29,7 +29,11 @@
  *     except tp_device_close, which must not race with any other use of the
  *     device or of pools and caches created on it.
  *   - tp_pool: alloc, free, trim, tick, stats, pin/unpin and capture calls may
- *     come from several threads at once (an internal lock serialises them).
+ *     come from several threads at once. An alloc or free served from the
+ *     stream's cache takes only that stream's lock, so threads on different
+ *     streams run in parallel; every other call takes the pool's lock and
+ *     every stream's lock, and sees one consistent pool (statistics exact).
+ *     A stream may be used from several threads (they take turns).
  *     tp_pool_destroy must not race with any other call on that pool.
  *     Reclaim callbacks run on the thread whose allocation ran out of memory,
  *     with the pool's lock released, so they may call back into the pool.
@@ -455,8 +459,9 @@ typedef struct tp_pool_event {
 
 typedef void (*tp_pool_observer_fn)(void *user, const tp_pool_event *event);
 /* One observer per pool (fn NULL removes it). It is called on the thread of
- * the call, with the pool's lock held: keep it short, and do not call into
- * the pool from it. */
+ * the call, with the pool's lock held (while an observer is set every alloc
+ * and free takes it, so events come one at a time): keep it short, and do
+ * not call into the pool from it. */
 TP_API tp_status tp_pool_set_observer(tp_pool *pool, tp_pool_observer_fn fn, void *user);
 /* "alloc", "free", ...; NULL for values outside the list. */
 TP_API const char *tp_pool_event_name(tp_pool_event_kind kind);

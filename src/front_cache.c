@@ -1,44 +1,282 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * front_cache.c -- the bins and the last-freed slot; see front_cache.h.
+ * front_cache.c -- the per-stream bins and live maps, the last-freed slot,
+ * the stream locks and the stream lookup table; see front_cache.h (the hit
+ * path itself is inline there). Everything here but tpi_front_spin_wait
+ * runs under the world lock.
  */
 #include "front_cache.h"
 
+#include <sched.h>
+#include <string.h>
+#include <time.h>
+
+/* ------------------------------------------------------------ the locks */
+
+void tpi_front_spin_wait(atomic_int *lock) {
+    for (unsigned tries = 0;; tries++) {
+        if (!atomic_load_explicit(lock, memory_order_relaxed) &&
+            !atomic_exchange_explicit(lock, 1, memory_order_acquire))
+            return;
+        if (tries < 64) {
+#if defined(__x86_64__) || defined(__i386__)
+            __builtin_ia32_pause();
+#endif
+        } else if (tries < 256) {
+            sched_yield();
+        } else {
+            /* Held long: a locked operation waiting on the device. */
+            struct timespec pause = {0, 20000};
+            nanosleep(&pause, NULL);
+        }
+    }
+}
+
+void tpi_front_lock_all(tpi_front *f) {
+    for (size_t slot = 1; slot < f->slot_end; slot++)
+        if (f->streams[slot]) tpi_front_stream_lock(f->streams[slot]);
+}
+
+void tpi_front_unlock_all(tpi_front *f) {
+    for (size_t slot = 1; slot < f->slot_end; slot++)
+        if (f->streams[slot]) tpi_front_stream_unlock(f->streams[slot]);
+}
+
+/* ------------------------------------------------------------ lifecycle */
+
 tp_status tpi_front_init(tpi_front *f, tpi_core *core, tpi_backing *backing, uint64_t limit_bytes,
                          uint64_t max_block_bytes) {
-    *f = (tpi_front){.core = core, .backing = backing, .limit_bytes = limit_bytes,
-                     .max_block_bytes = max_block_bytes, .slot_node = TPI_RA_NONE};
-    f->bins = tpi_host_calloc(core->host, TPI_RA_BIN_COUNT, sizeof *f->bins);
-    f->bin_count = tpi_host_calloc(core->host, TPI_RA_BIN_COUNT, 1);
-    if (!f->bins || !f->bin_count) {
-        tpi_front_destroy(f);
-        return TP_ERR_HOST_OUT_OF_MEMORY;
+    memset(f, 0, sizeof *f);
+    f->core = core;
+    f->backing = backing;
+    f->limit_bytes = limit_bytes;
+    f->max_block_bytes = max_block_bytes;
+    f->size_shift = core->ra.shift;
+    uint64_t max_units = max_block_bytes >> core->ra.shift;
+    uint32_t top = tpi_ra_bin_of_units(max_units > (UINT64_MAX >> 1) ? (UINT64_MAX >> 1) : max_units);
+    f->bin_count = TPI_MIN(top + 2, (uint32_t)TPI_RA_BIN_COUNT);
+    f->hazard_checker = core->device->hazard_checker;
+    atomic_init(&f->slot_word, TPI_FRONT_SLOT_EMPTY);
+    for (size_t i = 0; i < TPI_FRONT_SETS * TPI_FRONT_WAYS; i++) {
+        atomic_init(&f->lookup_keys[i], 0);
+        atomic_init(&f->lookup_streams[i], NULL);
     }
     return TP_OK;
 }
 
-void tpi_front_destroy(tpi_front *f) {
-    tpi_host_free(f->core->host, f->bins, TPI_RA_BIN_COUNT * sizeof *f->bins);
-    tpi_host_free(f->core->host, f->bin_count, TPI_RA_BIN_COUNT);
-    f->bins = NULL;
-    f->bin_count = NULL;
+static size_t stream_bytes(const tpi_front *f) {
+    return sizeof(tpi_front_stream) + f->bin_count * (sizeof(uint8_t) + sizeof(tpi_front_entry[TPI_FRONT_DEPTH])) +
+           2 * TPI_CACHE_LINE_BYTES;
 }
 
-/* A parked block leaves the cache for good: out of the block map, back to
- * the backing; units it leaves idle count as idle since idle_since_ns. */
-static void release_parked(tpi_front *f, uint32_t node, uint64_t idle_since_ns) {
+void tpi_front_destroy(tpi_front *f) {
+    const tpi_host *host = f->core->host;
+    for (size_t slot = 1; slot < f->slot_end; slot++) {
+        tpi_front_stream *fs = f->streams[slot];
+        if (!fs) continue;
+        tpi_live_free(host, &fs->live);
+        tpi_host_free(host, fs->base, stream_bytes(f));
+    }
+    tpi_host_free(host, f->streams, f->stream_capacity * sizeof *f->streams);
+    f->streams = NULL;
+    f->stream_capacity = 0;
+}
+
+/* -------------------------------------------------------------- streams */
+
+static uint32_t lookup_set(uintptr_t key) {
+    return (uint32_t)(((uint64_t)key * 0x9E3779B97F4A7C15ull) >> 58) * TPI_FRONT_WAYS;
+}
+
+static void lookup_put(tpi_front *f, tpi_front_stream *fs) {
+    uintptr_t key = (uintptr_t)fs->handle + 1;
+    uint32_t set = lookup_set(key), way = set, victim = set + (fs->slot % TPI_FRONT_WAYS);
+    for (; way < set + TPI_FRONT_WAYS; way++) {
+        uintptr_t at = atomic_load_explicit(&f->lookup_keys[way], memory_order_relaxed);
+        if (at == key) {
+            if (atomic_load_explicit(&f->lookup_streams[way], memory_order_relaxed) != fs)
+                atomic_store_explicit(&f->lookup_streams[way], fs, memory_order_release);
+            return;
+        }
+        if (at == 0) victim = way;
+    }
+    atomic_store_explicit(&f->lookup_keys[victim], 0, memory_order_relaxed);
+    atomic_store_explicit(&f->lookup_streams[victim], fs, memory_order_release);
+    atomic_store_explicit(&f->lookup_keys[victim], key, memory_order_release);
+}
+
+static void lookup_drop(tpi_front *f, tp_stream handle) {
+    uintptr_t key = (uintptr_t)handle + 1;
+    uint32_t set = lookup_set(key);
+    for (uint32_t way = set; way < set + TPI_FRONT_WAYS; way++)
+        if (atomic_load_explicit(&f->lookup_keys[way], memory_order_relaxed) == key)
+            atomic_store_explicit(&f->lookup_keys[way], 0, memory_order_relaxed);
+}
+
+tpi_front_stream *tpi_front_stream_at(tpi_front *f, uint32_t slot, tp_stream handle) {
+    const tpi_host *host = f->core->host;
+    if (slot >= f->stream_capacity) {
+        size_t old = f->stream_capacity;
+        if (!tpi_host_grow(host, (void **)&f->streams, sizeof *f->streams, &f->stream_capacity, (size_t)slot + 1))
+            return NULL;
+        memset(f->streams + old, 0, (f->stream_capacity - old) * sizeof *f->streams);
+    }
+    tpi_front_stream *fs = f->streams[slot];
+    if (!fs) {
+        void *base = tpi_host_calloc(host, 1, stream_bytes(f));
+        if (!base) return NULL;
+        fs = (tpi_front_stream *)tpi_align_up((uint64_t)(uintptr_t)base, TPI_CACHE_LINE_BYTES);
+        atomic_init(&fs->lock, 1); /* taken, as every stream lock is under the world lock */
+        fs->base = base;
+        fs->slot = slot;
+        fs->handle = handle;
+        fs->hits = true;
+        fs->frees_to_upkeep = TPI_FRONT_UPKEEP_FREES;
+        fs->counts = (uint8_t *)(fs + 1);
+        fs->bins = (tpi_front_entry(*)[TPI_FRONT_DEPTH])tpi_align_up((uint64_t)(uintptr_t)(fs->counts + f->bin_count),
+                                                                   TPI_CACHE_LINE_BYTES);
+        f->streams[slot] = fs;
+        if (slot >= f->slot_end) f->slot_end = slot + 1;
+    } else if (fs->handle != handle) { /* a forgotten stream's slot, now another's */
+        lookup_drop(f, fs->handle);
+        fs->handle = handle;
+        fs->hits = true;
+    }
+    lookup_put(f, fs);
+    return fs;
+}
+
+void tpi_front_set_hits(tpi_front *f, uint32_t slot, bool hits) {
+    if (slot >= f->stream_capacity || !f->streams[slot]) return;
+    f->streams[slot]->hits = hits;
+    if (hits)
+        lookup_put(f, f->streams[slot]);
+    else
+        lookup_drop(f, f->streams[slot]->handle);
+}
+
+void tpi_front_fold_stats(tpi_front *f) {
+    for (size_t slot = 1; slot < f->slot_end; slot++)
+        if (f->streams[slot]) tpi_stats_fold(&f->core->stats, &f->streams[slot]->stats);
+}
+
+void tpi_front_give_bounds(tpi_front *f) {
+    uint32_t n = 0;
+    for (size_t slot = 1; slot < f->slot_end; slot++) n += f->streams[slot] && f->streams[slot]->hits;
+    if (!n) return;
+    tpi_stats_local bounds;
+    tpi_stats_give_bounds(&f->core->stats, &bounds, n);
+    for (size_t slot = 1; slot < f->slot_end; slot++) {
+        tpi_front_stream *fs = f->streams[slot];
+        if (!fs || !fs->hits) continue;
+        fs->stats.allocated_up = bounds.allocated_up;
+        fs->stats.allocated_down = bounds.allocated_down;
+        fs->stats.requested_up = bounds.requested_up;
+    }
+}
+
+void tpi_front_world_enter(tpi_front *f) {
+    tpi_front_lock_all(f);
+    tpi_front_fold_stats(f);
+    f->slot_in_place = false; /* the range allocator may change from here on */
+}
+
+void tpi_front_world_leave(tpi_front *f) {
+    tpi_front_give_bounds(f);
+    tpi_front_unlock_all(f);
+}
+
+/* ----------------------------------------------------------- live maps */
+
+/* The entries fill whole cache lines of their own: two streams' maps
+ * never share one. */
+static size_t live_bytes(uint32_t capacity) { return capacity * sizeof(tpi_live_entry) + TPI_CACHE_LINE_BYTES; }
+
+void tpi_live_free(const tpi_host *host, tpi_live_map *m) {
+    if (m->base) tpi_host_free(host, m->base, live_bytes(m->capacity));
+    *m = (tpi_live_map){0};
+}
+
+bool tpi_live_grow(const tpi_host *host, tpi_live_map *m) {
+    uint32_t capacity = m->capacity ? 2 * m->capacity : 16;
+    void *base = tpi_host_alloc(host, live_bytes(capacity));
+    if (!base) return false;
+    tpi_live_entry *entries = (tpi_live_entry *)tpi_align_up((uint64_t)(uintptr_t)base, TPI_CACHE_LINE_BYTES);
+    for (uint32_t i = 0; i < capacity; i++) entries[i].offset = UINT64_MAX;
+    tpi_live_map grown = {entries, capacity, 0, 64u - (unsigned)__builtin_ctz(capacity), base};
+    for (uint32_t i = 0; i < m->capacity; i++)
+        if (m->entries[i].offset != UINT64_MAX) tpi_live_insert_(&grown, &m->entries[i]);
+    tpi_live_free(host, m);
+    *m = grown;
+    return true;
+}
+
+bool tpi_front_live_add(tpi_front *f, uint32_t slot, uint64_t offset, uint64_t requested, uint64_t size,
+                        uint32_t node) {
+    tpi_live_map *m = &f->streams[slot]->live;
+    /* Keep room for one more, so that a hit finds it without growing. */
+    while (2 * (m->count + 2) > m->capacity)
+        if (!tpi_live_grow(f->core->host, m)) return false;
+    tpi_live_insert_(m, &(tpi_live_entry){offset, requested, size, node, 0});
+    return true;
+}
+
+tpi_live_entry *tpi_front_live_find(tpi_front *f, uint64_t offset, uint32_t *out_slot) {
+    for (size_t slot = 1; slot < f->slot_end; slot++) {
+        if (!f->streams[slot]) continue;
+        tpi_live_entry *e = tpi_live_find(&f->streams[slot]->live, offset);
+        if (e) {
+            if (out_slot) *out_slot = (uint32_t)slot;
+            return e;
+        }
+    }
+    return NULL;
+}
+
+void tpi_front_live_remove(tpi_front *f, uint32_t slot, uint64_t offset) {
+    tpi_live_map *m = &f->streams[slot]->live;
+    tpi_live_entry *e = tpi_live_find(m, offset);
+    if (e) tpi_live_remove_entry(m, e);
+}
+
+void tpi_front_live_sums(const tpi_front *f, uint64_t *out_allocated, uint64_t *out_requested, uint64_t *out_pinned,
+                         uint64_t *out_count) {
+    uint64_t allocated = 0, requested = 0, pinned = 0, count = 0;
+    for (size_t slot = 1; slot < f->slot_end; slot++) {
+        const tpi_front_stream *fs = f->streams[slot];
+        if (!fs) continue;
+        for (uint32_t i = 0; i < fs->live.capacity; i++) {
+            const tpi_live_entry *e = &fs->live.entries[i];
+            if (e->offset == UINT64_MAX) continue;
+            allocated += e->size;
+            requested += e->requested;
+            if (e->pins) pinned += e->size;
+            count++;
+        }
+    }
+    *out_allocated = allocated;
+    *out_requested = requested;
+    *out_pinned = pinned;
+    *out_count = count;
+}
+
+/* -------------------------------------------------------- parked blocks */
+
+/* A parked block leaves the cache for good: its tag into the node's owner
+ * word, back to the backing; units it leaves idle count as idle since
+ * idle_since_ns. */
+static void release_parked(tpi_front *f, uint32_t node, tpi_tag tag, uint64_t idle_since_ns) {
     tpi_core *core = f->core;
-    tpi_map_remove(&core->blocks, tpi_ra_node_at(&core->ra, node)->offset, NULL);
+    tpi_ra_node_at(&core->ra, node)->owner = tag;
     tpi_block_at(core, node)->flags = 0;
     f->backing->ops->release_block(f->backing, node, idle_since_ns);
 }
 
 static void slot_release(tpi_front *f) {
-    uint32_t node = f->slot_node;
-    if (node == TPI_RA_NONE) return;
-    f->slot_node = TPI_RA_NONE;
-    f->bytes -= tpi_ra_node_at(&f->core->ra, node)->size;
-    release_parked(f, node, f->slot_freed_ns ? f->slot_freed_ns : 1);
+    uint64_t word = atomic_load_explicit(&f->slot_word, memory_order_relaxed);
+    if (word == TPI_FRONT_SLOT_EMPTY) return;
+    atomic_store_explicit(&f->slot_word, TPI_FRONT_SLOT_EMPTY, memory_order_relaxed);
+    release_parked(f, (uint32_t)word, f->slot_tag, f->slot_freed_ns ? f->slot_freed_ns : 1);
 }
 
 /* May the parked block n be handed out again in place? Only where
@@ -48,7 +286,8 @@ static void slot_release(tpi_front *f) {
  * bin at or above n's, F itself aside, is at or above the bin of n + F.
  * So the free X / alloc X loop skips the range allocator without changing
  * where blocks go. */
-static bool reuse_in_place(const tpi_ra *ra, const tpi_ra_node *n) {
+bool tpi_front_reuse_in_place(const tpi_ra *ra, uint32_t node) {
+    const tpi_ra_node *n = tpi_ra_node_at(ra, node);
     if (n->addr_prev != TPI_RA_NONE && tpi_ra_node_at(ra, n->addr_prev)->state == TPI_RA_NODE_FREE) return false;
     if (n->addr_next == TPI_RA_NONE) return true;
     const tpi_ra_node *next = tpi_ra_node_at(ra, n->addr_next);
@@ -60,101 +299,201 @@ static bool reuse_in_place(const tpi_ra *ra, const tpi_ra_node *n) {
     return first == TPI_RA_NONE || first >= tpi_ra_bin_floor(ra, n->size + next->size);
 }
 
-bool tpi_front_push(tpi_front *f, uint32_t node) {
-    tpi_core *core = f->core;
-    tpi_ra_node *n = tpi_ra_node_at(&core->ra, node);
-    if (n->size > f->max_block_bytes) {
+/* The slot's bytes when its block is slot's stream's, else 0. */
+static uint64_t slot_bytes_of(const tpi_front *f, uint32_t slot) {
+    uint64_t word = atomic_load_explicit(&f->slot_word, memory_order_relaxed);
+    return word != TPI_FRONT_SLOT_EMPTY && (uint32_t)(word >> 32) == slot ? f->slot_size : 0;
+}
+
+bool tpi_front_push(tpi_front *f, uint32_t slot, uint32_t node, uint64_t offset, uint64_t size, tpi_tag tag) {
+    tpi_front_stream *fs = f->streams[slot];
+    if (size > f->max_block_bytes) {
         slot_release(f);
-        f->slot_node = node;
-        f->slot_freed_ns = tpi_units_now(&core->units);
-    } else {
-        if (f->bytes + n->size > f->limit_bytes) return false;
-        uint32_t bin = tpi_ra_bin_floor(&core->ra, n->size);
-        uint8_t count = f->bin_count[bin];
-        if (count == TPI_FRONT_DEPTH) return false;
-        f->bins[bin][count] = node;
-        f->bin_count[bin] = (uint8_t)(count + 1);
+        f->slot_offset = offset;
+        f->slot_size = size;
+        f->slot_tag = tag;
+        f->slot_freed_ns = tpi_units_now(&f->core->units);
+        f->slot_in_place = false; /* the next allocation decides, with the lock */
+        atomic_store_explicit(&f->slot_word, ((uint64_t)slot << 32) | node, memory_order_relaxed);
+        return true;
     }
-    f->bytes += n->size;
-    tpi_block_at(core, node)->flags |= TPI_BLOCK_PARKED;
+    if (fs->parked_bytes + slot_bytes_of(f, slot) + size > f->limit_bytes) return false;
+    uint32_t bin = tpi_ra_bin_of_units(size >> f->size_shift);
+    uint8_t count = fs->counts[bin];
+    if (count == TPI_FRONT_DEPTH) return false;
+    fs->bins[bin][count] = (tpi_front_entry){offset, size, tag, node};
+    fs->counts[bin] = (uint8_t)(count + 1);
+    fs->nonempty[bin / 64] |= 1ull << (bin % 64);
+    fs->parked_bytes += size;
     return true;
 }
 
 uint32_t tpi_front_pop(tpi_front *f, uint64_t size, uint32_t slot) {
-    tpi_core *core = f->core;
-    if (size > f->max_block_bytes || f->slot_node != TPI_RA_NONE) {
-        uint32_t node = f->slot_node;
-        if (node == TPI_RA_NONE) return TPI_RA_NONE;
-        tpi_ra_node *n = tpi_ra_node_at(&core->ra, node);
-        if (n->size == size && tpi_tag_slot(n->owner) == slot && reuse_in_place(&core->ra, n)) {
-            f->slot_node = TPI_RA_NONE;
-            f->bytes -= n->size;
-            tpi_block_at(core, node)->flags &= ~TPI_BLOCK_PARKED;
-            return node;
+    uint64_t word = atomic_load_explicit(&f->slot_word, memory_order_relaxed);
+    if (size > f->max_block_bytes || word != TPI_FRONT_SLOT_EMPTY) {
+        if (word != TPI_FRONT_SLOT_EMPTY) {
+            uint32_t node = (uint32_t)word;
+            if (f->slot_size == size && (uint32_t)(word >> 32) == slot && tpi_front_reuse_in_place(&f->core->ra, node)) {
+                atomic_store_explicit(&f->slot_word, TPI_FRONT_SLOT_EMPTY, memory_order_relaxed);
+                return node;
+            }
+            slot_release(f);
         }
-        slot_release(f);
         if (size > f->max_block_bytes) return TPI_RA_NONE;
     }
-    /* A block of bin(size) or the next bin, freed on slot, that holds size
-     * bytes and wastes at most 1/8 of them. */
-    uint32_t bin = tpi_ra_bin_floor(&core->ra, size);
-    for (uint32_t b = bin; b <= bin + 1 && b < TPI_RA_BIN_COUNT; b++) {
-        uint8_t count = f->bin_count[b];
+    tpi_front_stream *fs = slot < f->stream_capacity ? f->streams[slot] : NULL;
+    if (!fs) return TPI_RA_NONE;
+    uint32_t bin = tpi_ra_bin_of_units(size >> f->size_shift);
+    for (uint32_t b = bin; b <= bin + 1 && b < f->bin_count; b++) {
+        uint8_t count = fs->counts[b];
         if (!count) continue;
-        uint32_t node = f->bins[b][count - 1];
-        tpi_ra_node *n = tpi_ra_node_at(&core->ra, node);
-        if (n->size < size || n->size - size > size / 8 || tpi_tag_slot(n->owner) != slot) continue;
-        f->bin_count[b] = (uint8_t)(count - 1);
-        f->bytes -= n->size;
-        tpi_block_at(core, node)->flags &= ~TPI_BLOCK_PARKED;
-        return node;
+        tpi_front_entry *e = &fs->bins[b][count - 1];
+        if (e->size < size || e->size - size > size / 8) continue;
+        if (--fs->counts[b] == 0) fs->nonempty[b / 64] &= ~(1ull << (b % 64));
+        fs->parked_bytes -= e->size;
+        return e->node;
     }
     return TPI_RA_NONE;
 }
 
-uint64_t tpi_front_flush(tpi_front *f) {
-    if (!f->bytes) return 0;
-    uint64_t flushed = f->bytes;
-    slot_release(f);
-    for (uint32_t bin = 0; bin < TPI_RA_BIN_COUNT; bin++) {
-        for (uint8_t i = 0; i < f->bin_count[bin]; i++) release_parked(f, f->bins[bin][i], 0);
-        f->bin_count[bin] = 0;
+static uint64_t flush_bins(tpi_front *f, tpi_front_stream *fs) {
+    uint64_t flushed = fs->parked_bytes;
+    for (uint32_t w = 0; w < TPI_FRONT_BITMAP_WORDS && fs->parked_bytes; w++) {
+        for (uint64_t bits = fs->nonempty[w]; bits; bits &= bits - 1) {
+            uint32_t bin = w * 64 + (uint32_t)__builtin_ctzll(bits);
+            for (uint8_t i = 0; i < fs->counts[bin]; i++)
+                release_parked(f, fs->bins[bin][i].node, fs->bins[bin][i].tag, 0);
+            fs->counts[bin] = 0;
+        }
+        fs->nonempty[w] = 0;
     }
-    f->bytes = 0;
+    fs->parked_bytes = 0;
     return flushed;
 }
 
+uint64_t tpi_front_flush(tpi_front *f) {
+    uint64_t flushed = 0;
+    if (atomic_load_explicit(&f->slot_word, memory_order_relaxed) != TPI_FRONT_SLOT_EMPTY) {
+        flushed += f->slot_size;
+        slot_release(f);
+    }
+    for (size_t slot = 1; slot < f->slot_end; slot++)
+        if (f->streams[slot] && f->streams[slot]->parked_bytes) flushed += flush_bins(f, f->streams[slot]);
+    return flushed;
+}
+
+uint64_t tpi_front_flush_stream(tpi_front *f, uint32_t slot) {
+    uint64_t flushed = slot_bytes_of(f, slot);
+    if (flushed) slot_release(f);
+    if (slot < f->stream_capacity && f->streams[slot] && f->streams[slot]->parked_bytes)
+        flushed += flush_bins(f, f->streams[slot]);
+    return flushed;
+}
+
+uint64_t tpi_front_parked_count(const tpi_front *f) {
+    uint64_t count = atomic_load_explicit(&f->slot_word, memory_order_relaxed) != TPI_FRONT_SLOT_EMPTY;
+    for (size_t slot = 1; slot < f->slot_end; slot++) {
+        const tpi_front_stream *fs = f->streams[slot];
+        if (!fs || !fs->parked_bytes) continue;
+        for (uint32_t bin = 0; bin < f->bin_count; bin++) count += fs->counts[bin];
+    }
+    return count;
+}
+
+uint64_t tpi_front_parked_bytes(const tpi_front *f) {
+    uint64_t parked = atomic_load_explicit(&f->slot_word, memory_order_relaxed) != TPI_FRONT_SLOT_EMPTY ? f->slot_size : 0;
+    for (size_t slot = 1; slot < f->slot_end; slot++)
+        if (f->streams[slot]) parked += f->streams[slot]->parked_bytes;
+    return parked;
+}
+
+bool tpi_front_parked(const tpi_front *f, uint32_t node, tpi_tag *out_tag) {
+    uint64_t word = atomic_load_explicit(&f->slot_word, memory_order_relaxed);
+    if (word != TPI_FRONT_SLOT_EMPTY && (uint32_t)word == node) {
+        if (out_tag) *out_tag = f->slot_tag;
+        return true;
+    }
+    for (size_t slot = 1; slot < f->slot_end; slot++) {
+        const tpi_front_stream *fs = f->streams[slot];
+        if (!fs || !fs->parked_bytes) continue;
+        for (uint32_t bin = 0; bin < f->bin_count; bin++)
+            for (uint8_t i = 0; i < fs->counts[bin]; i++)
+                if (fs->bins[bin][i].node == node) {
+                    if (out_tag) *out_tag = fs->bins[bin][i].tag;
+                    return true;
+                }
+    }
+    return false;
+}
+
 void tpi_front_release_cold_slot(tpi_front *f, uint64_t now_ns, uint64_t idle_ns) {
-    if (f->slot_node != TPI_RA_NONE && now_ns - f->slot_freed_ns >= idle_ns) slot_release(f);
+    if (atomic_load_explicit(&f->slot_word, memory_order_relaxed) != TPI_FRONT_SLOT_EMPTY &&
+        now_ns - f->slot_freed_ns >= idle_ns)
+        slot_release(f);
+}
+
+/* -------------------------------------------------------------- checker */
+
+static bool check_used(const tpi_core *core, uint32_t node, uint64_t offset, uint64_t size) {
+    if (node >= core->ra.node_capacity) return false;
+    const tpi_ra_node *n = &core->ra.nodes[node];
+    return n->state == TPI_RA_NODE_USED && n->offset == offset && n->size == size;
 }
 
 bool tpi_front_check(const tpi_front *f, char *msg, size_t msg_capacity) {
     tpi_core *core = f->core;
-    uint64_t parked = 0, flagged = 0;
-    for (uint32_t bin = 0; bin < TPI_RA_BIN_COUNT; bin++) {
-        for (uint8_t k = 0; k < f->bin_count[bin]; k++) {
-            const tpi_ra_node *n = tpi_ra_node_at(&core->ra, f->bins[bin][k]);
-            const tpi_block *b = tpi_block_at(core, f->bins[bin][k]);
-            if (n->state != TPI_RA_NODE_USED || !(b->flags & TPI_BLOCK_PARKED))
-                TPI_FAIL(msg, msg_capacity, "front-cache bin %u holds a bad node", bin);
-            if (tpi_ra_bin_floor(&core->ra, n->size) != bin)
-                TPI_FAIL(msg, msg_capacity, "front-cache bin %u holds a node of another bin", bin);
-            parked += n->size;
+    uint64_t word = atomic_load_explicit(&f->slot_word, memory_order_relaxed);
+    if (word == TPI_FRONT_SLOT_FILLING) TPI_FAIL(msg, msg_capacity, "last-freed slot left half filled");
+    if (word != TPI_FRONT_SLOT_EMPTY) {
+        uint32_t node = (uint32_t)word;
+        if (!check_used(core, node, f->slot_offset, f->slot_size)) TPI_FAIL(msg, msg_capacity, "last-freed slot holds a bad node");
+        if (f->slot_size <= f->max_block_bytes) TPI_FAIL(msg, msg_capacity, "last-freed slot holds a bin-sized node");
+        if (tpi_block_at(core, node)->pins || tpi_block_at(core, node)->flags)
+            TPI_FAIL(msg, msg_capacity, "last-freed slot's block is pinned or flagged");
+        if (tpi_front_live_find((tpi_front *)f, f->slot_offset, NULL))
+            TPI_FAIL(msg, msg_capacity, "last-freed slot's block is also live");
+    }
+    for (size_t slot = 1; slot < f->slot_end; slot++) {
+        const tpi_front_stream *fs = f->streams[slot];
+        if (!fs) continue;
+        if (fs->slot != slot) TPI_FAIL(msg, msg_capacity, "front stream %zu names slot %u", slot, fs->slot);
+        uint64_t parked = 0;
+        for (uint32_t bin = 0; bin < TPI_FRONT_BITMAP_WORDS * 64; bin++) {
+            uint8_t count = bin < f->bin_count ? fs->counts[bin] : 0;
+            if (!!(fs->nonempty[bin / 64] & (1ull << (bin % 64))) != (count > 0))
+                TPI_FAIL(msg, msg_capacity, "stream %zu: bitmap and bin %u disagree", slot, bin);
+            if (count > TPI_FRONT_DEPTH) TPI_FAIL(msg, msg_capacity, "stream %zu: bin %u overfull", slot, bin);
+            for (uint8_t k = 0; k < count; k++) {
+                const tpi_front_entry *e = &fs->bins[bin][k];
+                if (!check_used(core, e->node, e->offset, e->size))
+                    TPI_FAIL(msg, msg_capacity, "stream %zu: bin %u holds a bad node", slot, bin);
+                if (tpi_ra_bin_of_units(e->size >> f->size_shift) != bin || e->size > f->max_block_bytes)
+                    TPI_FAIL(msg, msg_capacity, "stream %zu: bin %u holds a block of another bin", slot, bin);
+                if (tpi_tag_slot(e->tag) != slot) TPI_FAIL(msg, msg_capacity, "stream %zu: a parked tag names another stream", slot);
+                if (tpi_block_at(core, e->node)->pins || tpi_block_at(core, e->node)->flags)
+                    TPI_FAIL(msg, msg_capacity, "stream %zu: parked node %u is pinned or flagged", slot, e->node);
+                if (tpi_front_live_find((tpi_front *)f, e->offset, NULL))
+                    TPI_FAIL(msg, msg_capacity, "stream %zu: parked node %u is also live", slot, e->node);
+                parked += e->size;
+            }
         }
+        if (parked != fs->parked_bytes) TPI_FAIL(msg, msg_capacity, "stream %zu: parked bytes disagree", slot);
+        uint32_t live = 0;
+        for (uint32_t i = 0; i < fs->live.capacity; i++) {
+            const tpi_live_entry *e = &fs->live.entries[i];
+            if (e->offset == UINT64_MAX) continue;
+            live++;
+            if (!check_used(core, e->node, e->offset, e->size))
+                TPI_FAIL(msg, msg_capacity, "stream %zu: live entry 0x%llx is not its node", slot, (unsigned long long)e->offset);
+            if (e->requested > e->size || !e->requested)
+                TPI_FAIL(msg, msg_capacity, "stream %zu: live entry 0x%llx: bad requested bytes", slot, (unsigned long long)e->offset);
+            uint32_t found_slot = 0;
+            if (tpi_front_live_find((tpi_front *)f, e->offset, &found_slot) != e)
+                TPI_FAIL(msg, msg_capacity, "live block 0x%llx is in two maps", (unsigned long long)e->offset);
+            if (tpi_live_find((tpi_live_map *)&fs->live, e->offset) != e)
+                TPI_FAIL(msg, msg_capacity, "stream %zu: live entry 0x%llx unreachable", slot, (unsigned long long)e->offset);
+        }
+        if (live != fs->live.count) TPI_FAIL(msg, msg_capacity, "stream %zu: live count disagrees", slot);
     }
-    if (f->slot_node != TPI_RA_NONE) {
-        const tpi_ra_node *n = tpi_ra_node_at(&core->ra, f->slot_node);
-        if (n->state != TPI_RA_NODE_USED || !(tpi_block_at(core, f->slot_node)->flags & TPI_BLOCK_PARKED))
-            TPI_FAIL(msg, msg_capacity, "last-freed slot holds a bad node");
-        if (n->size <= f->max_block_bytes) TPI_FAIL(msg, msg_capacity, "last-freed slot holds a bin-sized node");
-        parked += n->size;
-    }
-    for (size_t i = 0; i < core->ra.node_capacity && i < core->info_capacity; i++) {
-        if (core->ra.nodes[i].state != TPI_RA_NODE_USED || !(core->info[i].flags & TPI_BLOCK_PARKED)) continue;
-        if (core->info[i].pins) TPI_FAIL(msg, msg_capacity, "parked node %zu is pinned", i);
-        flagged += core->ra.nodes[i].size;
-    }
-    if (parked != f->bytes) TPI_FAIL(msg, msg_capacity, "front-cache bytes disagree");
-    if (flagged != parked) TPI_FAIL(msg, msg_capacity, "front-cache lists and flags disagree");
     return true;
 }

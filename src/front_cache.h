@@ -1,58 +1,374 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * front_cache.h -- freed blocks parked for reuse as they are: the hit path.
- * Below it: the backings (a block that leaves the cache goes back through
- * its backing) and the core's block map. Above it: the ladder and the pool.
+ * front_cache.h -- freed blocks parked for reuse as they are, and the
+ * live blocks each stream handed out: the hit path, which runs without the
+ * pool's lock. Below it: the backings (a block that leaves the cache goes
+ * back through its backing), stream order and the statistics. Above it:
+ * the ladder and the pool.
  *
- * Bins: small freed blocks (up to max_block_bytes) park in a per-size-bin
- * LIFO of depth TPI_FRONT_DEPTH, not coalesced, and are reused by a request
- * of their bin (or the next) on the stream that freed them. Slot: the last
- * freed block too large for the bins parks alone until the next
- * allocation; reused in place when that allocation asks for its size on its
- * stream and good-fit placement would choose the same address anyway, else
- * released before the allocation looks for room, so placement sees the same
- * free memory as without it.
+ * Per stream (tpi_front_stream, one per stream slot, cache-line aligned,
+ * created on the stream's first locked call and kept until the pool goes):
+ *   - bins: small freed blocks (up to max_block_bytes) park, not coalesced,
+ *     in a per-size-bin LIFO of depth TPI_FRONT_DEPTH of the stream they
+ *     were freed on, and are reused by a request of their bin (or the next)
+ *     on that stream -- at once, as stream order allows (a free on S is
+ *     safe on S). An entry carries offset, size, tag and node, so a hit
+ *     never reads the range allocator. A bitmap of non-empty bins lets a
+ *     flush visit only those; each stream parks at most limit_bytes.
+ *   - live map: the blocks handed out on the stream (offset -> requested
+ *     bytes, size, node, pins), found by the free without the pool lock.
+ *     A free on another stream than the allocation's misses it and takes
+ *     the locked path, which looks in every stream's map.
+ *   - statistics: the stream's uncounted hits (pool_stats.h).
+ * Pool-wide: the last-freed slot. The last freed block too large for the
+ * bins parks alone until the next allocation; reused in place when that
+ * allocation asks for its size on its stream and good-fit placement would
+ * choose the same address anyway, else released before the allocation
+ * looks for room, so placement sees the same free memory as without it. Its
+ * state word (stream slot and node) is atomic: every hit allocation reads
+ * it (an occupied slot sends an allocation of another size or stream to the
+ * locked path, which releases it), and the hit path fills and empties it.
  *
- * Invariants (tpi_front_check): parked blocks are exactly the bin entries
- * plus the slot, each a used node flagged PARKED and unpinned, in the bin
- * of its size (the slot's above max_block_bytes); their bytes sum to bytes.
+ * Locks and their order: the pool's mutex, then the stream locks (by slot;
+ * pool.c takes them all -- the world lock -- for everything that is not a
+ * hit), then the device's own lock. The hit path takes exactly one stream
+ * lock and nothing after it but the device's (the hazard checker). So a hit
+ * never runs beside a locked operation: data written only under the world
+ * lock (the range allocator, units, block table, config, stream order) may
+ * be read on the hit path under one stream lock. A stream lock is a spin
+ * lock (one exchange to take it, one store to give it back) that backs off
+ * to sched_yield and then to short sleeps when held long.
  *
- * Not thread-safe: the pool's lock is held around every call.
+ * Stream lookup without a lock: a 4-way set-associative table from stream
+ * handle to tpi_front_stream, written under the world lock, read with
+ * atomics; the reader checks the handle again under the stream lock. A
+ * stream missing from it (evicted by three others of its set) takes the
+ * locked path, which puts it back.
+ *
+ * Invariants (tpi_front_check, under the world lock): parked blocks are
+ * exactly the bin entries plus the slot, each a used node, not in any live
+ * map, in the bin of its size (the slot's above max_block_bytes); a
+ * stream's parked bytes and non-empty bitmap match its bins; live entries
+ * are used nodes of their size, each in exactly one map.
  */
 #ifndef TIDEPOOL_FRONT_CACHE_H
 #define TIDEPOOL_FRONT_CACHE_H
 
 #include "pool_core.h"
 
+#include <stdatomic.h>
+
 #define TPI_FRONT_DEPTH 4
+#define TPI_FRONT_SETS 64
+#define TPI_FRONT_WAYS 4
+#define TPI_FRONT_BITMAP_WORDS ((TPI_RA_BIN_COUNT + 63) / 64)
+/* The slot's state word: (stream slot << 32) | node, or one of these. */
+#define TPI_FRONT_SLOT_EMPTY UINT64_MAX
+#define TPI_FRONT_SLOT_FILLING (UINT64_MAX - 1) /* a hit free is writing it */
+/* Every this many frees on a stream the pool looks at the clock. */
+#define TPI_FRONT_UPKEEP_FREES 256
+
+typedef struct tpi_front_entry {
+    uint64_t offset, size;
+    tpi_tag tag;
+    uint32_t node;
+} tpi_front_entry;
+
+typedef struct tpi_live_entry {
+    uint64_t offset; /* UINT64_MAX: empty */
+    uint64_t requested;
+    uint64_t size;
+    uint32_t node;
+    uint32_t pins;
+} tpi_live_entry;
+
+/* Open addressing, linear probing, at most half full, backward-shift
+ * deletion (the scheme of common/tpi_map.h with a wider value). */
+typedef struct tpi_live_map {
+    tpi_live_entry *entries; /* cache-line aligned, inside base */
+    uint32_t capacity, count;
+    unsigned shift;
+    void *base;
+} tpi_live_map;
+
+typedef struct tpi_front_stream {
+    _Alignas(TPI_CACHE_LINE_BYTES) atomic_int lock;
+    bool hits;       /* the hit path may serve it: known, not retired, not capturing */
+    uint32_t slot;
+    tp_stream handle;
+    uint32_t frees_to_upkeep; /* frees until the pool looks at the clock */
+    uint64_t parked_bytes;
+    tpi_stats_local stats;
+    tpi_live_map live;
+    uint64_t nonempty[TPI_FRONT_BITMAP_WORDS];
+    uint8_t *counts;                          /* per bin */
+    tpi_front_entry (*bins)[TPI_FRONT_DEPTH]; /* per bin, LIFO */
+    void *base;                               /* the allocation it lies in */
+} tpi_front_stream;
 
 typedef struct tpi_front {
     tpi_core *core;
     tpi_backing *backing;
-    uint32_t (*bins)[TPI_FRONT_DEPTH];
-    uint8_t *bin_count;
-    uint64_t bytes;           /* parked, bins and slot */
-    uint64_t limit_bytes;     /* most bytes the bins hold */
+    uint64_t limit_bytes;     /* most bytes one stream's bins hold */
     uint64_t max_block_bytes; /* largest block a bin takes */
-    uint32_t slot_node;       /* the last-freed slot, or TPI_RA_NONE */
-    uint64_t slot_freed_ns;
+    uint32_t bin_count;       /* bins a block up to max_block_bytes can use */
+    unsigned size_shift;      /* the range allocator's unit */
+    bool hazard_checker;      /* the device checks every block handed out */
+    tpi_front_stream **streams; /* by slot; NULL until the stream's first call */
+    size_t stream_capacity;
+    uint32_t slot_end;        /* above the highest slot with a front stream */
+    /* stream handle (+1, 0: empty way) -> its tpi_front_stream */
+    _Atomic(uintptr_t) lookup_keys[TPI_FRONT_SETS * TPI_FRONT_WAYS];
+    _Atomic(tpi_front_stream *) lookup_streams[TPI_FRONT_SETS * TPI_FRONT_WAYS];
+    /* The last-freed slot. The fields below the word are written by whoever
+     * moved the word from EMPTY (to FILLING, then to the block), read by the
+     * stream the word names under its lock, or under the world lock. */
+    _Alignas(TPI_CACHE_LINE_BYTES) _Atomic(uint64_t) slot_word;
+    uint64_t slot_offset, slot_size, slot_freed_ns;
+    tpi_tag slot_tag;
+    bool slot_in_place; /* reuse in place decided at the free; cleared by every world lock */
 } tpi_front;
 
 tp_status tpi_front_init(tpi_front *front, tpi_core *core, tpi_backing *backing, uint64_t limit_bytes,
                          uint64_t max_block_bytes);
 void tpi_front_destroy(tpi_front *front);
 
-/* Parks a block the caller freed (its tag already in the node's owner
- * word). False when it does not fit: the caller releases it. */
-bool tpi_front_push(tpi_front *front, uint32_t node);
+/* ------------------------------------------------------- stream locks */
+
+void tpi_front_spin_wait(atomic_int *lock);
+static inline void tpi_front_stream_lock(tpi_front_stream *fs) {
+    if (!atomic_exchange_explicit(&fs->lock, 1, memory_order_acquire)) return;
+    tpi_front_spin_wait(&fs->lock);
+}
+static inline void tpi_front_stream_unlock(tpi_front_stream *fs) {
+    atomic_store_explicit(&fs->lock, 0, memory_order_release);
+}
+/* Every stream lock, by slot (with the pool's mutex held: the world lock). */
+void tpi_front_lock_all(tpi_front *front);
+void tpi_front_unlock_all(tpi_front *front);
+
+/* ------------------------------------------------ under the world lock */
+
+/* After taking the pool's mutex: every stream lock, hit statistics folded
+ * in. Before giving it back: new statistics bounds, stream locks given
+ * back. (The ladder also leaves and enters around reclaim callbacks.) */
+void tpi_front_world_enter(tpi_front *front);
+void tpi_front_world_leave(tpi_front *front);
+
+/* The slot's front stream, made (and locked, like the others) on its
+ * first use; NULL without host memory. Puts it in the lookup table. */
+tpi_front_stream *tpi_front_stream_at(tpi_front *front, uint32_t slot, tp_stream handle);
+/* A stream forgotten (its slot may go to another handle later) or between
+ * capture begin and end: no hits. */
+void tpi_front_set_hits(tpi_front *front, uint32_t slot, bool hits);
+/* Folds every stream's hit statistics into the pool's. */
+void tpi_front_fold_stats(tpi_front *front);
+/* New statistics bounds for every stream (pool_stats.h). */
+void tpi_front_give_bounds(tpi_front *front);
+
+/* Live blocks. tpi_front_live_add returns false without host memory. */
+bool tpi_front_live_add(tpi_front *front, uint32_t slot, uint64_t offset, uint64_t requested, uint64_t size,
+                        uint32_t node);
+/* The live block starting at offset, on any stream (*out_slot), or NULL. */
+tpi_live_entry *tpi_front_live_find(tpi_front *front, uint64_t offset, uint32_t *out_slot);
+void tpi_front_live_remove(tpi_front *front, uint32_t slot, uint64_t offset);
+/* Live bytes (allocated and requested) and blocks over every map. */
+void tpi_front_live_sums(const tpi_front *front, uint64_t *out_allocated, uint64_t *out_requested,
+                         uint64_t *out_pinned, uint64_t *out_count);
+
+/* Parks a block freed on slot with tag. False when it does not fit: the
+ * caller releases it. */
+bool tpi_front_push(tpi_front *front, uint32_t slot, uint32_t node, uint64_t offset, uint64_t size, tpi_tag tag);
 /* A parked block for size bytes on slot, taken out of the cache, or
- * TPI_RA_NONE. Empties the slot either way. */
+ * TPI_RA_NONE. Empties the last-freed slot either way. */
 uint32_t tpi_front_pop(tpi_front *front, uint64_t size, uint32_t slot);
 /* Gives every parked block back to the backing; returns the bytes. */
 uint64_t tpi_front_flush(tpi_front *front);
+/* ... only those of one stream (and the last-freed slot if it is its). */
+uint64_t tpi_front_flush_stream(tpi_front *front, uint32_t slot);
+/* Blocks parked, bins and slot. */
+uint64_t tpi_front_parked_count(const tpi_front *front);
+/* Bytes parked, bins and slot. */
+uint64_t tpi_front_parked_bytes(const tpi_front *front);
+/* Is node parked (in a bin or the slot)? Its tag in *out_tag. */
+bool tpi_front_parked(const tpi_front *front, uint32_t node, tpi_tag *out_tag);
+/* May the parked block at node be handed out again in place (the
+ * last-freed slot's rule, on the range allocator as it is now)? */
+bool tpi_front_reuse_in_place(const tpi_ra *ra, uint32_t node);
 /* Gives the slot's block back if it was freed at least idle_ns ago. */
 void tpi_front_release_cold_slot(tpi_front *front, uint64_t now_ns, uint64_t idle_ns);
 
 bool tpi_front_check(const tpi_front *front, char *msg, size_t msg_capacity);
+
+/* ---------------------------------------------------- the live map */
+
+static inline uint32_t tpi_live_home_(const tpi_live_map *m, uint64_t offset) {
+    return (uint32_t)((offset * 0x9E3779B97F4A7C15ull) >> m->shift);
+}
+
+static inline tpi_live_entry *tpi_live_find(tpi_live_map *m, uint64_t offset) {
+    if (!m->capacity) return NULL;
+    for (uint32_t i = tpi_live_home_(m, offset);; i = (i + 1) & (m->capacity - 1)) {
+        tpi_live_entry *e = &m->entries[i];
+        if (e->offset == offset) return e;
+        if (e->offset == UINT64_MAX) return NULL;
+    }
+}
+
+/* Takes e (an entry of m) out, shifting the rest of its probe run back. */
+static inline void tpi_live_remove_entry(tpi_live_map *m, tpi_live_entry *e) {
+    uint32_t mask = m->capacity - 1, hole = (uint32_t)(e - m->entries);
+    for (uint32_t i = (hole + 1) & mask;; i = (i + 1) & mask) {
+        tpi_live_entry *x = &m->entries[i];
+        if (x->offset == UINT64_MAX) break;
+        uint32_t home = tpi_live_home_(m, x->offset);
+        /* x may move to the hole if its home is not in (hole, i] */
+        if (((i - home) & mask) >= ((i - hole) & mask)) {
+            m->entries[hole] = *x;
+            hole = i;
+        }
+    }
+    m->entries[hole].offset = UINT64_MAX;
+    m->count--;
+}
+
+bool tpi_live_grow(const tpi_host *host, tpi_live_map *m);
+void tpi_live_free(const tpi_host *host, tpi_live_map *m);
+
+/* Inserts (offset is not there, and there is room). */
+static inline void tpi_live_insert_(tpi_live_map *m, const tpi_live_entry *entry) {
+    uint32_t i = tpi_live_home_(m, entry->offset);
+    while (m->entries[i].offset != UINT64_MAX) i = (i + 1) & (m->capacity - 1);
+    m->entries[i] = *entry;
+    m->count++;
+}
+
+/* -------------------------------------------------------- the hit path */
+
+/* The front stream of a handle, locked, if the hit path may serve it;
+ * NULL otherwise (the caller takes the locked path). */
+static inline tpi_front_stream *tpi_front_hit_enter(tpi_front *f, tp_stream handle) {
+    uintptr_t key = (uintptr_t)handle + 1;
+    uint32_t set = (uint32_t)(((uint64_t)key * 0x9E3779B97F4A7C15ull) >> 58) * TPI_FRONT_WAYS;
+    for (uint32_t way = set; way < set + TPI_FRONT_WAYS; way++) {
+        if (atomic_load_explicit(&f->lookup_keys[way], memory_order_relaxed) != key) continue;
+        tpi_front_stream *fs = atomic_load_explicit(&f->lookup_streams[way], memory_order_acquire);
+        if (!fs) return NULL;
+        tpi_front_stream_lock(fs);
+        if (fs->hits && fs->handle == handle) return fs;
+        tpi_front_stream_unlock(fs);
+        return NULL;
+    }
+    return NULL;
+}
+
+/* Is the last-freed block (in place, same size, this stream) size bytes'
+ * answer? Then it is taken: its offset and node. */
+static inline bool tpi_front_hit_take_slot(tpi_front *f, tpi_front_stream *fs, uint64_t size, uint64_t word,
+                                           uint64_t *out_offset, uint32_t *out_node) {
+    if (word >= TPI_FRONT_SLOT_FILLING || (uint32_t)(word >> 32) != fs->slot || !f->slot_in_place ||
+        f->slot_size != size)
+        return false;
+    /* The word names this stream, whose lock we hold: nobody else may
+     * change it (other streams only fill an empty word) or its fields, so
+     * a store empties it, no exchange needed. */
+    atomic_store_explicit(&f->slot_word, TPI_FRONT_SLOT_EMPTY, memory_order_release);
+    *out_offset = f->slot_offset;
+    *out_node = (uint32_t)word;
+    return true;
+}
+
+/* A hit allocation of size bytes (bytes asked) on fs, its lock held: a
+ * parked block of the stream, within the statistics bounds, recorded live.
+ * 0 on a miss. The caller unlocks. */
+static inline uint64_t tpi_front_hit_alloc(tpi_front *f, tpi_front_stream *fs, uint64_t size, uint64_t bytes,
+                                           tp_stream stream) {
+    tpi_stats_local *st = &fs->stats;
+    if ((int64_t)(st->requested_delta + bytes) > st->requested_up) return 0;
+    if (2 * (fs->live.count + 1) > fs->live.capacity) return 0; /* the live map must grow: the locked path */
+    uint64_t word = atomic_load_explicit(&f->slot_word, memory_order_acquire);
+    uint64_t offset, got_size;
+    uint32_t node;
+    if (size > f->max_block_bytes || word != TPI_FRONT_SLOT_EMPTY) {
+        if ((int64_t)(st->allocated_delta + size) > st->allocated_up ||
+            !tpi_front_hit_take_slot(f, fs, size, word, &offset, &node))
+            return 0;
+        got_size = size;
+    } else {
+        /* A block of bin(size) or the next bin that holds size bytes and
+         * wastes at most 1/8 of them. */
+        uint32_t bin = tpi_ra_bin_of_units(size >> f->size_shift), b = bin;
+        tpi_front_entry *e = NULL;
+        for (; b <= bin + 1 && b < f->bin_count; b++) {
+            uint8_t count = fs->counts[b];
+            if (!count) continue;
+            e = &fs->bins[b][count - 1];
+            if (e->size >= size && e->size - size <= size / 8) break;
+            e = NULL;
+        }
+        if (!e || (int64_t)(st->allocated_delta + e->size) > st->allocated_up) return 0;
+        offset = e->offset;
+        got_size = e->size;
+        node = e->node;
+        if (--fs->counts[b] == 0) fs->nonempty[b / 64] &= ~(1ull << (b % 64));
+        fs->parked_bytes -= got_size;
+    }
+    tpi_live_insert_(&fs->live, &(tpi_live_entry){offset, bytes, got_size, node, 0}); /* room checked above */
+    st->allocated_delta += got_size;
+    st->allocated_total += got_size;
+    st->requested_delta += bytes;
+    st->requested_total += bytes;
+    st->allocs++;
+    if (f->hazard_checker) {
+        tpi_core *core = f->core;
+        st->hazards += core->ops->check_handout(core->device, offset, got_size, stream);
+    }
+    return offset;
+}
+
+/* A hit free of address on fs, its lock held: a live block of this stream,
+ * unpinned, that parks (bins or the empty last-freed slot) within the
+ * statistics bounds and the upkeep count. False: the locked path. */
+static inline bool tpi_front_hit_free(tpi_front *f, tpi_front_stream *fs, uint64_t address) {
+    tpi_live_entry *e = tpi_live_find(&fs->live, address);
+    if (!e || e->pins || fs->frees_to_upkeep <= 1) return false;
+    tpi_stats_local *st = &fs->stats;
+    uint64_t size = e->size;
+    if ((int64_t)(st->allocated_delta - size) < st->allocated_down) return false;
+    tpi_core *core = f->core;
+    if (size > f->max_block_bytes) {
+        uint64_t empty = TPI_FRONT_SLOT_EMPTY;
+        if (!atomic_compare_exchange_strong_explicit(&f->slot_word, &empty, TPI_FRONT_SLOT_FILLING,
+                                                     memory_order_acquire, memory_order_relaxed))
+            return false; /* occupied: releasing its block is the locked path's */
+        f->slot_in_place = tpi_front_reuse_in_place(&core->ra, e->node);
+        f->slot_offset = address;
+        f->slot_size = size;
+        f->slot_freed_ns = tpi_units_now(&core->units);
+        f->slot_tag = tpi_order_note_free(&core->order, fs->slot);
+        atomic_store_explicit(&f->slot_word, ((uint64_t)fs->slot << 32) | e->node, memory_order_release);
+    } else {
+        /* The stream's bins hold at most limit_bytes, its last-freed block
+         * included (which a locked call may be filling: not a hit then). */
+        uint64_t word = atomic_load_explicit(&f->slot_word, memory_order_acquire), slot_bytes = 0;
+        if (word == TPI_FRONT_SLOT_FILLING) return false;
+        if (word != TPI_FRONT_SLOT_EMPTY && (uint32_t)(word >> 32) == fs->slot) slot_bytes = f->slot_size;
+        if (fs->parked_bytes + slot_bytes + size > f->limit_bytes) return false;
+        uint32_t b = tpi_ra_bin_of_units(size >> f->size_shift);
+        uint8_t count = fs->counts[b];
+        if (count == TPI_FRONT_DEPTH) return false;
+        fs->bins[b][count] = (tpi_front_entry){address, size, tpi_order_note_free(&core->order, fs->slot), e->node};
+        fs->counts[b] = (uint8_t)(count + 1);
+        fs->nonempty[b / 64] |= 1ull << (b % 64);
+        fs->parked_bytes += size;
+    }
+    st->allocated_delta -= size;
+    st->requested_delta -= e->requested;
+    st->cached_total += size;
+    st->frees++;
+    fs->frees_to_upkeep--;
+    tpi_live_remove_entry(&fs->live, e);
+    return true;
+}
 
 #endif /* TIDEPOOL_FRONT_CACHE_H */

@@ -73,10 +73,12 @@ static uint64_t run_reclaimers_locked(tpi_ladder *l, uint64_t need) {
     l->reclaims_in_flight++; /* remove_reclaimer waits for us */
     tpi_reclaim_round round = {pthread_self(), l->rounds};
     l->rounds = &round;
+    tpi_front_world_leave(l->front);
     pthread_mutex_unlock(l->lock);
     uint64_t reclaimed = 0;
     for (size_t i = 0; i < count; i++) reclaimed += local[i].fn(local[i].user, l->pool, need);
     pthread_mutex_lock(l->lock);
+    tpi_front_world_enter(l->front);
     tpi_reclaim_round **link = &l->rounds;
     while (*link != &round) link = &(*link)->next;
     *link = round.next;
@@ -89,7 +91,7 @@ static uint64_t run_reclaimers_locked(tpi_ladder *l, uint64_t need) {
  * make room, and are given back before the pool grows. */
 static tp_status try_backing(tpi_ladder *l, uint64_t size, uint32_t slot, uint32_t *out_node, uint64_t *out_need) {
     tpi_backing *b = l->backing;
-    if (l->front->bytes) {
+    if (tpi_front_parked_bytes(l->front)) {
         tp_status st = b->ops->try_alloc(b, size, slot, false, out_node, out_need);
         if (st != TP_NOT_READY) return st;
         tpi_front_flush(l->front);
@@ -157,6 +159,10 @@ tp_status tpi_ladder_remove_reclaimer_locked(tpi_ladder *l, tp_reclaim_fn fn, vo
     }
     /* A reclaim round that copied the list before the removal may still be
      * calling fn: once this returns, fn is never called again. */
-    while (st == TP_OK && l->reclaims_in_flight) pthread_cond_wait(&l->reclaims_done, l->lock);
+    while (st == TP_OK && l->reclaims_in_flight) {
+        tpi_front_world_leave(l->front); /* the round's own calls may need the stream locks */
+        pthread_cond_wait(&l->reclaims_done, l->lock);
+        tpi_front_world_enter(l->front);
+    }
     return st;
 }

@@ -18,8 +18,10 @@
  * and ends in TP_ERR_OUT_OF_MEMORY with a report. It never aborts, and it
  * never releases memory whose last use has not completed.
  *
- * Not thread-safe: called with the pool's lock held; the lock is released
- * (and retaken) only around the reclaim callbacks.
+ * Not thread-safe: called with the pool's world lock held (its mutex and
+ * every stream lock, front_cache.h); the world lock is released (and
+ * retaken, hits folded in again) only around the reclaim callbacks and
+ * while tpi_ladder_remove_reclaimer_locked waits for a round to end.
  */
 #ifndef TIDEPOOL_OOM_LADDER_H
 #define TIDEPOOL_OOM_LADDER_H
@@ -44,7 +46,7 @@ typedef struct tpi_ladder {
     tpi_front *front;
     tpi_backing *backing;
     tp_pool *pool;          /* passed to reclaim callbacks */
-    pthread_mutex_t *lock;  /* the pool's, released around the callbacks */
+    pthread_mutex_t *lock;  /* the pool's mutex, released (with the stream locks) around the callbacks */
     tpi_reclaimer reclaimers[TPI_MAX_RECLAIMERS];
     size_t reclaimer_count;
     uint32_t reclaims_in_flight;  /* rounds running without the lock */

@@ -4,33 +4,51 @@
  * reclaim callbacks, forgetting streams and statistics (pins and capture
  * are in pool_pins.c, the checker and the memory map in pool_inspect.c).
  * It orchestrates the layers below (pool_core.h draws them) and holds the
- * one lock.
+ * locks.
  *
  * The path of one allocation
- *   tp_pool_alloc: stream -> slot (stream order); the front cache's parked
- *   block for the size and stream if there is one (the hit path: no range
- *   allocator, no device call); else the ladder (oom_ladder.c) asks the
- *   backing for room -- good fit among free ranges the stream may use, and
- *   growth (pages mapped, or a new segment) when none fits -- and climbs
- *   its steps when the device or the limit says no. The block goes into the
- *   block map; statistics, the hazard checker and capture see it.
+ *   The hit path first, without the pool's mutex (front_cache.h): the
+ *   stream's front state found in a lock-free table and its lock taken; a
+ *   block parked in the stream's bins for the size (or the last-freed
+ *   block, same size and stream, reusable in place) is recorded in the
+ *   stream's live map, counted in the stream's own statistics within its
+ *   bounds, shown to the hazard checker, and returned. Anything else --
+ *   no parked block, bounds reached, an observer set, a capturing stream,
+ *   a stream not yet seen -- takes the world lock: stream -> slot (stream
+ *   order); the front cache's parked block if any; else the ladder
+ *   (oom_ladder.c) asks the backing for room -- good fit among free ranges
+ *   the stream may use, and growth (pages mapped, or a new segment) when
+ *   none fits -- and climbs its steps when the device or the limit says
+ *   no. The block goes into the stream's live map; statistics, the hazard
+ *   checker, capture and the observer see it.
  *
  * The path of one free
- *   tp_pool_free: block map -> node; the stream tags it (stream order: safe
- *   for others once the stream's next event completes); a pinned block is
- *   kept as freed-pinned; otherwise the front cache parks it, or the
+ *   The hit path: the block in the free stream's live map (allocated on
+ *   this stream), unpinned; the stream tags it (stream order: safe for
+ *   others once the stream's next event completes) and it parks in the
+ *   stream's bins (or the empty last-freed slot). Otherwise, with the world
+ *   lock: the block in any stream's live map (a free on another stream than
+ *   the allocation's, or a refusal: double free, foreign pointer, inside a
+ *   block); tagged; a pinned block is kept as freed-pinned; a capturing
+ *   stream's goes back at once; otherwise the front cache parks it, or the
  *   backing takes it back (range merged with free neighbours, units left
- *   without live blocks become idle). Every POOL_UPKEEP_FREES frees the
- *   pool looks at the clock: aged idle units go back to the device.
+ *   without live blocks become idle). Every TPI_FRONT_UPKEEP_FREES frees on
+ *   a stream the pool looks at the clock: aged idle units go back.
  *
  * Invariants (tp_pool_check, pool_inspect.c): each layer's own (range
- * allocator, units, front cache, backing), and: every block-map entry is a
- * used node starting at its key and every used node is in the map;
- * allocated, requested, pinned and freed-pinned bytes equal sums over the
- * blocks; cached = reserved - allocated - freed-pinned; reserved <= limit.
+ * allocator, units, front cache, backing), and: every used node is exactly
+ * one of live (in one stream's live map), parked (front cache) or
+ * freed-pinned (in the block map core->blocks); allocated, requested,
+ * pinned and freed-pinned bytes equal sums over the blocks;
+ * cached = reserved - allocated - freed-pinned; reserved <= limit.
  *
- * Locking: one mutex per pool around every public call; helpers that need
- * it held end in _locked. Reclaim callbacks run with it released.
+ * Locking. Lock order: the pool's mutex, then every stream lock by slot
+ * (front_cache.h), then the device's lock. The world lock is the first two
+ * together (tpi_pool_lock): everything but a hit takes it, and with it
+ * folds the streams' hit statistics into the pool's, so it sees one
+ * consistent pool. A hit takes one stream lock only and never waits for
+ * another lock but the device's. Helpers that need the world lock held
+ * end in _locked. Reclaim callbacks run with the world lock released.
  */
 #include "pool_object.h"
 
@@ -39,8 +57,6 @@
 
 #define POOL_FRONT_MAX_BLOCK (64 * TPI_MiB)
 #define POOL_FRONT_MAX_BLOCK_VMM (64 * TPI_KiB)
-/* Every this many frees the pool looks at the clock (upkeep_locked). */
-#define POOL_UPKEEP_FREES 256
 
 /* ---------------------------------------------------------------- blocks */
 
@@ -54,14 +70,37 @@ bool tpi_pool_blocks_fit_nodes_locked(tpi_core *core) {
     return true;
 }
 
-/* A block the caller gave back (or never got) returns to the backing. */
+/* A block the caller gave back (or never got), in no live map and not
+ * parked, returns to the backing (its owner word holds its tag). */
 void tpi_pool_release_block_locked(tp_pool *pool, uint32_t node) {
-    tpi_map_remove(&pool->core.blocks, tpi_ra_node_at(&pool->core.ra, node)->offset, NULL);
-    tpi_block_at(&pool->core, node)->flags = 0;
+    if (tpi_block_at(&pool->core, node)->flags & TPI_BLOCK_FREED_PINNED)
+        tpi_map_remove(&pool->core.blocks, tpi_ra_node_at(&pool->core.ra, node)->offset, NULL);
+    *tpi_block_at(&pool->core, node) = (tpi_block){0};
     pool->backing->ops->release_block(pool->backing, node, 0);
 }
 
+void tpi_pool_lock(tp_pool *pool) {
+    pthread_mutex_lock(&pool->lock);
+    tpi_front_world_enter(&pool->front);
+}
 
+void tpi_pool_unlock(tp_pool *pool) {
+    tpi_front_world_leave(&pool->front);
+    pthread_mutex_unlock(&pool->lock);
+}
+
+tp_status tpi_pool_stream_slot_locked(tp_pool *pool, tp_stream stream, uint32_t *out_slot) {
+    tp_status st = tpi_order_slot(&pool->core.order, stream, out_slot);
+    if (st != TP_OK) return st;
+    return tpi_front_stream_at(&pool->front, *out_slot, stream) ? TP_OK : TP_ERR_HOST_OUT_OF_MEMORY;
+}
+
+uint32_t *tpi_pool_pins_locked(tp_pool *pool, uint32_t node) {
+    tpi_block *block = tpi_block_at(&pool->core, node);
+    if (block->flags & TPI_BLOCK_FREED_PINNED) return &block->pins;
+    tpi_live_entry *e = tpi_front_live_find(&pool->front, tpi_ra_node_at(&pool->core.ra, node)->offset, NULL);
+    return e && e->node == node ? &e->pins : NULL;
+}
 
 /* ------------------------------------------------------------- lifecycle */
 
@@ -170,7 +209,7 @@ tp_status tp_pool_destroy(tp_pool *pool) {
     if (!pool) return TP_ERR_INVALID_ARGUMENT;
     tpi_core *core = &pool->core;
     tp_device *device = core->device;
-    pthread_mutex_lock(&pool->lock);
+    tpi_pool_lock(pool);
     tpi_front_flush(&pool->front);
     /* Queued work on any stream the pool has seen may still use its memory. */
     tp_status result = tpi_order_synchronize_all(&core->order);
@@ -185,7 +224,7 @@ tp_status tp_pool_destroy(tp_pool *pool) {
     tpi_order_destroy(&core->order);
     tpi_map_destroy(&core->blocks);
     tpi_host_free(core->host, core->info, core->info_capacity * sizeof *core->info);
-    pthread_mutex_unlock(&pool->lock);
+    pthread_mutex_unlock(&pool->lock); /* the stream locks went with the front cache */
     pthread_mutex_destroy(&pool->lock);
     tpi_host_free(&device->host, pool, sizeof *pool);
     atomic_fetch_sub(&device->users, 1);
@@ -201,7 +240,15 @@ static void check_invariants_if_asked_locked(tp_pool *pool) {
         tpi_logf(&pool->core.device->logger, TP_LOG_ERROR, "pool invariant violated: %s", msg);
 }
 
-/* A block found by the ladder, made known to the block map. */
+/* After a hit: the checker, if the pool asks for it after every call. */
+static void check_after_hit(tp_pool *pool) {
+    if (!(pool->core.config.flags & TP_POOL_FLAG_CHECK_INVARIANTS)) return;
+    tpi_pool_lock(pool);
+    check_invariants_if_asked_locked(pool);
+    tpi_pool_unlock(pool);
+}
+
+/* A block found by the ladder. */
 static tp_status ladder_alloc_locked(tp_pool *pool, uint64_t size, size_t bytes, uint32_t slot, uint32_t *out_node) {
     tpi_core *core = &pool->core;
     if (size > core->config.limit_bytes) {
@@ -213,8 +260,7 @@ static tp_status ladder_alloc_locked(tp_pool *pool, uint64_t size, size_t bytes,
     tp_status st = tpi_ladder_alloc_locked(&pool->ladder, size, bytes, slot, out_node);
     if (st != TP_OK) return st;
     if (core->stats.pub.device_allocs == device_allocs) core->stats.pub.cache_hits++;
-    uint64_t offset = tpi_ra_node_at(&core->ra, *out_node)->offset;
-    if (!tpi_pool_blocks_fit_nodes_locked(core) || !tpi_map_put(&core->blocks, offset, *out_node)) {
+    if (!tpi_pool_blocks_fit_nodes_locked(core)) { /* (no block record to clear: the table is short) */
         tpi_ra_node_at(&core->ra, *out_node)->owner = tpi_order_pending_tag(&core->order, slot);
         pool->backing->ops->release_block(pool->backing, *out_node, 0);
         return TP_ERR_HOST_OUT_OF_MEMORY;
@@ -222,28 +268,24 @@ static tp_status ladder_alloc_locked(tp_pool *pool, uint64_t size, size_t bytes,
     return TP_OK;
 }
 
-tp_status tp_pool_alloc(tp_pool *pool, size_t bytes, tp_stream stream, void **out_ptr) {
-    if (!out_ptr) return TP_ERR_INVALID_ARGUMENT;
-    *out_ptr = NULL;
-    if (!pool || bytes == 0) return TP_ERR_INVALID_ARGUMENT;
+static tp_status alloc_locked(tp_pool *pool, uint64_t size, size_t bytes, tp_stream stream, void **out_ptr) {
     tpi_core *core = &pool->core;
-    uint64_t align = core->config.alignment_bytes;
-    /* Too large to round: larger than any limit, so out of memory below. */
-    uint64_t size = (uint64_t)bytes > UINT64_MAX - align ? UINT64_MAX : tpi_align_up(bytes, align);
-
-    pthread_mutex_lock(&pool->lock);
     uint32_t slot, node;
-    tp_status st = tpi_order_slot(&core->order, stream, &slot);
-    if (st != TP_OK) goto out;
+    tp_status st = tpi_pool_stream_slot_locked(pool, stream, &slot);
+    if (st != TP_OK) return st;
     node = tpi_front_pop(&pool->front, size, slot);
     if (node != TPI_RA_NONE) {
         core->stats.pub.cache_hits++;
     } else {
         st = ladder_alloc_locked(pool, size, bytes, slot, &node);
-        if (st != TP_OK) goto out;
+        if (st != TP_OK) return st;
     }
     tpi_ra_node *n = tpi_ra_node_at(&core->ra, node);
-    *tpi_block_at(core, node) = (tpi_block){.requested = bytes, .slot = (uint16_t)slot};
+    if (!tpi_front_live_add(&pool->front, slot, n->offset, bytes, n->size, node)) {
+        n->owner = tpi_order_pending_tag(&core->order, slot);
+        tpi_pool_release_block_locked(pool, node);
+        return TP_ERR_HOST_OUT_OF_MEMORY;
+    }
     tp_pool_stats *s = &core->stats.pub;
     s->allocs++;
     tpi_stat_add(&s->requested_bytes, bytes);
@@ -257,17 +299,41 @@ tp_status tp_pool_alloc(tp_pool *pool, size_t bytes, tp_stream stream, void **ou
             s->allocs--;
             tpi_stat_sub(&s->requested_bytes, bytes);
             tpi_stat_sub(&s->allocated_bytes, n->size);
+            tpi_front_live_remove(&pool->front, slot, n->offset);
             n->owner = tpi_order_pending_tag(&core->order, slot);
             tpi_pool_release_block_locked(pool, node);
             tpi_stats_update_cached(&core->stats);
-            goto out;
+            return st;
         }
     }
     *out_ptr = (void *)(uintptr_t)n->offset;
     tpi_observe(&core->stats, TP_POOL_EVENT_ALLOC, n->offset, bytes, stream);
-out:
+    return TP_OK;
+}
+
+tp_status tp_pool_alloc(tp_pool *pool, size_t bytes, tp_stream stream, void **out_ptr) {
+    if (!out_ptr) return TP_ERR_INVALID_ARGUMENT;
+    *out_ptr = NULL;
+    if (!pool || bytes == 0) return TP_ERR_INVALID_ARGUMENT;
+    tpi_core *core = &pool->core;
+    uint64_t align = core->config.alignment_bytes;
+    /* Too large to round: larger than any limit, so out of memory below. */
+    uint64_t size = (uint64_t)bytes > UINT64_MAX - align ? UINT64_MAX : tpi_align_up(bytes, align);
+
+    tpi_front_stream *fs = tpi_front_hit_enter(&pool->front, stream);
+    if (fs) {
+        uint64_t offset = core->stats.observer.fn ? 0 : tpi_front_hit_alloc(&pool->front, fs, size, bytes, stream);
+        tpi_front_stream_unlock(fs);
+        if (offset) {
+            *out_ptr = (void *)(uintptr_t)offset;
+            check_after_hit(pool);
+            return TP_OK;
+        }
+    }
+    tpi_pool_lock(pool);
+    tp_status st = alloc_locked(pool, size, bytes, stream, out_ptr);
     check_invariants_if_asked_locked(pool);
-    pthread_mutex_unlock(&pool->lock);
+    tpi_pool_unlock(pool);
     return st;
 }
 
@@ -281,12 +347,13 @@ static tp_status classify_bad_pointer_locked(tp_pool *pool, uint64_t address) {
     return TP_ERR_DOUBLE_FREE; /* a parked or pinned-freed block */
 }
 
-/* Every POOL_UPKEEP_FREES frees: idle memory above the threshold that has
- * aged goes back; at most every idle_release_ns / 2 the front cache is
- * flushed first, so parked blocks cannot keep a unit busy forever. */
-static void upkeep_locked(tp_pool *pool) {
+/* Every TPI_FRONT_UPKEEP_FREES frees on a stream: idle memory above the
+ * threshold that has aged goes back; at most every idle_release_ns / 2 the
+ * front cache is flushed first, so parked blocks cannot keep a unit busy
+ * forever. */
+static void upkeep_locked(tp_pool *pool, tpi_front_stream *fs) {
     tpi_core *core = &pool->core;
-    pool->frees_since_upkeep = 0;
+    fs->frees_to_upkeep = TPI_FRONT_UPKEEP_FREES;
     if (core->config.idle_release_ns == TP_NS_NEVER) return;
     uint64_t now = tpi_units_now(&core->units);
     if (now - pool->last_upkeep_ns >= core->config.idle_release_ns / 2) {
@@ -298,73 +365,84 @@ static void upkeep_locked(tp_pool *pool) {
     }
 }
 
-tp_status tp_pool_free(tp_pool *pool, void *ptr, tp_stream stream) {
-    if (!pool) return TP_ERR_INVALID_ARGUMENT;
-    if (!ptr) return TP_OK;
+static tp_status free_locked(tp_pool *pool, uint64_t address, tp_stream stream) {
     tpi_core *core = &pool->core;
-    uint64_t address = (uint64_t)(uintptr_t)ptr;
-    pthread_mutex_lock(&pool->lock);
-    tp_status st = TP_OK;
-    uint64_t *found = tpi_map_find(&core->blocks, address);
-    uint32_t node = found ? (uint32_t)*found : TPI_RA_NONE;
-    tpi_block *block = found ? tpi_block_at(core, node) : NULL;
-    if (!block || (block->flags & (TPI_BLOCK_PARKED | TPI_BLOCK_FREED_PINNED))) {
-        st = block ? TP_ERR_DOUBLE_FREE : classify_bad_pointer_locked(pool, address);
+    uint32_t alloc_slot = 0;
+    tpi_live_entry *e = tpi_front_live_find(&pool->front, address, &alloc_slot);
+    if (!e) {
+        tp_status st = classify_bad_pointer_locked(pool, address);
         tpi_logf(&core->device->logger, TP_LOG_ERROR, "tp_pool_free(0x%llx): %s", (unsigned long long)address,
-                tp_status_describe(st));
-        goto out;
+                 tp_status_describe(st));
+        return st;
     }
+    tpi_live_entry block = *e;
     uint32_t slot;
-    st = tpi_order_slot(&core->order, stream, &slot);
-    if (st != TP_OK) goto out;
-    tpi_ra_node *n = tpi_ra_node_at(&core->ra, node);
-    n->owner = tpi_order_note_free(&core->order, slot);
-    tpi_observe(&core->stats, TP_POOL_EVENT_FREE, address, block->requested, stream);
+    tp_status st = tpi_pool_stream_slot_locked(pool, stream, &slot);
+    if (st != TP_OK) return st;
+    if (block.pins && !tpi_map_put(&core->blocks, address, block.node)) return TP_ERR_HOST_OUT_OF_MEMORY;
+    tpi_front_live_remove(&pool->front, alloc_slot, address);
+    tpi_ra_node *n = tpi_ra_node_at(&core->ra, block.node);
+    tpi_tag tag = tpi_order_note_free(&core->order, slot);
+    tpi_observe(&core->stats, TP_POOL_EVENT_FREE, address, block.requested, stream);
     tp_pool_stats *s = &core->stats.pub;
     s->frees++;
-    tpi_stat_sub(&s->requested_bytes, block->requested);
-    tpi_stat_sub(&s->allocated_bytes, n->size);
+    tpi_stat_sub(&s->requested_bytes, block.requested);
+    tpi_stat_sub(&s->allocated_bytes, block.size);
     if (s->allocated_bytes.current < core->stats.allocated_low_water)
         core->stats.allocated_low_water = s->allocated_bytes.current;
-    s->cached_bytes.total += n->size;
-    if (block->pins) {
-        block->flags |= TPI_BLOCK_FREED_PINNED;
-        core->stats.zombie_bytes += n->size;
-    } else if (tpi_order_stream(&core->order, slot)->capturing || !tpi_front_push(&pool->front, node)) {
+    s->cached_bytes.total += block.size;
+    if (block.pins) {
+        n->owner = tag;
+        *tpi_block_at(core, block.node) = (tpi_block){.pins = block.pins, .flags = TPI_BLOCK_FREED_PINNED};
+        core->stats.zombie_bytes += block.size;
+    } else if (tpi_order_stream(&core->order, slot)->capturing ||
+               !tpi_front_push(&pool->front, slot, block.node, address, block.size, tag)) {
         /* (A capture's frees are not parked: merged with their neighbours,
          * they serve its later requests of any size, which keeps the
          * graph's footprint near its peak.) */
-        tpi_pool_release_block_locked(pool, node);
+        n->owner = tag;
+        tpi_pool_release_block_locked(pool, block.node);
     }
     tpi_stats_update_cached(&core->stats);
-    if (++pool->frees_since_upkeep >= POOL_UPKEEP_FREES) upkeep_locked(pool);
-out:
+    tpi_front_stream *fs = pool->front.streams[slot];
+    if (--fs->frees_to_upkeep == 0) upkeep_locked(pool, fs);
+    return TP_OK;
+}
+
+tp_status tp_pool_free(tp_pool *pool, void *ptr, tp_stream stream) {
+    if (!pool) return TP_ERR_INVALID_ARGUMENT;
+    if (!ptr) return TP_OK;
+    uint64_t address = (uint64_t)(uintptr_t)ptr;
+    tpi_front_stream *fs = tpi_front_hit_enter(&pool->front, stream);
+    if (fs) {
+        bool hit = !pool->core.stats.observer.fn && tpi_front_hit_free(&pool->front, fs, address);
+        tpi_front_stream_unlock(fs);
+        if (hit) {
+            check_after_hit(pool);
+            return TP_OK;
+        }
+    }
+    tpi_pool_lock(pool);
+    tp_status st = free_locked(pool, address, stream);
     check_invariants_if_asked_locked(pool);
-    pthread_mutex_unlock(&pool->lock);
+    tpi_pool_unlock(pool);
     return st;
 }
 
 tp_status tp_pool_block_size(tp_pool *pool, const void *ptr, size_t *out_bytes) {
     if (!pool || !out_bytes) return TP_ERR_INVALID_ARGUMENT;
-    pthread_mutex_lock(&pool->lock);
-    uint64_t *found = tpi_map_find(&pool->core.blocks, (uint64_t)(uintptr_t)ptr);
-    tp_status st = TP_ERR_NOT_OWNED;
-    if (found) {
-        const tpi_block *block = tpi_block_at(&pool->core, (uint32_t)*found);
-        if (!(block->flags & (TPI_BLOCK_PARKED | TPI_BLOCK_FREED_PINNED))) {
-            *out_bytes = (size_t)block->requested;
-            st = TP_OK;
-        }
-    }
-    pthread_mutex_unlock(&pool->lock);
-    return st;
+    tpi_pool_lock(pool);
+    tpi_live_entry *e = tpi_front_live_find(&pool->front, (uint64_t)(uintptr_t)ptr, NULL);
+    if (e) *out_bytes = (size_t)e->requested;
+    tpi_pool_unlock(pool);
+    return e ? TP_OK : TP_ERR_NOT_OWNED;
 }
 
 /* ---------------------------------------------------------- trim and tick */
 
 tp_status tp_pool_trim(tp_pool *pool, uint64_t target_reserved_bytes, uint64_t *out_released_bytes) {
     if (!pool) return TP_ERR_INVALID_ARGUMENT;
-    pthread_mutex_lock(&pool->lock);
+    tpi_pool_lock(pool);
     tpi_core *core = &pool->core;
     tpi_front_flush(&pool->front);
     uint64_t released = 0;
@@ -375,13 +453,13 @@ tp_status tp_pool_trim(tp_pool *pool, uint64_t target_reserved_bytes, uint64_t *
     }
     if (out_released_bytes) *out_released_bytes = released;
     check_invariants_if_asked_locked(pool);
-    pthread_mutex_unlock(&pool->lock);
+    tpi_pool_unlock(pool);
     return TP_OK;
 }
 
 tp_status tp_pool_tick(tp_pool *pool) {
     if (!pool) return TP_ERR_INVALID_ARGUMENT;
-    pthread_mutex_lock(&pool->lock);
+    tpi_pool_lock(pool);
     tpi_core *core = &pool->core;
     uint64_t idle_ns = core->config.idle_release_ns;
     if (idle_ns != TP_NS_NEVER) {
@@ -401,7 +479,7 @@ tp_status tp_pool_tick(tp_pool *pool) {
         pool->calls_at_tick = calls;
         tpi_units_release_aged(&core->units, true);
     }
-    pthread_mutex_unlock(&pool->lock);
+    tpi_pool_unlock(pool);
     return TP_OK;
 }
 
@@ -409,17 +487,17 @@ tp_status tp_pool_tick(tp_pool *pool) {
 
 tp_status tp_pool_add_reclaim_callback(tp_pool *pool, tp_reclaim_fn fn, void *user) {
     if (!pool || !fn) return TP_ERR_INVALID_ARGUMENT;
-    pthread_mutex_lock(&pool->lock);
+    tpi_pool_lock(pool);
     tp_status st = tpi_ladder_add_reclaimer_locked(&pool->ladder, fn, user);
-    pthread_mutex_unlock(&pool->lock);
+    tpi_pool_unlock(pool);
     return st;
 }
 
 tp_status tp_pool_remove_reclaim_callback(tp_pool *pool, tp_reclaim_fn fn, void *user) {
     if (!pool || !fn) return TP_ERR_INVALID_ARGUMENT;
-    pthread_mutex_lock(&pool->lock);
+    tpi_pool_lock(pool);
     tp_status st = tpi_ladder_remove_reclaimer_locked(&pool->ladder, fn, user);
-    pthread_mutex_unlock(&pool->lock);
+    tpi_pool_unlock(pool);
     return st;
 }
 
@@ -427,16 +505,21 @@ tp_status tp_pool_remove_reclaim_callback(tp_pool *pool, tp_reclaim_fn fn, void 
 
 tp_status tp_pool_forget_stream(tp_pool *pool, tp_stream stream) {
     if (!pool) return TP_ERR_INVALID_ARGUMENT;
-    pthread_mutex_lock(&pool->lock);
+    tpi_pool_lock(pool);
     tp_status st = TP_OK;
     uint32_t slot = tpi_order_find_slot(&pool->core.order, stream);
     if (slot && tpi_order_stream(&pool->core.order, slot)->capturing) {
         st = TP_ERR_CAPTURE;
     } else if (slot) {
-        tpi_front_flush(&pool->front); /* parked blocks of this stream could only be reused on it */
+        /* Parked blocks of this stream could only be reused on it; other
+         * streams keep theirs. Its live blocks stay in its live map, freed
+         * later on any stream through the locked path (or on the stream
+         * that gets the slot next). */
+        tpi_front_flush_stream(&pool->front, slot);
         st = tpi_order_forget(&pool->core.order, slot);
+        if (st == TP_OK) tpi_front_set_hits(&pool->front, slot, false);
     }
-    pthread_mutex_unlock(&pool->lock);
+    tpi_pool_unlock(pool);
     return st;
 }
 
@@ -444,11 +527,11 @@ tp_status tp_pool_forget_stream(tp_pool *pool, tp_stream stream) {
 
 tp_status tp_pool_get_stats(tp_pool *pool, tp_pool_stats *out_stats) {
     if (!pool || !out_stats) return TP_ERR_INVALID_ARGUMENT;
-    pthread_mutex_lock(&pool->lock);
+    tpi_pool_lock(pool);
     *out_stats = pool->core.stats.pub;
     uint64_t free_bytes = 0, largest = 0, ranges = 0;
     pool->backing->ops->free_figures(pool->backing, &free_bytes, &largest, &ranges);
-    pthread_mutex_unlock(&pool->lock);
+    tpi_pool_unlock(pool);
     out_stats->free_ranges = ranges;
     out_stats->largest_free_bytes = largest;
     out_stats->fragmentation = free_bytes ? 1.0 - (double)largest / (double)free_bytes : 0.0;
@@ -457,14 +540,14 @@ tp_status tp_pool_get_stats(tp_pool *pool, tp_pool_stats *out_stats) {
 
 tp_status tp_pool_reset_peaks(tp_pool *pool) {
     if (!pool) return TP_ERR_INVALID_ARGUMENT;
-    pthread_mutex_lock(&pool->lock);
+    tpi_pool_lock(pool);
     tpi_stats *stats = &pool->core.stats;
     if (stats->pub.allocated_bytes.peak > stats->high_water_allocated)
         stats->high_water_allocated = stats->pub.allocated_bytes.peak;
 #define RESET_PEAK_(name, kind, description) stats->pub.name.peak = stats->pub.name.current;
     TP_POOL_STAT_BYTES_LIST(RESET_PEAK_)
 #undef RESET_PEAK_
-    pthread_mutex_unlock(&pool->lock);
+    tpi_pool_unlock(pool);
     return TP_OK;
 }
 
@@ -476,9 +559,9 @@ tp_status tp_pool_get_device(tp_pool *pool, tp_device **out_device) {
 
 tp_status tp_pool_set_observer(tp_pool *pool, tp_pool_observer_fn fn, void *user) {
     if (!pool) return TP_ERR_INVALID_ARGUMENT;
-    pthread_mutex_lock(&pool->lock);
+    tpi_pool_lock(pool);
     pool->core.stats.observer = (tpi_observer){fn, user, pool->core.device};
-    pthread_mutex_unlock(&pool->lock);
+    tpi_pool_unlock(pool);
     return TP_OK;
 }
 
@@ -493,10 +576,10 @@ const char *tp_pool_event_name(tp_pool_event_kind kind) {
 
 tp_status tp_pool_last_oom_report(tp_pool *pool, tp_oom_report *out_report) {
     if (!pool || !out_report) return TP_ERR_INVALID_ARGUMENT;
-    pthread_mutex_lock(&pool->lock);
+    tpi_pool_lock(pool);
     tp_status st = pool->ladder.has_report ? TP_OK : TP_ERR_NOT_FOUND;
     if (st == TP_OK) *out_report = pool->ladder.report;
-    pthread_mutex_unlock(&pool->lock);
+    tpi_pool_unlock(pool);
     return st;
 }
 

@@ -33,18 +33,17 @@
 #include "units.h"
 
 /* Block flags (tpi_block.flags). */
-#define TPI_BLOCK_PARKED 0x1u       /* freed by the caller, parked in the front cache */
 #define TPI_BLOCK_FREED_PINNED 0x2u /* freed by the caller but kept by pins */
-#define TPI_BLOCK_CAPTURED 0x4u     /* allocated during a capture */
 
-/* What the pool knows of a block beyond its range: indexed by the range
- * allocator's node id. The block's tag, once freed, is the node's owner
- * word. */
+/* What the pool knows of a freed-but-pinned block: indexed by the range
+ * allocator's node id, zero for every other node. A live block's record
+ * (requested bytes, pins) is its entry in its stream's live map
+ * (front_cache.h); a parked block's, its front-cache entry. The block's
+ * tag, once freed, is the node's owner word (a parked block's is written
+ * there when it leaves the cache). Written under the world lock only. */
 typedef struct tpi_block {
-    uint64_t requested; /* bytes as the caller asked for them */
     uint32_t pins;
     uint16_t flags;
-    uint16_t slot;      /* stream slot it was handed out on (the memory map says) */
 } tpi_block;
 
 typedef struct tpi_core {
@@ -56,7 +55,7 @@ typedef struct tpi_core {
     tpi_order order;
     tpi_ra ra;
     tpi_units units;
-    tpi_map blocks;   /* block start -> node: live, parked and freed-pinned blocks */
+    tpi_map blocks;   /* block start -> node: freed-pinned blocks (live ones are in the front cache's live maps) */
     tpi_block *info;  /* per node id */
     size_t info_capacity;
 } tpi_core;

@@ -12,34 +12,47 @@
 
 /* ------------------------------------------------------------------ check */
 
-/* The blocks against the statistics and the block map. */
+/* The blocks against the statistics, the live maps and the block map:
+ * every used node is live (in one live map), freed-pinned (in the block
+ * map) or parked (the front cache checks its own entries). */
 static bool blocks_agree_locked(tp_pool *pool, char *msg, size_t msg_capacity) {
     tpi_core *core = &pool->core;
     const tp_pool_stats *s = &core->stats.pub;
-    uint64_t allocated = 0, requested = 0, zombie = 0, pinned = 0, used = 0;
+    uint64_t zombie = 0, zombie_pinned = 0, used = 0, freed_pinned = 0, live_seen = 0;
     for (size_t i = 0; i < core->ra.node_capacity; i++) {
         const tpi_ra_node *n = &core->ra.nodes[i];
         if (n->state != TPI_RA_NODE_USED) continue;
         if (i >= core->info_capacity) TPI_FAIL(msg, msg_capacity, "used node %zu has no block entry", i);
-        uint64_t mapped;
-        if (!tpi_map_get(&core->blocks, n->offset, &mapped) || mapped != i)
-            TPI_FAIL(msg, msg_capacity, "used node %zu missing from the block map", i);
         used++;
         const tpi_block *b = &core->info[i];
-        if (b->pins) pinned += n->size;
-        if (b->flags & TPI_BLOCK_PARKED) continue;
+        const tpi_live_entry *e = tpi_front_live_find(&pool->front, n->offset, NULL);
+        if (e && e->node != i) TPI_FAIL(msg, msg_capacity, "live entry 0x%llx names another node", (unsigned long long)n->offset);
+        if (e) live_seen++;
         if (b->flags & TPI_BLOCK_FREED_PINNED) {
-            zombie += n->size;
+            uint64_t mapped;
+            if (e) TPI_FAIL(msg, msg_capacity, "freed-pinned node %zu is also live", i);
+            if (!tpi_map_get(&core->blocks, n->offset, &mapped) || mapped != i)
+                TPI_FAIL(msg, msg_capacity, "freed-pinned node %zu missing from the block map", i);
             if (!b->pins) TPI_FAIL(msg, msg_capacity, "freed-pinned node %zu has no pins", i);
-            continue;
+            zombie += n->size;
+            zombie_pinned += n->size;
+            freed_pinned++;
+        } else if (b->pins || b->flags) {
+            TPI_FAIL(msg, msg_capacity, "node %zu: a block record without the freed-pinned flag", i);
         }
-        allocated += n->size;
-        requested += b->requested;
-        if (b->requested > n->size) TPI_FAIL(msg, msg_capacity, "node %zu: requested above its size", i);
     }
-    if (used != core->blocks.count)
-        TPI_FAIL(msg, msg_capacity, "block map holds %zu entries, %llu used nodes", core->blocks.count,
-                 (unsigned long long)used);
+    uint64_t allocated, requested, pinned, live;
+    tpi_front_live_sums(&pool->front, &allocated, &requested, &pinned, &live);
+    if (live != live_seen) TPI_FAIL(msg, msg_capacity, "live maps hold %llu blocks, %llu found by node",
+                                    (unsigned long long)live, (unsigned long long)live_seen);
+    if (freed_pinned != core->blocks.count)
+        TPI_FAIL(msg, msg_capacity, "block map holds %zu entries, %llu freed-pinned nodes", core->blocks.count,
+                 (unsigned long long)freed_pinned);
+    uint64_t parked = tpi_front_parked_count(&pool->front);
+    if (used != live + freed_pinned + parked)
+        TPI_FAIL(msg, msg_capacity, "%llu used nodes, %llu live + %llu freed-pinned + %llu parked", (unsigned long long)used,
+                 (unsigned long long)live, (unsigned long long)freed_pinned, (unsigned long long)parked);
+    pinned += zombie_pinned;
     if (allocated != s->allocated_bytes.current) TPI_FAIL(msg, msg_capacity, "allocated bytes disagree");
     if (requested != s->requested_bytes.current) TPI_FAIL(msg, msg_capacity, "requested bytes disagree");
     if (zombie != core->stats.zombie_bytes) TPI_FAIL(msg, msg_capacity, "freed-pinned bytes disagree");
@@ -59,9 +72,9 @@ bool tpi_pool_check_locked(tp_pool *pool, char *msg, size_t msg_capacity) {
 
 tp_status tp_pool_check(tp_pool *pool, char *msg, size_t msg_capacity) {
     if (!pool) return TP_ERR_INVALID_ARGUMENT;
-    pthread_mutex_lock(&pool->lock);
+    tpi_pool_lock(pool);
     bool ok = tpi_pool_check_locked(pool, msg, msg_capacity);
-    pthread_mutex_unlock(&pool->lock);
+    tpi_pool_unlock(pool);
     return ok ? TP_OK : TP_ERR_CORRUPT;
 }
 
@@ -122,13 +135,13 @@ static void free_range_json_locked(tp_pool *pool, text_out *out, bool *first, co
 tp_status tp_pool_snapshot_json(tp_pool *pool, char *buf, size_t capacity, size_t *out_length) {
     if (!pool || (!buf && capacity)) return TP_ERR_INVALID_ARGUMENT;
     if (capacity) buf[0] = '\0';
-    pthread_mutex_lock(&pool->lock);
+    tpi_pool_lock(pool);
     tpi_core *core = &pool->core;
     size_t count = 0;
     for (size_t i = 0; i < core->ra.node_capacity; i++) count += core->ra.nodes[i].state != TPI_RA_NODE_UNUSED;
     uint32_t *order = tpi_host_alloc(core->host, (count ? count : 1) * sizeof *order);
     if (!order) {
-        pthread_mutex_unlock(&pool->lock);
+        tpi_pool_unlock(pool);
         return TP_ERR_HOST_OUT_OF_MEMORY;
     }
     count = 0;
@@ -148,17 +161,22 @@ tp_status tp_pool_snapshot_json(tp_pool *pool, char *buf, size_t capacity, size_
             continue;
         }
         const tpi_block *b = tpi_block_at(core, order[k]);
-        bool freed = b->flags & (TPI_BLOCK_PARKED | TPI_BLOCK_FREED_PINNED);
-        const char *state = b->flags & TPI_BLOCK_PARKED        ? "parked"
-                            : b->flags & TPI_BLOCK_FREED_PINNED ? "freed_pinned"
-                            : b->pins                           ? "pinned"
-                                                                : "live";
+        uint32_t live_slot = 0;
+        const tpi_live_entry *e = tpi_front_live_find(&pool->front, n->offset, &live_slot);
+        tpi_tag tag = n->owner;
+        const char *state = "parked";
+        if (e)
+            state = e->pins ? "pinned" : "live";
+        else if (b->flags & TPI_BLOCK_FREED_PINNED)
+            state = "freed_pinned";
+        else
+            tpi_front_parked(&pool->front, order[k], &tag); /* its tag is the cache entry's */
         range_json(&out, &first, n->offset, n->size, state);
-        stream_json(&out, &core->order, freed ? n->owner : tpi_tag_make(b->slot, 0));
-        out_printf(&out, ",\"requested\":%llu,\"idle_ns\":0}", (unsigned long long)(freed ? 0 : b->requested));
+        stream_json(&out, &core->order, e ? tpi_tag_make(live_slot, 0) : tag);
+        out_printf(&out, ",\"requested\":%llu,\"idle_ns\":0}", (unsigned long long)(e ? e->requested : 0));
     }
     out_printf(&out, "]}");
     tpi_host_free(core->host, order, (count ? count : 1) * sizeof *order);
-    pthread_mutex_unlock(&pool->lock);
+    tpi_pool_unlock(pool);
     return out_finish(&out, out_length);
 }

@@ -3,7 +3,8 @@
  * pool_object.h -- the pool object, shared by the files of the public pool
  * API: pool.c (lifecycle, alloc/free, trim/tick, reclaim, streams,
  * statistics), pool_pins.c (pins and capture) and pool_inspect.c (the
- * checker and the memory map). Helpers here need the pool's lock held.
+ * checker and the memory map). Helpers here need the world lock held
+ * (but tpi_pool_lock, which takes it).
  */
 #ifndef TIDEPOOL_POOL_OBJECT_H
 #define TIDEPOOL_POOL_OBJECT_H
@@ -11,16 +12,24 @@
 #include "oom_ladder.h"
 
 struct tp_pool {
-    pthread_mutex_t lock;
+    pthread_mutex_t lock; /* with every stream lock: the world lock (pool.c) */
     tpi_core core;
     tpi_backing *backing;
     tpi_front front;
     tpi_ladder ladder;
     uint64_t calls_at_tick; /* allocs + frees at the previous tp_pool_tick */
-    uint32_t frees_since_upkeep;
     uint64_t last_upkeep_ns;
 };
 
+/* The world lock: the pool's mutex, then every stream lock, the streams'
+ * hit statistics folded in; given back with new statistics bounds. */
+void tpi_pool_lock(tp_pool *pool);
+void tpi_pool_unlock(tp_pool *pool);
+/* The slot of a stream (added if new) and its front-cache state. */
+tp_status tpi_pool_stream_slot_locked(tp_pool *pool, tp_stream stream, uint32_t *out_slot);
+/* The pin count of a used node: its live entry's or, freed-pinned, its
+ * block's; NULL for a parked block. */
+uint32_t *tpi_pool_pins_locked(tp_pool *pool, uint32_t node);
 /* Room in the per-node block table for every node the range allocator has. */
 bool tpi_pool_blocks_fit_nodes_locked(tpi_core *core);
 /* A block the caller gave back (or never got) returns to the backing. */

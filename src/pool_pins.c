@@ -38,8 +38,9 @@ typedef bool (*block_visit_fn)(tp_pool *pool, uint32_t node, bool apply);
 static tp_status for_blocks_in_range_locked(tp_pool *pool, uint64_t address, uint64_t bytes, block_visit_fn visit) {
     tpi_core *core = &pool->core;
     if (bytes == 0 || bytes > UINT64_MAX - address) return TP_ERR_INVALID_ARGUMENT;
-    uint64_t *found = tpi_map_find(&core->blocks, address);
-    uint32_t first = found ? (uint32_t)*found : tpi_ra_node_containing(&core->ra, address);
+    tpi_live_entry *live = tpi_front_live_find(&pool->front, address, NULL);
+    uint64_t *found = live ? NULL : tpi_map_find(&core->blocks, address);
+    uint32_t first = live ? live->node : found ? (uint32_t)*found : tpi_ra_node_containing(&core->ra, address);
     if (first == TPI_RA_NONE) return TP_ERR_NOT_OWNED;
     uint64_t end = address + bytes;
     for (int apply = 0; apply <= 1; apply++) {
@@ -47,8 +48,7 @@ static tp_status for_blocks_in_range_locked(tp_pool *pool, uint64_t address, uin
             tpi_ra_node *n = tpi_ra_node_at(&core->ra, id);
             uint32_t next = n->addr_next;
             uint64_t node_end = n->offset + n->size;
-            if (!apply && (n->state != TPI_RA_NODE_USED || (tpi_block_at(core, id)->flags & TPI_BLOCK_PARKED) ||
-                           !visit(pool, id, false)))
+            if (!apply && (n->state != TPI_RA_NODE_USED || !tpi_pool_pins_locked(pool, id) || !visit(pool, id, false)))
                 return TP_ERR_INVALID_ARGUMENT;
             if (apply) visit(pool, id, true);
             if (node_end >= end) break;
@@ -62,21 +62,23 @@ static tp_status for_blocks_in_range_locked(tp_pool *pool, uint64_t address, uin
     return TP_OK;
 }
 
+/* (The first pass checked that every node is a live or freed-pinned
+ * block: tpi_pool_pins_locked is not NULL.) */
 static bool pin_visit(tp_pool *pool, uint32_t node, bool apply) {
-    tpi_block *block = tpi_block_at(&pool->core, node);
-    if (!apply) return block->pins < UINT32_MAX;
-    if (block->pins++ == 0) tpi_stat_add(&pool->core.stats.pub.pinned_bytes, tpi_ra_node_at(&pool->core.ra, node)->size);
+    uint32_t *pins = tpi_pool_pins_locked(pool, node);
+    if (!apply) return *pins < UINT32_MAX;
+    if ((*pins)++ == 0) tpi_stat_add(&pool->core.stats.pub.pinned_bytes, tpi_ra_node_at(&pool->core.ra, node)->size);
     return true;
 }
 
 static bool unpin_visit(tp_pool *pool, uint32_t node, bool apply) {
     tpi_core *core = &pool->core;
-    tpi_block *block = tpi_block_at(core, node);
-    if (!apply) return block->pins > 0;
-    if (--block->pins == 0) {
+    uint32_t *pins = tpi_pool_pins_locked(pool, node);
+    if (!apply) return *pins > 0;
+    if (--*pins == 0) {
         uint64_t size = tpi_ra_node_at(&core->ra, node)->size;
         tpi_stat_sub(&core->stats.pub.pinned_bytes, size);
-        if (block->flags & TPI_BLOCK_FREED_PINNED) {
+        if (tpi_block_at(core, node)->flags & TPI_BLOCK_FREED_PINNED) {
             core->stats.zombie_bytes -= size;
             tpi_pool_release_block_locked(pool, node);
             tpi_stats_update_cached(&core->stats);
@@ -87,19 +89,19 @@ static bool unpin_visit(tp_pool *pool, uint32_t node, bool apply) {
 
 tp_status tp_pool_pin(tp_pool *pool, const void *ptr, size_t bytes) {
     if (!pool) return TP_ERR_INVALID_ARGUMENT;
-    pthread_mutex_lock(&pool->lock);
+    tpi_pool_lock(pool);
     tp_status st = for_blocks_in_range_locked(pool, (uint64_t)(uintptr_t)ptr, bytes, pin_visit);
-    pthread_mutex_unlock(&pool->lock);
+    tpi_pool_unlock(pool);
     return st;
 }
 
 tp_status tp_pool_unpin(tp_pool *pool, const void *ptr, size_t bytes) {
     if (!pool) return TP_ERR_INVALID_ARGUMENT;
-    pthread_mutex_lock(&pool->lock);
+    tpi_pool_lock(pool);
     tp_status st = for_blocks_in_range_locked(pool, (uint64_t)(uintptr_t)ptr, bytes, unpin_visit);
     if (st == TP_OK && pool->core.units.idle_bytes > pool->core.config.release_threshold_bytes)
         tpi_units_release_aged(&pool->core.units, false);
-    pthread_mutex_unlock(&pool->lock);
+    tpi_pool_unlock(pool);
     return st;
 }
 
@@ -107,9 +109,9 @@ tp_status tp_pool_unpin(tp_pool *pool, const void *ptr, size_t bytes) {
 
 tp_status tp_pool_capture_begin(tp_pool *pool, tp_stream stream) {
     if (!pool) return TP_ERR_INVALID_ARGUMENT;
-    pthread_mutex_lock(&pool->lock);
+    tpi_pool_lock(pool);
     uint32_t slot;
-    tp_status st = tpi_order_slot(&pool->core.order, stream, &slot);
+    tp_status st = tpi_pool_stream_slot_locked(pool, stream, &slot);
     if (st == TP_OK) {
         tpi_stream *s = tpi_order_stream(&pool->core.order, slot);
         if (s->capturing) {
@@ -118,9 +120,12 @@ tp_status tp_pool_capture_begin(tp_pool *pool, tp_stream stream) {
             s->capturing = true;
             pool->core.order.captures++;
             s->captured_count = 0;
+            /* Its allocations must be noted and its frees must not park:
+             * the locked path does both. */
+            tpi_front_set_hits(&pool->front, slot, false);
         }
     }
-    pthread_mutex_unlock(&pool->lock);
+    tpi_pool_unlock(pool);
     return st;
 }
 
@@ -161,9 +166,9 @@ static tp_status capture_keep_locked(tp_pool *pool, uint32_t slot, uint64_t addr
          id = tpi_ra_node_at(&core->ra, id)->addr_next) {
         if (tpi_ra_node_at(&core->ra, id)->state == TPI_RA_NODE_FREE)
             free_parts++;
-        else if (tpi_block_at(core, id)->flags & TPI_BLOCK_PARKED)
-            return TP_ERR_CORRUPT; /* the caller flushed the front cache */
-        else if (tpi_block_at(core, id)->pins == UINT32_MAX)
+        else if (!tpi_pool_pins_locked(pool, id))
+            return TP_ERR_CORRUPT; /* parked: the caller flushed the front cache */
+        else if (*tpi_pool_pins_locked(pool, id) == UINT32_MAX)
             return TP_ERR_BUSY;
     }
     if (!tpi_ra_reserve_nodes(&core->ra, 2 * free_parts) || !tpi_pool_blocks_fit_nodes_locked(core) ||
@@ -183,7 +188,7 @@ static tp_status capture_keep_locked(tp_pool *pool, uint32_t slot, uint64_t addr
             core->stats.zombie_bytes += hi - lo;
             tpi_stat_add(&core->stats.pub.pinned_bytes, hi - lo);
             next = tpi_ra_node_at(&core->ra, kept)->addr_next;
-        } else if (tpi_block_at(core, id)->pins++ == 0) {
+        } else if ((*tpi_pool_pins_locked(pool, id))++ == 0) {
             tpi_stat_add(&core->stats.pub.pinned_bytes, n->size);
         }
         id = next;
@@ -196,7 +201,7 @@ tp_status tp_pool_capture_end(tp_pool *pool, tp_stream stream, tp_range **out_ra
     if (!pool || !out_ranges || !out_count) return TP_ERR_INVALID_ARGUMENT;
     *out_ranges = NULL;
     *out_count = 0;
-    pthread_mutex_lock(&pool->lock);
+    tpi_pool_lock(pool);
     uint32_t slot = tpi_order_find_slot(&pool->core.order, stream);
     tpi_stream *s = slot ? tpi_order_stream(&pool->core.order, slot) : NULL;
     tp_status st = s && s->capturing ? TP_OK : TP_ERR_CAPTURE;
@@ -229,9 +234,10 @@ tp_status tp_pool_capture_end(tp_pool *pool, tp_stream stream, tp_range **out_ra
             s->capturing = false;
             s->captured_count = 0;
             pool->core.order.captures--;
+            tpi_front_set_hits(&pool->front, slot, !s->retired);
         }
     }
-    pthread_mutex_unlock(&pool->lock);
+    tpi_pool_unlock(pool);
     return st;
 }
 

@@ -18,6 +18,22 @@
 
 #define RING_MAX_EVENTS 1024u
 
+/* Room for `need` streams in a cache-line aligned array (the host
+ * allocator promises no alignment: over-allocate and align). */
+static bool streams_grow(tpi_order *o, size_t need) {
+    if (need <= o->stream_capacity) return true;
+    size_t capacity = TPI_MAX(need, 2 * o->stream_capacity);
+    void *base = tpi_host_alloc(o->host, capacity * sizeof *o->streams + TPI_CACHE_LINE_BYTES);
+    if (!base) return false;
+    tpi_stream *streams = (tpi_stream *)tpi_align_up((uint64_t)(uintptr_t)base, TPI_CACHE_LINE_BYTES);
+    if (o->stream_count) memcpy(streams, o->streams, o->stream_count * sizeof *streams);
+    if (o->streams_base) tpi_host_free(o->host, o->streams_base, o->stream_capacity * sizeof *o->streams + TPI_CACHE_LINE_BYTES);
+    o->streams = streams;
+    o->streams_base = base;
+    o->stream_capacity = capacity;
+    return true;
+}
+
 tp_status tpi_order_init(tpi_order *o, tp_device *device, tpi_stats *stats) {
     memset(o, 0, sizeof *o);
     o->device = device;
@@ -25,9 +41,8 @@ tp_status tpi_order_init(tpi_order *o, tp_device *device, tpi_stats *stats) {
     o->host = &device->host;
     o->stats = stats;
     o->multi_epoch = 1;
+    if (!streams_grow(o, 4)) return TP_ERR_HOST_OUT_OF_MEMORY;
     o->stream_count = 1; /* slot 0 means "no stream" */
-    if (!tpi_host_grow(o->host, (void **)&o->streams, sizeof *o->streams, &o->stream_capacity, 4))
-        return TP_ERR_HOST_OUT_OF_MEMORY;
     memset(&o->streams[0], 0, sizeof o->streams[0]);
     return TP_OK;
 }
@@ -43,7 +58,7 @@ void tpi_order_destroy(tpi_order *o) {
     }
     for (size_t i = 0; i < o->spare_count; i++) o->ops->event_destroy(o->device, o->spare_events[i]);
     tpi_host_free(o->host, o->spare_events, o->spare_capacity * sizeof *o->spare_events);
-    tpi_host_free(o->host, o->streams, o->stream_capacity * sizeof *o->streams);
+    tpi_host_free(o->host, o->streams_base, o->stream_capacity * sizeof *o->streams + TPI_CACHE_LINE_BYTES);
     memset(o, 0, sizeof *o);
 }
 
@@ -79,8 +94,7 @@ tp_status tpi_order_slot_lookup(tpi_order *o, tp_stream handle, uint32_t *out_sl
         o->stats->pub.streams++;
     } else if (!slot) {
         if (o->stream_count > TPI_MAX_SLOTS) return TP_ERR_BUSY;
-        if (!tpi_host_grow(o->host, (void **)&o->streams, sizeof *o->streams, &o->stream_capacity, o->stream_count + 1))
-            return TP_ERR_HOST_OUT_OF_MEMORY;
+        if (!streams_grow(o, o->stream_count + 1)) return TP_ERR_HOST_OUT_OF_MEMORY;
         slot = (uint32_t)o->stream_count++;
         memset(&o->streams[slot], 0, sizeof o->streams[slot]);
         o->streams[slot].handle = handle;
@@ -99,12 +113,6 @@ bool tpi_order_capturing(tpi_order *o, uint32_t slot) {
     if (!o->ops->stream_capturing) return false;
     bool capturing = false;
     return o->ops->stream_capturing(o->device, s->handle, &capturing) != TP_OK || capturing;
-}
-
-tpi_tag tpi_order_note_free(tpi_order *o, uint32_t slot) {
-    tpi_stream *s = &o->streams[slot];
-    s->last_free_epoch = s->next_epoch;
-    return tpi_tag_make(slot, s->next_epoch);
 }
 
 /* ----------------------------------------------------------------- events */

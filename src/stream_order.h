@@ -43,8 +43,14 @@
  * the recorded events completed_epoch < e < next_epoch not yet seen
  * complete, oldest first; last_free_epoch <= next_epoch.
  *
- * Not thread-safe: the pool's lock is held around every call (_locked
- * would be on every name, so it is said here once).
+ * Locking: every call here needs the pool's world lock (the pool's mutex
+ * and every stream lock, pool.c), so _locked would be on every name and is
+ * said here once. One exception, the hit path's free (front_cache.h): with
+ * only its own stream's lock it reads that stream's next_epoch and writes
+ * its last_free_epoch (tpi_order_note_free) -- fields that everything else
+ * touches only under the world lock, which includes that stream lock.
+ * Each tpi_stream fills whole cache lines so that hit frees on different
+ * streams write different lines.
  */
 #ifndef TIDEPOOL_STREAM_ORDER_H
 #define TIDEPOOL_STREAM_ORDER_H
@@ -67,8 +73,10 @@ static inline tpi_tag tpi_tag_make(uint32_t slot, uint64_t epoch) {
 static inline uint32_t tpi_tag_slot(tpi_tag tag) { return (uint32_t)(tag >> TPI_TAG_EPOCH_BITS); }
 static inline uint64_t tpi_tag_epoch(tpi_tag tag) { return tag & TPI_TAG_EPOCH_MASK; }
 
+#define TPI_CACHE_LINE_BYTES 64
+
 typedef struct tpi_stream {
-    tp_stream handle;
+    _Alignas(TPI_CACHE_LINE_BYTES) tp_stream handle;
     uint64_t next_epoch;      /* number the next event recorded here gets */
     uint64_t completed_epoch; /* every event up to this one has completed */
     uint64_t last_free_epoch; /* tag epoch of the latest free on this stream */
@@ -89,8 +97,9 @@ typedef struct tpi_order {
     const tpi_device_ops *ops;
     const tpi_host *host;
     tpi_stats *stats;
-    tpi_stream *streams; /* index = slot; slot 0 unused */
+    tpi_stream *streams; /* index = slot; slot 0 unused; cache-line aligned */
     size_t stream_count, stream_capacity;
+    void *streams_base;  /* the allocation streams lies in */
     uint32_t retired_count;
     uint32_t captures; /* streams between tp_pool_capture_begin and _end */
     tp_stream last_stream; /* one-entry lookup cache */
@@ -124,8 +133,13 @@ static inline tpi_stream *tpi_order_stream(tpi_order *order, uint32_t slot) { re
  * or cannot say)? */
 bool tpi_order_capturing(tpi_order *order, uint32_t slot);
 
-/* A free on slot: returns the tag the freed memory carries. */
-tpi_tag tpi_order_note_free(tpi_order *order, uint32_t slot);
+/* A free on slot: returns the tag the freed memory carries. Inline: the
+ * hit path's free calls it with only the stream's lock held. */
+static inline tpi_tag tpi_order_note_free(tpi_order *order, uint32_t slot) {
+    tpi_stream *s = &order->streams[slot];
+    s->last_free_epoch = s->next_epoch;
+    return tpi_tag_make(slot, s->next_epoch);
+}
 /* The tag of one stream's pending use, without a free (undo paths). */
 static inline tpi_tag tpi_order_pending_tag(const tpi_order *order, uint32_t slot) {
     return tpi_tag_make(slot, order->streams[slot].next_epoch);

@@ -445,7 +445,71 @@ static void reclaim_callback_drops_a_pin(tp_pool_kind kind) {
     fixture_close(&f);
 }
 
+/* Peaks stay exact though hits count in per-stream statistics folded in
+ * later: two streams interleave allocations and frees (mostly hits) and
+ * the pool's peaks, read once at the end, must equal a reference model's
+ * maximum over every step. Sizes are powers of two, so a block is exactly
+ * its rounded request. */
+static void peaks_are_exact_across_streams(tp_pool_kind kind) {
+    fixture f;
+    fixture_open_with(&f, "sim:1GiB", kind, NULL, false);
+    tp_stream streams[2];
+    for (int i = 0; i < 2; i++) CHECK_OK(tp_stream_create(f.dev, &streams[i]));
+    test_rng rng = {2024};
+    void *live[2][8] = {{0}};
+    uint64_t live_size[2][8], live_requested[2][8];
+    uint64_t allocated = 0, requested = 0, allocated_peak = 0, requested_peak = 0, allocated_total = 0,
+             requested_total = 0, allocs = 0, frees = 0;
+    for (int step = 0; step < 20000; step++) {
+        int st = (int)rng_below(&rng, 2), k = (int)rng_below(&rng, 8);
+        if (live[st][k]) {
+            CHECK_OK(tp_pool_free(f.pool, live[st][k], streams[st]));
+            live[st][k] = NULL;
+            allocated -= live_size[st][k];
+            requested -= live_requested[st][k];
+            frees++;
+        } else {
+            uint64_t size = 4096ull << rng_below(&rng, 4), bytes = size - rng_below(&rng, 256);
+            CHECK_OK(tp_pool_alloc(f.pool, bytes, streams[st], &live[st][k]));
+            live_size[st][k] = size;
+            live_requested[st][k] = bytes;
+            allocated += size;
+            requested += bytes;
+            allocated_total += size;
+            requested_total += bytes;
+            allocs++;
+            if (allocated > allocated_peak) allocated_peak = allocated;
+            if (requested > requested_peak) requested_peak = requested;
+        }
+        if (step == 10000) { /* a reset in the middle: peaks start again from the current figures */
+            CHECK_OK(tp_pool_reset_peaks(f.pool));
+            allocated_peak = allocated;
+            requested_peak = requested;
+        }
+    }
+    tp_pool_stats s;
+    CHECK_OK(tp_pool_get_stats(f.pool, &s));
+    CHECK_EQ_U64(s.allocated_bytes.current, allocated);
+    CHECK_EQ_U64(s.allocated_bytes.peak, allocated_peak);
+    CHECK_EQ_U64(s.allocated_bytes.total, allocated_total);
+    CHECK_EQ_U64(s.requested_bytes.current, requested);
+    CHECK_EQ_U64(s.requested_bytes.peak, requested_peak);
+    CHECK_EQ_U64(s.requested_bytes.total, requested_total);
+    CHECK_EQ_U64(s.allocs, allocs);
+    CHECK_EQ_U64(s.frees, frees);
+    CHECK_GT_U64(s.cache_hits, allocs / 2);
+    CHECK_EQ_U64(s.cached_bytes.current, s.reserved_bytes.current - allocated);
+    for (int st = 0; st < 2; st++) {
+        for (int k = 0; k < 8; k++)
+            if (live[st][k]) CHECK_OK(tp_pool_free(f.pool, live[st][k], streams[st]));
+        CHECK_OK(tp_pool_forget_stream(f.pool, streams[st]));
+        CHECK_OK(tp_stream_destroy(f.dev, streams[st]));
+    }
+    fixture_close(&f);
+}
+
 KIND_TEST(alloc_free)
+KIND_TEST(peaks_are_exact_across_streams)
 KIND_TEST(stats_json)
 KIND_TEST(bad_alloc_arguments_are_refused)
 KIND_TEST(bad_frees_are_reported)
@@ -461,6 +525,7 @@ KIND_TEST(reclaim_callback_drops_a_pin)
 
 static const test_case tests[] = {
     KIND_CASES(alloc_free),
+    KIND_CASES(peaks_are_exact_across_streams),
     KIND_CASES(stats_json),
     KIND_CASES(bad_alloc_arguments_are_refused),
     KIND_CASES(bad_frees_are_reported),

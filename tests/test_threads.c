@@ -2,7 +2,10 @@
 /* Several threads share one pool (and one simulated device): each allocates
  * on its own stream, launches kernels, frees its own blocks and some handed
  * over by other threads (after ordering its stream behind the owner's with
- * an event), while another thread trims and reads statistics. Run under
+ * an event), while another thread trims and reads statistics. Then the
+ * lock-free hit path against everything else: statistics, the checker,
+ * trim and tick while threads hit; streams forgotten (their slots reused)
+ * while others hit; two threads freeing each other's blocks. Run under
  * ThreadSanitizer by CI. Invariants: no error, no hazard, consistent
  * statistics, nothing leaked. */
 #include "check.h"
@@ -159,9 +162,301 @@ static void run(tp_pool_kind kind) {
 static void four_threads_share_a_vmm_pool(void) { run(TP_POOL_VMM); }
 static void four_threads_share_a_segment_pool(void) { run(TP_POOL_SEGMENT); }
 
+/* ------------------------------------------------ the lock-free hit path */
+
+#define HIT_THREADS 3
+#define HIT_LIVE 4
+#define HIT_BYTES (4 * 1024ull)
+
+typedef struct hit_shared {
+    tp_device *dev;
+    tp_pool *pool;
+    int stop;
+    int errors;
+    unsigned long long pairs;
+} hit_shared;
+
+typedef struct hit_worker {
+    hit_shared *sh;
+    tp_stream stream;
+} hit_worker;
+
+/* Keeps HIT_LIVE blocks of HIT_BYTES and frees and reallocates them on its
+ * own stream: after the first round every call is a hit. */
+static void *hitter_main(void *arg) {
+    hit_worker *w = arg;
+    hit_shared *sh = w->sh;
+    void *live[HIT_LIVE] = {0};
+    unsigned long long pairs = 0;
+    while (!__atomic_load_n(&sh->stop, __ATOMIC_ACQUIRE)) {
+        for (int k = 0; k < HIT_LIVE; k++) {
+            if (live[k] && tp_pool_free(sh->pool, live[k], w->stream) != TP_OK)
+                __atomic_add_fetch(&sh->errors, 1, __ATOMIC_RELAXED);
+            live[k] = NULL;
+            if (tp_pool_alloc(sh->pool, HIT_BYTES, w->stream, &live[k]) != TP_OK)
+                __atomic_add_fetch(&sh->errors, 1, __ATOMIC_RELAXED);
+            pairs++;
+        }
+    }
+    for (int k = 0; k < HIT_LIVE; k++)
+        if (live[k] && tp_pool_free(sh->pool, live[k], w->stream) != TP_OK)
+            __atomic_add_fetch(&sh->errors, 1, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&sh->pairs, pairs, __ATOMIC_RELAXED);
+    return NULL;
+}
+
+static void hitters_start(hit_shared *sh, hit_worker *workers, pthread_t *threads, int n) {
+    for (int i = 0; i < n; i++) {
+        workers[i] = (hit_worker){sh, TP_STREAM_DEFAULT};
+        REQUIRE(tp_stream_create(sh->dev, &workers[i].stream) == TP_OK);
+        REQUIRE(pthread_create(&threads[i], NULL, hitter_main, &workers[i]) == 0);
+    }
+}
+
+static void hitters_stop(hit_shared *sh, hit_worker *workers, pthread_t *threads, int n) {
+    __atomic_store_n(&sh->stop, 1, __ATOMIC_RELEASE);
+    for (int i = 0; i < n; i++) pthread_join(threads[i], NULL);
+    for (int i = 0; i < n; i++) {
+        CHECK_OK(tp_pool_forget_stream(sh->pool, workers[i].stream));
+        CHECK_OK(tp_stream_destroy(sh->dev, workers[i].stream));
+    }
+}
+
+/* The statistics, the checker, trim and tick while other threads hit:
+ * every read sees one consistent pool (the world lock excludes hits and
+ * folds their counts in), and trim and tick reach every stream's cache. */
+static void stats_trim_and_check_while_threads_hit(tp_pool_kind kind) {
+    hit_shared sh = {0};
+    REQUIRE(tp_device_open(kind == TP_POOL_VMM ? "sim:8GiB" : "sim:8GiB,novmm", NULL, &sh.dev) == TP_OK);
+    tp_pool_config pc = {.kind = kind};
+    REQUIRE(tp_pool_create(sh.dev, &pc, &sh.pool) == TP_OK);
+    hit_worker workers[HIT_THREADS];
+    pthread_t threads[HIT_THREADS];
+    hitters_start(&sh, workers, threads, HIT_THREADS);
+    unsigned long long reads = 0, flushed_reads = 0;
+    for (int round = 0; round < 300; round++) {
+        tp_pool_stats s;
+        CHECK_OK(tp_pool_get_stats(sh.pool, &s));
+        /* Every block is HIT_BYTES: live bytes are the live count times it. */
+        CHECK_GE_U64(s.allocs, s.frees);
+        CHECK_LE_U64(s.allocs - s.frees, HIT_THREADS * HIT_LIVE);
+        CHECK_EQ_U64(s.allocated_bytes.current, (s.allocs - s.frees) * HIT_BYTES);
+        CHECK_EQ_U64(s.requested_bytes.current, s.allocated_bytes.current);
+        CHECK_EQ_U64(s.allocated_bytes.total, s.allocs * HIT_BYTES);
+        CHECK_EQ_U64(s.cached_bytes.total, s.frees * HIT_BYTES);
+        CHECK_LE_U64(s.allocated_bytes.peak, HIT_THREADS * HIT_LIVE * HIT_BYTES);
+        CHECK_GE_U64(s.allocated_bytes.peak, s.allocated_bytes.current);
+        CHECK_EQ_U64(s.cached_bytes.current, s.reserved_bytes.current - s.allocated_bytes.current);
+        CHECK_LE_U64(s.cache_hits, s.allocs);
+        char msg[256] = "";
+        tp_status st = tp_pool_check(sh.pool, msg, sizeof msg);
+        CHECK_MSG(st == TP_OK, "%s", msg);
+        if (round % 3 == 0) {
+            uint64_t released = 0;
+            CHECK_OK(tp_pool_trim(sh.pool, 0, &released));
+            /* The trim flushed every stream's cache: what is reserved now is
+             * at most the pages under the blocks still live. */
+            CHECK_OK(tp_pool_get_stats(sh.pool, &s));
+            CHECK_LE_U64(s.reserved_bytes.current, HIT_THREADS * HIT_LIVE * 2 * TEST_MiB);
+            flushed_reads++;
+        }
+        if (round % 7 == 0) CHECK_OK(tp_pool_tick(sh.pool));
+        reads++;
+        sched_yield();
+    }
+    hitters_stop(&sh, workers, threads, HIT_THREADS);
+    CHECK_EQ_U64(sh.errors, 0);
+    tp_pool_stats s;
+    CHECK_OK(tp_pool_get_stats(sh.pool, &s));
+    CHECK_EQ_U64(s.allocs, s.frees);
+    CHECK_EQ_U64(s.allocs, sh.pairs);
+    CHECK_EQ_U64(s.allocated_bytes.current, 0);
+    CHECK_GT_U64(s.cache_hits, s.allocs / 2); /* mostly hits */
+    tp_sim_counters c;
+    CHECK_OK(tp_sim_get_counters(sh.dev, &c));
+    CHECK_EQ_U64(c.hazards, 0);
+    printf("  %s: %llu pairs by %d threads, %llu consistent reads (%llu after a trim)\n",
+           kind == TP_POOL_VMM ? "vmm" : "segment", (unsigned long long)s.allocs, HIT_THREADS, reads, flushed_reads);
+    CHECK_OK(tp_pool_destroy(sh.pool));
+    CHECK_OK(tp_device_close(sh.dev));
+}
+
+/* Streams come and go (forgotten while their blocks are still live, the
+ * slot then reused by a new stream) while other threads hit on theirs. */
+static void forget_streams_while_threads_hit(tp_pool_kind kind) {
+    hit_shared sh = {0};
+    REQUIRE(tp_device_open(kind == TP_POOL_VMM ? "sim:8GiB" : "sim:8GiB,novmm", NULL, &sh.dev) == TP_OK);
+    tp_pool_config pc = {.kind = kind};
+    REQUIRE(tp_pool_create(sh.dev, &pc, &sh.pool) == TP_OK);
+    hit_worker workers[2];
+    pthread_t threads[2];
+    hitters_start(&sh, workers, threads, 2);
+    tp_stream keeper;
+    REQUIRE(tp_stream_create(sh.dev, &keeper) == TP_OK);
+    void *left_over[100] = {0};
+    for (int round = 0; round < 100; round++) {
+        tp_stream s;
+        REQUIRE(tp_stream_create(sh.dev, &s) == TP_OK);
+        void *a = NULL, *b = NULL, *c = NULL;
+        CHECK_OK(tp_pool_alloc(sh.pool, 8 * 1024ull, s, &a));
+        CHECK_OK(tp_pool_alloc(sh.pool, 8 * 1024ull, s, &b));
+        CHECK_OK(tp_pool_free(sh.pool, a, s));
+        CHECK_OK(tp_pool_alloc(sh.pool, 8 * 1024ull, s, &c)); /* a hit: a again */
+        CHECK_EQ_PTR(a, c);
+        tp_range r = {(uint64_t)(uintptr_t)b, 8 * 1024ull};
+        tp_sim_launch(sh.dev, s, 5000, &r, 1);
+        CHECK_OK(tp_pool_free(sh.pool, c, s));
+        CHECK_OK(tp_pool_forget_stream(sh.pool, s)); /* b stays live */
+        left_over[round] = b;
+        /* A block of a forgotten stream, freed on another. */
+        if (round % 2) {
+            CHECK_OK(tp_pool_free(sh.pool, left_over[round - 1], keeper));
+            left_over[round - 1] = NULL;
+        }
+        CHECK_OK(tp_stream_destroy(sh.dev, s));
+    }
+    for (int i = 0; i < 100; i++)
+        if (left_over[i]) CHECK_OK(tp_pool_free(sh.pool, left_over[i], keeper));
+    hitters_stop(&sh, workers, threads, 2);
+    CHECK_EQ_U64(sh.errors, 0);
+    char msg[256] = "";
+    tp_status st = tp_pool_check(sh.pool, msg, sizeof msg);
+    CHECK_MSG(st == TP_OK, "%s", msg);
+    tp_pool_stats s;
+    CHECK_OK(tp_pool_get_stats(sh.pool, &s));
+    CHECK_EQ_U64(s.allocs, s.frees);
+    CHECK_EQ_U64(s.allocated_bytes.current, 0);
+    tp_sim_counters c;
+    CHECK_OK(tp_sim_get_counters(sh.dev, &c));
+    CHECK_EQ_U64(c.hazards, 0);
+    CHECK_OK(tp_pool_forget_stream(sh.pool, keeper));
+    CHECK_OK(tp_stream_destroy(sh.dev, keeper));
+    CHECK_OK(tp_pool_destroy(sh.pool));
+    CHECK_OK(tp_device_close(sh.dev));
+}
+
+/* Two threads, each on its own stream, free each other's blocks (a free on
+ * another stream than the allocation's: the locked path) while hitting on
+ * their own; the kernels that used a block are ordered before the free. */
+typedef struct swap_shared {
+    tp_device *dev;
+    tp_pool *pool;
+    tp_stream streams[2];
+    pthread_mutex_t lock;
+    handoff box[2][MAILBOX]; /* box[i]: blocks for thread i to free */
+    int box_count[2];
+    int errors;
+} swap_shared;
+
+typedef struct swap_worker {
+    swap_shared *sh;
+    int id;
+} swap_worker;
+
+static void *swapper_main(void *arg) {
+    swap_worker *w = arg;
+    swap_shared *sh = w->sh;
+    tp_stream mine = sh->streams[w->id];
+    test_rng rng = {77 + (unsigned long long)w->id};
+    for (int op = 0; op < 3000; op++) {
+        void *p = NULL;
+        uint64_t bytes = 256 * (1 + rng_below(&rng, 64));
+        if (tp_pool_alloc(sh->pool, bytes, mine, &p) != TP_OK) {
+            __atomic_add_fetch(&sh->errors, 1, __ATOMIC_RELAXED);
+            continue;
+        }
+        tp_range r = {(uint64_t)(uintptr_t)p, bytes};
+        tp_sim_launch(sh->dev, mine, rng_below(&rng, 3000), &r, 1);
+        if (rng_below(&rng, 2)) { /* ours: a hit next time */
+            if (tp_pool_free(sh->pool, p, mine) != TP_OK) __atomic_add_fetch(&sh->errors, 1, __ATOMIC_RELAXED);
+        } else { /* the other thread's to free */
+            tp_event ev;
+            bool sent = false;
+            if (tp_event_create(sh->dev, &ev) == TP_OK && tp_event_record(sh->dev, ev, mine) == TP_OK) {
+                pthread_mutex_lock(&sh->lock);
+                int other = 1 - w->id;
+                if (sh->box_count[other] < MAILBOX) {
+                    sh->box[other][sh->box_count[other]++] = (handoff){p, bytes, ev};
+                    sent = true;
+                }
+                pthread_mutex_unlock(&sh->lock);
+                if (!sent) tp_event_destroy(sh->dev, ev);
+            }
+            if (!sent && tp_pool_free(sh->pool, p, mine) != TP_OK) __atomic_add_fetch(&sh->errors, 1, __ATOMIC_RELAXED);
+        }
+        handoff h = {0};
+        pthread_mutex_lock(&sh->lock);
+        if (sh->box_count[w->id]) h = sh->box[w->id][--sh->box_count[w->id]];
+        pthread_mutex_unlock(&sh->lock);
+        if (h.ptr) {
+            tp_stream_wait_event(sh->dev, mine, h.ready);
+            if (tp_pool_free(sh->pool, h.ptr, mine) != TP_OK) __atomic_add_fetch(&sh->errors, 1, __ATOMIC_RELAXED);
+            tp_event_destroy(sh->dev, h.ready);
+        }
+        if (op % 100 == 0) tp_sim_advance(sh->dev, 2000);
+    }
+    return NULL;
+}
+
+static void two_threads_free_each_others_blocks(tp_pool_kind kind) {
+    swap_shared sh;
+    memset(&sh, 0, sizeof sh);
+    pthread_mutex_init(&sh.lock, NULL);
+    REQUIRE(tp_device_open(kind == TP_POOL_VMM ? "sim:8GiB" : "sim:8GiB,novmm", NULL, &sh.dev) == TP_OK);
+    tp_pool_config pc = {.kind = kind};
+    REQUIRE(tp_pool_create(sh.dev, &pc, &sh.pool) == TP_OK);
+    swap_worker workers[2];
+    pthread_t threads[2];
+    for (int i = 0; i < 2; i++) {
+        REQUIRE(tp_stream_create(sh.dev, &sh.streams[i]) == TP_OK);
+        workers[i] = (swap_worker){&sh, i};
+    }
+    for (int i = 0; i < 2; i++) pthread_create(&threads[i], NULL, swapper_main, &workers[i]);
+    for (int i = 0; i < 2; i++) pthread_join(threads[i], NULL);
+    for (int i = 0; i < 2; i++)
+        for (int k = 0; k < sh.box_count[i]; k++) {
+            CHECK_OK(tp_stream_wait_event(sh.dev, sh.streams[i], sh.box[i][k].ready));
+            CHECK_OK(tp_pool_free(sh.pool, sh.box[i][k].ptr, sh.streams[i]));
+            CHECK_OK(tp_event_destroy(sh.dev, sh.box[i][k].ready));
+        }
+    CHECK_EQ_U64(sh.errors, 0);
+    char msg[256] = "";
+    tp_status st = tp_pool_check(sh.pool, msg, sizeof msg);
+    CHECK_MSG(st == TP_OK, "%s", msg);
+    tp_pool_stats s;
+    CHECK_OK(tp_pool_get_stats(sh.pool, &s));
+    CHECK_EQ_U64(s.allocs, 6000);
+    CHECK_EQ_U64(s.frees, 6000);
+    CHECK_EQ_U64(s.allocated_bytes.current, 0);
+    CHECK_EQ_U64(s.requested_bytes.current, 0);
+    tp_sim_counters c;
+    CHECK_OK(tp_sim_get_counters(sh.dev, &c));
+    CHECK_MSG(c.hazards == 0, "%llu hazards", (unsigned long long)c.hazards);
+    for (int i = 0; i < 2; i++) {
+        CHECK_OK(tp_pool_forget_stream(sh.pool, sh.streams[i]));
+        CHECK_OK(tp_stream_destroy(sh.dev, sh.streams[i]));
+    }
+    CHECK_OK(tp_pool_destroy(sh.pool));
+    CHECK_OK(tp_device_close(sh.dev));
+    pthread_mutex_destroy(&sh.lock);
+}
+
+static void stats_trim_and_check_while_threads_hit_vmm(void) { stats_trim_and_check_while_threads_hit(TP_POOL_VMM); }
+static void stats_trim_and_check_while_threads_hit_segment(void) { stats_trim_and_check_while_threads_hit(TP_POOL_SEGMENT); }
+static void forget_streams_while_threads_hit_vmm(void) { forget_streams_while_threads_hit(TP_POOL_VMM); }
+static void forget_streams_while_threads_hit_segment(void) { forget_streams_while_threads_hit(TP_POOL_SEGMENT); }
+static void two_threads_free_each_others_blocks_vmm(void) { two_threads_free_each_others_blocks(TP_POOL_VMM); }
+static void two_threads_free_each_others_blocks_segment(void) { two_threads_free_each_others_blocks(TP_POOL_SEGMENT); }
+
 static const test_case tests[] = {
     TEST_CASE(four_threads_share_a_vmm_pool),
     TEST_CASE(four_threads_share_a_segment_pool),
+    TEST_CASE(stats_trim_and_check_while_threads_hit_vmm),
+    TEST_CASE(stats_trim_and_check_while_threads_hit_segment),
+    TEST_CASE(forget_streams_while_threads_hit_vmm),
+    TEST_CASE(forget_streams_while_threads_hit_segment),
+    TEST_CASE(two_threads_free_each_others_blocks_vmm),
+    TEST_CASE(two_threads_free_each_others_blocks_segment),
 };
 
 int main(int argc, char **argv) { return TEST_MAIN("test_threads", tests, argc, argv); }

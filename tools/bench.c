@@ -205,8 +205,11 @@ typedef struct thread_shared {
     atomic_int errors;
 } thread_shared;
 
+/* One cache line (or more) each: the workers sit in one array, and a
+ * worker that wrote a field its neighbour's line holds would make the
+ * threads wait on each other, not on the pool. */
 typedef struct thread_worker {
-    thread_shared *sh;
+    _Alignas(64) thread_shared *sh;
     tp_stream stream;
     uint64_t end_ns;
     uint64_t sum;
@@ -214,14 +217,17 @@ typedef struct thread_worker {
 } thread_worker;
 
 static bool thread_pairs(thread_worker *w, uint64_t pairs) {
-    for (uint64_t i = 0; i < pairs; i++) {
+    tp_pool *pool = w->sh->pool;
+    tp_stream stream = w->stream;
+    uint64_t sum = 0;
+    bool ok = true;
+    for (uint64_t i = 0; i < pairs && ok; i++) {
         void *p = NULL;
-        if (tp_pool_alloc(w->sh->pool, 4 * TIDE_KiB, w->stream, &p) != TP_OK ||
-            tp_pool_free(w->sh->pool, p, w->stream) != TP_OK)
-            return false;
-        w->sum += (uint64_t)(uintptr_t)p;
+        ok = tp_pool_alloc(pool, 4 * TIDE_KiB, stream, &p) == TP_OK && tp_pool_free(pool, p, stream) == TP_OK;
+        sum += (uint64_t)(uintptr_t)p;
     }
-    return true;
+    w->sum += sum;
+    return ok;
 }
 
 static void *thread_main(void *arg) {
