@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: MIT
 # Everything tidepool measures on a real GPU, in one go (used on the H200):
 # the GPU test suite and compute-sanitizer, the graph-churn curves, the
-# hit-path benchmark and trace replays on cuda:0. Traces are read from
+# hit-path benchmark (threads up to 8) and trace replays on cuda:0, and the
+# replay tool's own speed. Traces are read from
 # TRACES (default .carry/traces); results go to OUT (default gpu-results).
 # SANITIZER=0 skips the compute-sanitizer pass (the slowest part).
 set -uo pipefail
@@ -29,11 +30,21 @@ if [ "${SANITIZER:-1}" != 0 ]; then
   grep -E "ERROR SUMMARY|LEAK SUMMARY|all clean|Passed|Failed" "$out/sanitizer.log" | tail -12
 fi
 echo "== bench"
-./build-gpu/tide bench --device cuda:0 --runs 7 --pairs 300000 | tee "$out/bench_cuda.txt"
-./build-gpu/tide bench --device cuda:0 --runs 7 --pairs 300000 --json > "$out/bench_cuda.json"
+threads=$(( $(nproc) < 8 ? $(nproc) : 8 ))
+./build-gpu/tide bench --device cuda:0 --runs 7 --pairs 300000 --threads "$threads" | tee "$out/bench_cuda.txt"
+./build-gpu/tide bench --device cuda:0 --runs 7 --pairs 300000 --threads "$threads" --json > "$out/bench_cuda.json"
 ./build-gpu/tide bench --runs 7 --pairs 300000 | tee "$out/bench_sim.txt"
 echo "== replays on cuda:0"
 for t in decode_growing_kv gemma3_mtmd qwen2vl_dynres; do
   ./build-gpu/tide replay "$traces/$t.csv.gz" --device cuda:0 --pool vmm,segment --json >"$out/replay_cuda_$t.json" 2>&1
   ./build-gpu/tide replay "$traces/$t.csv.gz" --device cuda:0 --pool vmm,segment | tail -4
 done
+echo "== replay throughput (simulated device: the host's speed; reading, inflating and parsing included)"
+t=decode_growing_kv
+gzip -dc "$traces/$t.csv.gz" > "$out/$t.csv"
+for f in "$out/$t.csv" "$traces/$t.csv.gz"; do
+  for n in 1 4 "$(nproc)"; do
+    echo "-- $(basename "$f"), --threads $n"; ./build-gpu/tide replay "$f" --threads "$n" | head -2
+  done
+done
+rm -f "$out/$t.csv"

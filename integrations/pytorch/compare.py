@@ -7,6 +7,8 @@ shared/traces).
 Every (workload, allocator) pair runs in a fresh python3 process:
   default      PyTorch's caching allocator
   expandable   PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+  async        PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync (the CUDA
+               driver's stream-ordered pool behind PyTorch)
   tp-vmm       libtidepool_torch.so plugged in, TIDEPOOL_TORCH_CONF=kind=vmm
   tp-segment   ... kind=segment
 and reports
@@ -25,8 +27,8 @@ Prints a table; --out FILE writes every figure as JSON.
 Usage, on a machine with a GPU, torch and transformers (no network needed):
   python3 integrations/pytorch/compare.py --workloads PATH/record_pytorch_traces.py \
       --lib build-torch/libtidepool_torch.so --out compare.json
-Duration on the H200 here: about 8 minutes for the 12 runs with the default
-parameters; each run costs ~20 s of process start, imports and model build
+Duration on the H200 here: about 8 minutes for 12 runs (three workloads,
+four modes) with the default parameters; each run costs ~20 s of process start, imports and model build
 before the workload's own time.
 Parameters: the defaults are shortened to fit one 10-minute call:
 --decode-tokens 256 (the trace: 2000) and --requests 8 (the traces: 16; with 8
@@ -58,7 +60,7 @@ import sys
 import threading
 import time
 
-MODES = ["default", "expandable", "tp-vmm", "tp-segment"]
+MODES = ["default", "expandable", "async", "tp-vmm", "tp-segment"]
 SCENARIOS = ["decode_growing_kv", "gemma3_mtmd", "qwen2vl_dynres"]
 # The model class whose generate() each workload calls.
 GENERATE_CLASS = {
@@ -343,6 +345,8 @@ def run_one(args, scenario, mode, kwargs):
         env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
     if mode == "expandable":
         env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    elif mode == "async":
+        env["PYTORCH_CUDA_ALLOC_CONF"] = "backend:cudaMallocAsync"
     elif mode.startswith("tp-"):
         conf = ["kind=" + mode[3:], "log=warn"]
         if args.tp_conf:
