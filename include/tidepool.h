@@ -32,7 +32,8 @@
  *     come from several threads at once. An alloc or free served from the
  *     stream's cache takes only that stream's lock, so threads on different
  *     streams run in parallel; every other call takes the pool's lock and
- *     every stream's lock, and sees one consistent pool (statistics exact).
+ *     every stream's lock, and sees one consistent pool (currents, totals and
+ *     counters exact; peaks: see tp_stat).
  *     A stream may be used from several threads (they take turns).
  *     tp_pool_destroy must not race with any other call on that pool.
  *     Reclaim callbacks run on the thread whose allocation ran out of memory,
@@ -354,7 +355,12 @@ TP_API tp_status tp_pool_capture_begin(tp_pool *pool, tp_stream stream);
 TP_API tp_status tp_pool_capture_end(tp_pool *pool, tp_stream stream, tp_range **out_ranges, size_t *out_count);
 TP_API void tp_pool_free_ranges(tp_pool *pool, tp_range *ranges);
 
-/* current / peak (since creation or the last reset) / total (cumulative). */
+/* current / peak (since creation or the last reset) / total (cumulative).
+ * A peak is never below the true one. It is exact when one stream at a time
+ * is served from its cache between two calls that take the pool's lock (a
+ * miss, trim, tick, stats; every single-stream program); when several
+ * streams are served at once it may exceed the true peak by at most the sum
+ * of each stream's own rise since the last such call. */
 typedef struct tp_stat {
     uint64_t current;
     uint64_t peak;

@@ -156,23 +156,17 @@ void tpi_front_set_hits(tpi_front *f, uint32_t slot, bool hits) {
 }
 
 void tpi_front_fold_stats(tpi_front *f) {
+    uint64_t allocated_rise = 0, allocated_fall = 0, requested_rise = 0;
+    for (size_t slot = 1; slot < f->slot_end; slot++) {
+        const tpi_stats_local *l = f->streams[slot] ? &f->streams[slot]->stats : NULL;
+        if (!l) continue;
+        allocated_rise += (uint64_t)l->allocated_rise;
+        allocated_fall += (uint64_t)(-l->allocated_fall);
+        requested_rise += (uint64_t)l->requested_rise;
+    }
+    tpi_stats_fold_extremes(&f->core->stats, allocated_rise, allocated_fall, requested_rise);
     for (size_t slot = 1; slot < f->slot_end; slot++)
         if (f->streams[slot]) tpi_stats_fold(&f->core->stats, &f->streams[slot]->stats);
-}
-
-void tpi_front_give_bounds(tpi_front *f) {
-    uint32_t n = 0;
-    for (size_t slot = 1; slot < f->slot_end; slot++) n += f->streams[slot] && f->streams[slot]->hits;
-    if (!n) return;
-    tpi_stats_local bounds;
-    tpi_stats_give_bounds(&f->core->stats, &bounds, n);
-    for (size_t slot = 1; slot < f->slot_end; slot++) {
-        tpi_front_stream *fs = f->streams[slot];
-        if (!fs || !fs->hits) continue;
-        fs->stats.allocated_up = bounds.allocated_up;
-        fs->stats.allocated_down = bounds.allocated_down;
-        fs->stats.requested_up = bounds.requested_up;
-    }
 }
 
 void tpi_front_world_enter(tpi_front *f) {
@@ -182,7 +176,6 @@ void tpi_front_world_enter(tpi_front *f) {
 }
 
 void tpi_front_world_leave(tpi_front *f) {
-    tpi_front_give_bounds(f);
     tpi_front_unlock_all(f);
 }
 

@@ -150,8 +150,8 @@ void tpi_front_unlock_all(tpi_front *front);
 /* ------------------------------------------------ under the world lock */
 
 /* After taking the pool's mutex: every stream lock, hit statistics folded
- * in. Before giving it back: new statistics bounds, stream locks given
- * back. (The ladder also leaves and enters around reclaim callbacks.) */
+ * in. Before giving it back: stream locks given back. (The ladder also
+ * leaves and enters around reclaim callbacks.) */
 void tpi_front_world_enter(tpi_front *front);
 void tpi_front_world_leave(tpi_front *front);
 
@@ -161,10 +161,9 @@ tpi_front_stream *tpi_front_stream_at(tpi_front *front, uint32_t slot, tp_stream
 /* A stream forgotten (its slot may go to another handle later) or between
  * capture begin and end: no hits. */
 void tpi_front_set_hits(tpi_front *front, uint32_t slot, bool hits);
-/* Folds every stream's hit statistics into the pool's. */
+/* Folds every stream's hit statistics into the pool's (peaks first, from
+ * the streams' summed extremes: pool_stats.h). */
 void tpi_front_fold_stats(tpi_front *front);
-/* New statistics bounds for every stream (pool_stats.h). */
-void tpi_front_give_bounds(tpi_front *front);
 
 /* Live blocks. tpi_front_live_add returns false without host memory. */
 bool tpi_front_live_add(tpi_front *front, uint32_t slot, uint64_t offset, uint64_t requested, uint64_t size,
@@ -271,28 +270,26 @@ static inline bool tpi_front_hit_take_slot(tpi_front *f, tpi_front_stream *fs, u
         return false;
     /* The word names this stream, whose lock we hold: nobody else may
      * change it (other streams only fill an empty word) or its fields, so
-     * a store empties it, no exchange needed. */
-    atomic_store_explicit(&f->slot_word, TPI_FRONT_SLOT_EMPTY, memory_order_release);
+     * a store empties it, no exchange needed. The fields are read first:
+     * once the word is empty another stream may fill them. */
     *out_offset = f->slot_offset;
     *out_node = (uint32_t)word;
+    atomic_store_explicit(&f->slot_word, TPI_FRONT_SLOT_EMPTY, memory_order_release);
     return true;
 }
 
 /* A hit allocation of size bytes (bytes asked) on fs, its lock held: a
- * parked block of the stream, within the statistics bounds, recorded live.
+ * parked block of the stream, recorded live.
  * 0 on a miss. The caller unlocks. */
 static inline uint64_t tpi_front_hit_alloc(tpi_front *f, tpi_front_stream *fs, uint64_t size, uint64_t bytes,
                                            tp_stream stream) {
     tpi_stats_local *st = &fs->stats;
-    if ((int64_t)(st->requested_delta + bytes) > st->requested_up) return 0;
     if (2 * (fs->live.count + 1) > fs->live.capacity) return 0; /* the live map must grow: the locked path */
     uint64_t word = atomic_load_explicit(&f->slot_word, memory_order_acquire);
     uint64_t offset, got_size;
     uint32_t node;
     if (size > f->max_block_bytes || word != TPI_FRONT_SLOT_EMPTY) {
-        if ((int64_t)(st->allocated_delta + size) > st->allocated_up ||
-            !tpi_front_hit_take_slot(f, fs, size, word, &offset, &node))
-            return 0;
+        if (!tpi_front_hit_take_slot(f, fs, size, word, &offset, &node)) return 0;
         got_size = size;
     } else {
         /* A block of bin(size) or the next bin that holds size bytes and
@@ -306,7 +303,7 @@ static inline uint64_t tpi_front_hit_alloc(tpi_front *f, tpi_front_stream *fs, u
             if (e->size >= size && e->size - size <= size / 8) break;
             e = NULL;
         }
-        if (!e || (int64_t)(st->allocated_delta + e->size) > st->allocated_up) return 0;
+        if (!e) return 0;
         offset = e->offset;
         got_size = e->size;
         node = e->node;
@@ -314,9 +311,9 @@ static inline uint64_t tpi_front_hit_alloc(tpi_front *f, tpi_front_stream *fs, u
         fs->parked_bytes -= got_size;
     }
     tpi_live_insert_(&fs->live, &(tpi_live_entry){offset, bytes, got_size, node, 0}); /* room checked above */
-    st->allocated_delta += got_size;
+    tpi_stats_local_allocated(st, got_size, true);
     st->allocated_total += got_size;
-    st->requested_delta += bytes;
+    tpi_stats_local_requested(st, bytes, true);
     st->requested_total += bytes;
     st->allocs++;
     if (f->hazard_checker) {
@@ -328,13 +325,12 @@ static inline uint64_t tpi_front_hit_alloc(tpi_front *f, tpi_front_stream *fs, u
 
 /* A hit free of address on fs, its lock held: a live block of this stream,
  * unpinned, that parks (bins or the empty last-freed slot) within the
- * statistics bounds and the upkeep count. False: the locked path. */
+ * upkeep count. False: the locked path. */
 static inline bool tpi_front_hit_free(tpi_front *f, tpi_front_stream *fs, uint64_t address) {
     tpi_live_entry *e = tpi_live_find(&fs->live, address);
     if (!e || e->pins || fs->frees_to_upkeep <= 1) return false;
     tpi_stats_local *st = &fs->stats;
     uint64_t size = e->size;
-    if ((int64_t)(st->allocated_delta - size) < st->allocated_down) return false;
     tpi_core *core = f->core;
     if (size > f->max_block_bytes) {
         uint64_t empty = TPI_FRONT_SLOT_EMPTY;
@@ -362,8 +358,8 @@ static inline bool tpi_front_hit_free(tpi_front *f, tpi_front_stream *fs, uint64
         fs->nonempty[b / 64] |= 1ull << (b % 64);
         fs->parked_bytes += size;
     }
-    st->allocated_delta -= size;
-    st->requested_delta -= e->requested;
+    tpi_stats_local_allocated(st, size, false);
+    tpi_stats_local_requested(st, e->requested, false);
     st->cached_total += size;
     st->frees++;
     fs->frees_to_upkeep--;

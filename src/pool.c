@@ -11,9 +11,8 @@
  *   stream's front state found in a lock-free table and its lock taken; a
  *   block parked in the stream's bins for the size (or the last-freed
  *   block, same size and stream, reusable in place) is recorded in the
- *   stream's live map, counted in the stream's own statistics within its
- *   bounds, shown to the hazard checker, and returned. Anything else --
- *   no parked block, bounds reached, an observer set, a capturing stream,
+ *   stream's live map, counted in the stream's own statistics, shown to the hazard checker, and returned. Anything else --
+ *   no parked block, an observer set, a capturing stream,
  *   a stream not yet seen -- takes the world lock: stream -> slot (stream
  *   order); the front cache's parked block if any; else the ladder
  *   (oom_ladder.c) asks the backing for room -- good fit among free ranges

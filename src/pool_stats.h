@@ -10,18 +10,23 @@
  * stream's tpi_stats_local, which the next world lock folds in; nothing on
  * the hit path is shared and written.
  *
- * Exact peaks without a shared counter: a hit changes allocated (and
- * requested) bytes, so it could set a new peak of allocated, requested or
- * cached bytes, or a new low of allocated (the VMM backing's low water).
- * Each stream gets bounds on how far its own uncounted change may go --
- * *_up for a rise, allocated_down for a fall -- taken from the slack
- * between the pool's current figures and those peaks (and that low),
- * divided among the streams when the world lock is released
- * (tpi_stats_give_bounds). While every stream stays within its bounds the
- * sum of all changes cannot reach a new peak or low, so the peaks the pool
- * keeps are exact; a hit that would leave its bounds is not a hit, and the
- * locked path counts it directly. Totals and counters are sums: exact
- * after the fold.
+ * Peaks without a shared counter: a hit changes allocated (and requested)
+ * bytes, so it may set a new peak of allocated, requested or cached bytes,
+ * or a new low of allocated (the VMM backing's low water). Each stream
+ * keeps, besides its change, the highest and lowest its change reached
+ * since the last fold (rise >= 0, fall <= 0). The fold first raises the
+ * peaks to the pool's figure plus the sum of the rises (and lowers the low
+ * water to it plus the sum of the falls), then adds the changes. So:
+ *   - a peak is never below the true one, whatever the interleaving;
+ *   - it is exact when at most one stream hit between two locked calls
+ *     (every single-stream program), and when the streams' highs coincide;
+ *   - otherwise it may overstate by at most the sum of the streams' own
+ *     rises since the last locked call (tp_pool_get_stats is one).
+ * Exact peaks would need every hit to read a shared figure: a stream whose
+ * share of the room below the peak ran out would take the locked path, and
+ * with several threads near their peak every allocation did (measured: 8
+ * threads fell to 0.04x one thread's pairs/s on the H200). Currents, totals
+ * and counters are sums: exact after the fold.
  */
 #ifndef TIDEPOOL_POOL_STATS_H
 #define TIDEPOOL_POOL_STATS_H
@@ -52,9 +57,9 @@ typedef struct tpi_stats_local {
     uint64_t requested_delta;  /* change of requested_bytes.current */
     uint64_t allocated_total, requested_total, cached_total;
     uint64_t allocs, frees, hazards; /* (every hit allocation is a cache hit) */
-    int64_t allocated_up;      /* allocated_delta may rise to this ... */
-    int64_t allocated_down;    /* ... and fall to this (<= 0) */
-    int64_t requested_up;      /* requested_delta may rise to this */
+    int64_t allocated_rise;    /* highest allocated_delta since the fold (>= 0) */
+    int64_t allocated_fall;    /* lowest allocated_delta since the fold (<= 0) */
+    int64_t requested_rise;    /* highest requested_delta since the fold (>= 0) */
 } tpi_stats_local;
 
 enum { TPI_DEVICE_CALL_ALLOC = 1, TPI_DEVICE_CALL_FREE = 2, TPI_DEVICE_CALL_OTHER = 3 };
@@ -82,8 +87,24 @@ static inline void tpi_stats_reserved_changed(tpi_stats *s, int64_t delta_bytes)
     tpi_stats_update_cached(s);
 }
 
-/* Folds a stream's hits into the pool's figures and clears them (bounds
- * included: the stream may hit again only within new ones). */
+/* Before the streams' hits are folded (tpi_stats_fold, one stream at a
+ * time), the peaks and the low water take the extremes the sum of their
+ * changes could have reached: rises and falls summed over every stream
+ * (see the opening comment). */
+static inline void tpi_stats_fold_extremes(tpi_stats *s, uint64_t allocated_rise, uint64_t allocated_fall,
+                                           uint64_t requested_rise) {
+    tp_pool_stats *p = &s->pub;
+    uint64_t high = p->allocated_bytes.current + allocated_rise;
+    if (high > p->allocated_bytes.peak) p->allocated_bytes.peak = high;
+    uint64_t requested_high = p->requested_bytes.current + requested_rise;
+    if (requested_high > p->requested_bytes.peak) p->requested_bytes.peak = requested_high;
+    uint64_t low = p->allocated_bytes.current - allocated_fall;
+    if (low < s->allocated_low_water) s->allocated_low_water = low;
+    uint64_t cached_high = p->reserved_bytes.current - low - s->zombie_bytes;
+    if (cached_high > p->cached_bytes.peak) p->cached_bytes.peak = cached_high;
+}
+
+/* Folds a stream's hits into the pool's figures and clears them. */
 static inline void tpi_stats_fold(tpi_stats *s, tpi_stats_local *l) {
     tp_pool_stats *p = &s->pub;
     p->allocated_bytes.current += l->allocated_delta;
@@ -99,22 +120,18 @@ static inline void tpi_stats_fold(tpi_stats *s, tpi_stats_local *l) {
     tpi_stats_update_cached(s);
 }
 
-static inline int64_t tpi_stats_share_(uint64_t slack, uint32_t streams) {
-    uint64_t share = slack / streams;
-    return share > (uint64_t)INT64_MAX ? INT64_MAX : (int64_t)share;
+/* A hit's change of allocated (and requested) bytes, with its extremes. */
+static inline void tpi_stats_local_allocated(tpi_stats_local *l, uint64_t delta_bytes, bool rise) {
+    l->allocated_delta += rise ? delta_bytes : (uint64_t)0 - delta_bytes;
+    int64_t now = (int64_t)l->allocated_delta;
+    if (now > l->allocated_rise) l->allocated_rise = now;
+    if (now < l->allocated_fall) l->allocated_fall = now;
 }
 
-/* Bounds for one of `streams` streams whose changes are all folded: each
- * gets an equal share of the slack below the peaks and above the low. */
-static inline void tpi_stats_give_bounds(const tpi_stats *s, tpi_stats_local *l, uint32_t streams) {
-    const tp_pool_stats *p = &s->pub;
-    uint64_t allocated = p->allocated_bytes.current;
-    uint64_t up = p->allocated_bytes.peak - allocated;
-    uint64_t down_cached = p->cached_bytes.peak - p->cached_bytes.current;
-    uint64_t down_low = allocated > s->allocated_low_water ? allocated - s->allocated_low_water : 0;
-    l->allocated_up = tpi_stats_share_(up, streams);
-    l->allocated_down = -tpi_stats_share_(TPI_MIN(down_cached, down_low), streams);
-    l->requested_up = tpi_stats_share_(p->requested_bytes.peak - p->requested_bytes.current, streams);
+static inline void tpi_stats_local_requested(tpi_stats_local *l, uint64_t delta_bytes, bool rise) {
+    l->requested_delta += rise ? delta_bytes : (uint64_t)0 - delta_bytes;
+    int64_t now = (int64_t)l->requested_delta;
+    if (now > l->requested_rise) l->requested_rise = now;
 }
 
 /* Records a device call's outcome. */
