@@ -83,7 +83,18 @@ void tpi_pool_lock(tp_pool *pool) {
     tpi_front_world_enter(&pool->front);
 }
 
+/* When upkeep_locked next has something to do: at once while idle memory is
+ * above the threshold, else when the next flush is due; never without idle
+ * release. */
+static uint64_t upkeep_due_locked(const tp_pool *pool) {
+    const tpi_core *core = &pool->core;
+    if (core->config.idle_release_ns == TP_NS_NEVER) return UINT64_MAX;
+    if (core->units.idle_bytes > core->config.release_threshold_bytes) return 0;
+    return pool->last_upkeep_ns + core->config.idle_release_ns / 2;
+}
+
 void tpi_pool_unlock(tp_pool *pool) {
+    atomic_store_explicit(&pool->upkeep_due_ns, upkeep_due_locked(pool), memory_order_relaxed);
     tpi_front_world_leave(&pool->front);
     pthread_mutex_unlock(&pool->lock);
 }
@@ -414,6 +425,12 @@ tp_status tp_pool_free(tp_pool *pool, void *ptr, tp_stream stream) {
     uint64_t address = (uint64_t)(uintptr_t)ptr;
     tpi_front_stream *fs = tpi_front_hit_enter(&pool->front, stream);
     if (fs) {
+        /* The stream's upkeep is due every TPI_FRONT_UPKEEP_FREES frees; when
+         * it would do nothing, it is skipped here instead of taking the
+         * world lock (which every other stream's hits would wait for). */
+        if (fs->frees_to_upkeep <= 1 && tpi_units_now(&pool->core.units) <
+                                            atomic_load_explicit(&pool->upkeep_due_ns, memory_order_relaxed))
+            fs->frees_to_upkeep = TPI_FRONT_UPKEEP_FREES;
         bool hit = !pool->core.stats.observer.fn && tpi_front_hit_free(&pool->front, fs, address);
         tpi_front_stream_unlock(fs);
         if (hit) {

@@ -19,10 +19,14 @@ struct tp_pool {
     tpi_ladder ladder;
     uint64_t calls_at_tick; /* allocs + frees at the previous tp_pool_tick */
     uint64_t last_upkeep_ns;
+    /* Before this time (the device's clock) a stream's upkeep would do
+     * nothing: written when the world lock is given back, read by hits,
+     * so a stream takes the world lock for its upkeep only when it is due. */
+    _Atomic(uint64_t) upkeep_due_ns;
 };
 
 /* The world lock: the pool's mutex, then every stream lock, the streams'
- * hit statistics folded in; given back with new statistics bounds. */
+ * hit statistics folded in; given back with the upkeep's next due time. */
 void tpi_pool_lock(tp_pool *pool);
 void tpi_pool_unlock(tp_pool *pool);
 /* The slot of a stream (added if new) and its front-cache state. */
