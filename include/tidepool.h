@@ -162,7 +162,10 @@ typedef struct tp_device_config {
  *                              graphpool (the
  *                              driver keeps the memory of destroyed graph
  *                              executables for later ones and does not
- *                              report an executable's bytes, as CUDA does)
+ *                              report an executable's bytes, as CUDA does),
+ *                              adjacent (a device allocation may start where
+ *                              the previous one ends, as cudaMalloc's often
+ *                              do; by default a gap follows each)
  *   "cuda:0"                   CUDA device 0 through the driver API
  *   "cuda:0,novmm"             ... with VMM disabled (segment pools only)
  * config may be NULL. */

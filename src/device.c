@@ -22,6 +22,8 @@ static tp_status parse_option(tpi_device_options *options, const char *option, c
         options->novmm = true;
     } else if (KEY_IS("nocheck") && !value) {
         options->nocheck = true;
+    } else if (KEY_IS("adjacent") && !value) {
+        options->adjacent = true;
     } else if (KEY_IS("graphpool") && !value) {
         options->graphpool = true;
     } else if (KEY_IS("gran") && value) {
@@ -48,7 +50,7 @@ static tp_status parse_option(tpi_device_options *options, const char *option, c
 #undef KEY_IS
     return TP_OK;
 bad:
-    tpi_logf(logger, TP_LOG_ERROR, "device spec: bad option '%s' (known: novmm, nocheck, graphpool, gran=SIZE, "
+    tpi_logf(logger, TP_LOG_ERROR, "device spec: bad option '%s' (known: novmm, nocheck, graphpool, adjacent, gran=SIZE, "
             "graph_node_bytes=SIZE, graph_exec_bytes=SIZE, seed=N)", option);
     return TP_ERR_BAD_SPEC;
 }

@@ -147,6 +147,7 @@ typedef struct tpi_device_options {
     bool novmm;
     bool nocheck;
     bool graphpool;
+    bool adjacent; /* sim: device allocations may follow each other directly */
 } tpi_device_options;
 
 tp_status tpi_sim_device_create(tp_device *device, const tpi_device_options *options);

@@ -32,7 +32,9 @@ tp_status tpi_pool_capture_note_locked(tp_pool *pool, tpi_stream *s, uint32_t no
 /* ------------------------------------------------------------------- pins */
 
 /* Calls visit on every block overlapping [address, +bytes) after checking
- * that the whole range lies in blocks visit accepts. */
+ * that the whole range lies in blocks visit accepts. The range may run from
+ * one region (segment) into the next where the device placed them end to
+ * end: a capture's footprint merges ranges that touch. */
 typedef bool (*block_visit_fn)(tp_pool *pool, uint32_t node, bool apply);
 
 static tp_status for_blocks_in_range_locked(tp_pool *pool, uint64_t address, uint64_t bytes, block_visit_fn visit) {
@@ -52,9 +54,12 @@ static tp_status for_blocks_in_range_locked(tp_pool *pool, uint64_t address, uin
                 return TP_ERR_INVALID_ARGUMENT;
             if (apply) visit(pool, id, true);
             if (node_end >= end) break;
-            if (next == TPI_RA_NONE) {
-                if (!apply) return TP_ERR_INVALID_ARGUMENT; /* range runs past the region */
-                break;
+            if (next == TPI_RA_NONE) { /* the region ends: another may start right there */
+                next = tpi_ra_node_containing(&core->ra, node_end);
+                if (next == TPI_RA_NONE || tpi_ra_node_at(&core->ra, next)->offset != node_end) {
+                    if (!apply) return TP_ERR_INVALID_ARGUMENT; /* range runs past the region */
+                    break;
+                }
             }
             id = next;
         }
@@ -134,14 +139,25 @@ static int range_order(const void *a, const void *b) {
     return x->address < y->address ? -1 : x->address > y->address;
 }
 
-/* Sorts ranges and merges the ones that overlap or touch; returns the count. */
-static size_t merge_ranges(tp_range *ranges, size_t count) {
+/* Does the byte at address lie in the same region (segment) as the one
+ * just below it? Regions the device placed end to end touch but are kept
+ * apart: everything that walks a range walks one region's nodes. */
+static bool same_region(const tpi_ra *ra, uint64_t address) {
+    uint32_t below = tpi_ra_node_containing(ra, address - 1), at = tpi_ra_node_containing(ra, address);
+    return below != TPI_RA_NONE && at != TPI_RA_NONE &&
+           tpi_ra_node_at(ra, below)->region == tpi_ra_node_at(ra, at)->region;
+}
+
+/* Sorts ranges and merges the ones that overlap, or touch within one
+ * region; returns the count. */
+static size_t merge_ranges(const tpi_ra *ra, tp_range *ranges, size_t count) {
     if (!count) return 0;
     qsort(ranges, count, sizeof *ranges, range_order);
     size_t out = 0;
     for (size_t i = 1; i < count; i++) {
         tp_range *last = &ranges[out];
-        if (ranges[i].address <= last->address + last->bytes) {
+        uint64_t last_end = last->address + last->bytes;
+        if (ranges[i].address < last_end || (ranges[i].address == last_end && same_region(ra, last_end))) {
             uint64_t end = TPI_MAX(last->address + last->bytes, ranges[i].address + ranges[i].bytes);
             last->bytes = end - last->address;
         } else {
@@ -210,7 +226,7 @@ tp_status tp_pool_capture_end(tp_pool *pool, tp_stream stream, tp_range **out_ra
          * back first, so that the stream cannot reuse them after the
          * capture. */
         tpi_front_flush(&pool->front);
-        size_t count = merge_ranges(s->captured, s->captured_count);
+        size_t count = merge_ranges(&pool->core.ra, s->captured, s->captured_count);
         /* [count][ranges...]: the count lets tp_pool_free_ranges size the free */
         size_t block_bytes = sizeof(uint64_t) + count * sizeof(tp_range);
         uint64_t *block = tpi_host_alloc(pool->core.host, block_bytes);

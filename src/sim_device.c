@@ -534,9 +534,10 @@ static tp_status sim_mem_alloc(tp_device *device, uint64_t bytes, uint64_t *out_
                             SIM_VA_BASE - address - bytes < 4 * TPI_MiB))
             st = TP_ERR_OUT_OF_MEMORY;
         if (st == TP_OK) {
-            /* Like cudaMalloc: 512-byte aligned, and never adjacent to the
-             * previous allocation, so segments cannot silently merge. */
-            sim->next_malloc = tpi_align_up(address + bytes, 2 * TPI_MiB) + 2 * TPI_MiB;
+            /* 512-byte aligned. By default never adjacent to the previous
+             * allocation; with "adjacent" the next one starts where this
+             * one ends (2 MiB aligned), as cudaMalloc's often do. */
+            sim->next_malloc = tpi_align_up(address + bytes, 2 * TPI_MiB) + (sim->adjacent ? 0 : 2 * TPI_MiB);
             st = resident_insert(sim, (sim_resident){address, bytes, RESIDENT_ALLOC});
             if (st == TP_OK) {
                 sim->allocated_bytes += bytes;
@@ -932,6 +933,7 @@ tp_status tpi_sim_device_create(tp_device *device, const tpi_device_options *opt
     sim->vmm = !options->novmm;
     sim->check = !options->nocheck;
     sim->graph_pool = options->graphpool;
+    sim->adjacent = options->adjacent;
     sim->streams[0].in_use = true; /* the default stream */
     sim->next_va = SIM_VA_BASE;
     sim->next_malloc = SIM_MALLOC_BASE;

@@ -91,6 +91,7 @@ typedef struct sim_device {
     uint64_t graph_node_bytes, graph_exec_bytes;
     bool vmm;
     bool check;
+    bool adjacent; /* device allocations may follow each other directly */
     _Atomic uint64_t now_ns; /* written under the lock, read without it */
 
     sim_stream streams[SIM_MAX_STREAMS];

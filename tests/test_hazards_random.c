@@ -7,7 +7,8 @@
  * (the pools, the graph cache, or the simulated device itself).
  *
  * Each seed draws its own configuration:
- *   - pool kind (VMM on "sim:SIZE", segment on "sim:SIZE,novmm"); for VMM the
+ *   - pool kind (VMM on "sim:SIZE", segment on "sim:SIZE,novmm", half the
+ *     time with ",adjacent": segments end to end); for VMM the
  *     address reservation is the default (2 x limit) or exactly the limit (a
  *     tight reservation forces address reuse); page size 2 MiB, 1 MiB or
  *     512 KiB;
@@ -335,9 +336,9 @@ static void draw_config(unsigned long long seed, hz_config *c, unsigned long lon
     c->ops = ops_override ? (int)ops_override : 300 + (int)rng_below(&rng, 601);
     char dev_size[32];
     snprintf(dev_size, sizeof dev_size, "%lluMiB", (unsigned long long)(c->device_bytes / TEST_MiB));
-    if (pc->kind == TP_POOL_SEGMENT)
-        snprintf(c->spec, sizeof c->spec, "sim:%s,novmm,graph_node_bytes=%llu", dev_size,
-                 (unsigned long long)c->node_bytes);
+    if (pc->kind == TP_POOL_SEGMENT) /* segments end to end half the time, as cudaMalloc's often are */
+        snprintf(c->spec, sizeof c->spec, "sim:%s,novmm,graph_node_bytes=%llu%s", dev_size,
+                 (unsigned long long)c->node_bytes, rng_below(&rng, 2) ? ",adjacent" : "");
     else
         snprintf(c->spec, sizeof c->spec, "sim:%s,gran=%lluKiB,graph_node_bytes=%llu", dev_size,
                  (unsigned long long)(c->gran / HZ_KiB), (unsigned long long)c->node_bytes);

@@ -419,6 +419,71 @@ static uint64_t reclaim_free_pinned(void *user, tp_pool *pool, uint64_t need) {
     return 0;
 }
 
+/* Real cudaMalloc results often follow each other directly, so two blocks
+ * of a segment pool can touch across two segments, and a capture's
+ * footprint (ranges merged where they touch) can span both. Pinning and
+ * unpinning such a range must work ("adjacent": the simulator places device
+ * allocations end to end). Seen on the H200: an executable's footprint
+ * could not be unpinned (TP_ERR_INVALID_ARGUMENT) and stayed pinned. */
+static void test_pins_span_adjacent_segments(void) {
+    fixture f;
+    fixture_open_with(&f, "sim:4GiB,adjacent", TP_POOL_SEGMENT, NULL, false);
+    tp_stream cs;
+    CHECK_OK(tp_stream_create(f.dev, &cs));
+    const size_t block = 32 * TEST_MiB;
+    void *p[8] = {0};
+    int pair = -1;
+    for (int i = 0; i < 8; i++) {
+        CHECK_OK(tp_pool_alloc(f.pool, block, cs, &p[i]));
+        if (i && (char *)p[i] == (char *)p[i - 1] + block && pair < 0) pair = i - 1;
+    }
+    REQUIRE(pair >= 0);
+    uint64_t segments = 0;
+    {
+        tp_pool_stats s;
+        CHECK_OK(tp_pool_get_stats(f.pool, &s));
+        segments = s.device_allocs;
+    }
+    CHECK_GE_U64(segments, 2); /* the blocks do not all share one segment */
+    /* A range over two touching blocks pins and unpins whole. */
+    CHECK_OK(tp_pool_pin(f.pool, p[pair], 2 * block));
+    tp_pool_stats s;
+    CHECK_OK(tp_pool_get_stats(f.pool, &s));
+    CHECK_EQ_U64(s.pinned_bytes.current, 2 * block);
+    CHECK_OK(tp_pool_unpin(f.pool, p[pair], 2 * block));
+    CHECK_OK(tp_pool_get_stats(f.pool, &s));
+    CHECK_EQ_U64(s.pinned_bytes.current, 0);
+    for (int i = 0; i < 8; i++) CHECK_OK(tp_pool_free(f.pool, p[i], cs));
+    for (int i = 0; i < 8; i++) p[i] = NULL;
+
+    /* A capture that allocates blocks end to end across segments. */
+    CHECK_OK(tp_sim_capture_begin(f.dev, cs));
+    CHECK_OK(tp_pool_capture_begin(f.pool, cs));
+    for (int i = 0; i < 8; i++) CHECK_OK(tp_pool_alloc(f.pool, block, cs, &p[i]));
+    for (int i = 0; i < 8; i++) CHECK_OK(tp_pool_free(f.pool, p[i], cs));
+    tp_range *ranges = NULL;
+    size_t count = 0;
+    CHECK_OK(tp_pool_capture_end(f.pool, cs, &ranges, &count));
+    tp_graph g = NULL;
+    CHECK_OK(tp_sim_capture_end(f.dev, cs, &g));
+    uint64_t footprint = 0;
+    for (size_t i = 0; i < count; i++) footprint += ranges[i].bytes;
+    CHECK_EQ_U64(footprint, 8 * block);
+    CHECK_OK(tp_pool_get_stats(f.pool, &s));
+    CHECK_EQ_U64(s.pinned_bytes.current, 8 * block); /* every block kept, in every segment */
+    for (size_t i = 0; i < count; i++)
+        CHECK_OK(tp_pool_unpin(f.pool, (void *)(uintptr_t)ranges[i].address, ranges[i].bytes));
+    CHECK_OK(tp_pool_get_stats(f.pool, &s));
+    CHECK_EQ_U64(s.pinned_bytes.current, 0);
+    CHECK_EQ_U64(s.allocated_bytes.current, 0);
+    CHECK_OK(tp_pool_check(f.pool, NULL, 0));
+    tp_pool_free_ranges(f.pool, ranges);
+    CHECK_OK(tp_sim_graph_destroy(f.dev, g));
+    CHECK_OK(tp_pool_forget_stream(f.pool, cs));
+    CHECK_OK(tp_stream_destroy(f.dev, cs));
+    fixture_close(&f);
+}
+
 static void reclaim_callback_drops_a_pin(tp_pool_kind kind) {
     /* The ladder's last resort: a callback that drops a pin. */
     tp_pool_config pc = {.limit_bytes = 256 * TEST_MiB};
@@ -583,6 +648,7 @@ KIND_TEST(reclaim_callback_drops_a_pin)
 
 static const test_case tests[] = {
     KIND_CASES(alloc_free),
+    TEST_CASE(test_pins_span_adjacent_segments),
     KIND_CASES(peaks_are_exact_on_one_stream),
     KIND_CASES(peaks_bound_the_true_peaks_across_streams),
     KIND_CASES(peak_overstatement_is_bounded_by_the_streams_rises),
