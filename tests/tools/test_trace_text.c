@@ -99,31 +99,36 @@ static void test_fast_matches_careful(void) {
     CHECK(accepted > 10000 && refused > 10000); /* both sides exercised */
 }
 
-/* Parses text from memory whole; returns the events or -1 with err. */
-static long read_memory(const char *text, size_t length, const trace_open_options *options, unsigned threads,
-                        trace_event *events, size_t capacity, char *err, size_t cap) {
-    trace_reader *r = trace_open_memory_with(text, length, options, err, cap);
-    if (!r) return -1;
+/* Reads r to the end with threads workers and closes it: the number of
+ * events (copied to events unless it is NULL), or -1 with err. */
+static long read_all_from(trace_reader *r, unsigned threads, trace_event *events, size_t capacity, char *err,
+                          size_t cap) {
     trace_set_threads(r, threads);
     size_t n = 0;
     for (;;) {
         const trace_event *batch;
         long got = trace_read_batch(r, &batch, err, cap);
-        if (got < 0) {
+        if (got <= 0) {
             trace_close(r);
-            return -1;
+            return got < 0 ? -1 : (long)n;
         }
-        if (got == 0) break;
-        if (n + (size_t)got > capacity) {
-            snprintf(err, cap, "more than %zu events", capacity);
-            trace_close(r);
-            return -1;
+        if (events) {
+            if (n + (size_t)got > capacity) {
+                snprintf(err, cap, "more than %zu events", capacity);
+                trace_close(r);
+                return -1;
+            }
+            memcpy(events + n, batch, (size_t)got * sizeof *batch);
         }
-        memcpy(events + n, batch, (size_t)got * sizeof *batch);
         n += (size_t)got;
     }
-    trace_close(r);
-    return (long)n;
+}
+
+/* Parses text from memory whole; returns the events or -1 with err. */
+static long read_memory(const char *text, size_t length, const trace_open_options *options, unsigned threads,
+                        trace_event *events, size_t capacity, char *err, size_t cap) {
+    trace_reader *r = trace_open_memory_with(text, length, options, err, cap);
+    return r ? read_all_from(r, threads, events, capacity, err, cap) : -1;
 }
 
 static void expect_error(const char *text, const char *expected) {
@@ -229,25 +234,7 @@ static void test_block_boundaries(void) {
 static long read_path(const char *path, const trace_open_options *options, unsigned threads, trace_event *events,
                       size_t capacity, char *err, size_t cap) {
     trace_reader *r = trace_open_with(path, options, err, cap);
-    if (!r) return -1;
-    trace_set_threads(r, threads);
-    size_t n = 0;
-    for (;;) {
-        const trace_event *batch;
-        long got = trace_read_batch(r, &batch, err, cap);
-        if (got <= 0) {
-            trace_close(r);
-            return got < 0 ? -1 : (long)n;
-        }
-        if (events) {
-            if (n + (size_t)got > capacity) {
-                trace_close(r);
-                return -1;
-            }
-            memcpy(events + n, batch, (size_t)got * sizeof *batch);
-        }
-        n += (size_t)got;
-    }
+    return r ? read_all_from(r, threads, events, capacity, err, cap) : -1;
 }
 
 /* A file, plain and gzip, read through every source (mapped, stream,
