@@ -95,6 +95,27 @@ static bool json_expect(json *j, char c) {
     return true;
 }
 
+/* After a member or an element: 1 if a ',' follows (another comes), 0 when
+ * the container closes with close (consumed), -1 on an error. */
+static int json_next(json *j, char close) {
+    json_ws(j);
+    if (j->p < j->end && *j->p == ',') {
+        j->p++;
+        return 1;
+    }
+    return json_expect(j, close) ? 0 : -1;
+}
+
+/* An empty container: close right away (consumed). */
+static bool json_closes_at_once(json *j, char close) {
+    json_ws(j);
+    if (j->p < j->end && *j->p == close) {
+        j->p++;
+        return true;
+    }
+    return false;
+}
+
 /* A string into buf (truncated to fit; \u escapes outside ASCII become '?'). */
 static bool json_string(json *j, char *buf, size_t capacity) {
     json_ws(j);
@@ -178,21 +199,13 @@ static bool json_skip(json *j, int depth) {
     if (c == '{' || c == '[') {
         char close = c == '{' ? '}' : ']';
         j->p++;
-        json_ws(j);
-        if (j->p < j->end && *j->p == close) {
-            j->p++;
-            return true;
-        }
-        for (;;) {
+        if (json_closes_at_once(j, close)) return true;
+        int more;
+        do {
             if (c == '{' && (!json_string(j, NULL, 0) || !json_expect(j, ':'))) return false;
             if (!json_skip(j, depth + 1)) return false;
-            json_ws(j);
-            if (j->p < j->end && *j->p == ',') {
-                j->p++;
-                continue;
-            }
-            return json_expect(j, close);
-        }
+        } while ((more = json_next(j, close)) == 1);
+        return more == 0;
     }
     const char *words[] = {"true", "false", "null"};
     for (size_t i = 0; i < 3; i++) {
@@ -232,13 +245,9 @@ static bool parse_range(json *j, map_doc *d) {
                 snprintf(d->other_state, sizeof d->other_state, "%s", state);
         } else ok = json_skip(j, 2);
         if (!ok) return false;
-        json_ws(j);
-        if (j->p < j->end && *j->p == ',') {
-            j->p++;
-            continue;
-        }
-        if (!json_expect(j, '}')) return false;
-        break;
+        int more = json_next(j, '}');
+        if (more < 0) return false;
+        if (!more) break;
     }
     if (!have_address || !have_bytes || r.state < 0) return json_fail(j, "a range without address, bytes or state");
     if (r.bytes && r.address > UINT64_MAX - r.bytes) return json_fail(j, "a range past the end of the address space");
@@ -268,30 +277,17 @@ static bool parse_map(json *j, map_doc *d) {
         else if (!strcmp(key, "ranges")) {
             have_ranges = true;
             ok = json_expect(j, '[');
-            json_ws(j);
-            if (ok && j->p < j->end && *j->p == ']') {
-                j->p++;
-            } else {
-                while (ok) {
-                    ok = parse_range(j, d);
-                    json_ws(j);
-                    if (ok && j->p < j->end && *j->p == ',') {
-                        j->p++;
-                        continue;
-                    }
-                    if (ok) ok = json_expect(j, ']');
-                    break;
-                }
+            if (ok && !json_closes_at_once(j, ']')) {
+                int more;
+                do ok = parse_range(j, d);
+                while (ok && (more = json_next(j, ']')) == 1);
+                ok = ok && more == 0;
             }
         } else ok = json_skip(j, 1);
         if (!ok) return false;
-        json_ws(j);
-        if (j->p < j->end && *j->p == ',') {
-            j->p++;
-            continue;
-        }
-        if (!json_expect(j, '}')) return false;
-        break;
+        int more = json_next(j, '}');
+        if (more < 0) return false;
+        if (!more) break;
     }
     if (!have_ranges) return json_fail(j, "no \"ranges\": not a memory map (tp_pool_snapshot_json)");
     return true;
