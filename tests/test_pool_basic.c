@@ -438,23 +438,17 @@ static void test_pins_span_adjacent_segments(void) {
         if (i && (char *)p[i] == (char *)p[i - 1] + block && pair < 0) pair = i - 1;
     }
     REQUIRE(pair >= 0);
-    uint64_t segments = 0;
-    {
-        tp_pool_stats s;
-        CHECK_OK(tp_pool_get_stats(f.pool, &s));
-        segments = s.device_allocs;
-    }
-    CHECK_GE_U64(segments, 2); /* the blocks do not all share one segment */
+    tp_pool_stats s;
+    CHECK_OK(tp_pool_get_stats(f.pool, &s));
+    CHECK_GE_U64(s.device_allocs, 2); /* the blocks do not all share one segment */
     /* A range over two touching blocks pins and unpins whole. */
     CHECK_OK(tp_pool_pin(f.pool, p[pair], 2 * block));
-    tp_pool_stats s;
     CHECK_OK(tp_pool_get_stats(f.pool, &s));
     CHECK_EQ_U64(s.pinned_bytes.current, 2 * block);
     CHECK_OK(tp_pool_unpin(f.pool, p[pair], 2 * block));
     CHECK_OK(tp_pool_get_stats(f.pool, &s));
     CHECK_EQ_U64(s.pinned_bytes.current, 0);
     for (int i = 0; i < 8; i++) CHECK_OK(tp_pool_free(f.pool, p[i], cs));
-    for (int i = 0; i < 8; i++) p[i] = NULL;
 
     /* A capture that allocates blocks end to end across segments. */
     CHECK_OK(tp_sim_capture_begin(f.dev, cs));
