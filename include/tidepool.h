@@ -262,11 +262,19 @@ typedef struct tp_pool_config {
     /* How long memory above the threshold stays cached before release.
      * 0: 10 s. TP_NS_NEVER: only under pressure or on trim. */
     uint64_t idle_release_ns;
-    /* VMM: physical page size (0: the device's granularity; every page can
-     * be unmapped on its own) and the most bytes one map or unmap call
+    /* VMM: page size, the unit of accounting and placement (0: the
+     * device's granularity), and the most bytes one map or unmap call
      * covers (0: 1 GiB). */
     uint64_t page_bytes;
     uint64_t max_map_bytes;
+    /* VMM: the largest physical allocation (chunk) behind pages mapped
+     * together (0: 32 MiB; page_bytes: every page its own allocation). The
+     * driver's cost is per allocation, so a growth of G bytes is backed by
+     * chunks of about G/8 (a power of two of pages, at most this, at most
+     * 1/32 of the pool's high-water mark): large growths get cheap, small
+     * ones keep page granularity. A chunk goes back to the device only
+     * whole, once all of its pages are idle. */
+    uint64_t max_chunk_bytes;
     /* VMM: address space reserved once at creation. 0: twice the smaller of
      * the limit and the device's capacity. */
     uint64_t va_reserve_bytes;

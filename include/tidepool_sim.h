@@ -58,6 +58,8 @@ typedef struct tp_sim_counters {
     uint64_t now_ns;                   /* virtual clock */
     uint64_t captures;                 /* stream captures begun */
     uint64_t captures_invalidated;     /* ... invalidated by an illegal call during them */
+    uint64_t map_chunks;               /* physical allocations backing mapped memory, now */
+    uint64_t map_chunks_made;          /* ... made since the device opened (the driver's cost is per chunk) */
 } tp_sim_counters;
 
 /* Simulated-device calls return TP_ERR_UNSUPPORTED on other backends. */

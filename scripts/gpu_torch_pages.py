@@ -24,7 +24,8 @@ the two, one fresh process per allocator:
 Each GPU figure is the median of 15 runs timed with CUDA events.
 
 Usage (a GPU, torch): python3 scripts/gpu_torch_pages.py LIB.so [--modes ...]
-  modes: default, expandable, tp-vmm, tp-vmm-32m (page=32MiB), tp-segment
+  modes: default, expandable, tp-vmm, tp-vmm-pages (max_chunk=2MiB: a physical
+  allocation per page, as before chunks), tp-vmm-32m (page=32MiB), tp-segment
 """
 import argparse
 import json
@@ -33,7 +34,7 @@ import subprocess
 import sys
 import time
 
-MODES = ["default", "expandable", "tp-vmm", "tp-vmm-32m", "tp-segment"]
+MODES = ["default", "expandable", "tp-vmm", "tp-vmm-pages", "tp-vmm-32m", "tp-segment"]
 TAG = "@@PAGES "
 
 
@@ -131,7 +132,8 @@ def main():
         if mode == "expandable":
             env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
         elif mode.startswith("tp-"):
-            env["TIDEPOOL_TORCH_CONF"] = {"tp-vmm": "kind=vmm", "tp-vmm-32m": "kind=vmm,page=32MiB",
+            env["TIDEPOOL_TORCH_CONF"] = {"tp-vmm": "kind=vmm", "tp-vmm-pages": "kind=vmm,max_chunk=2MiB",
+                                          "tp-vmm-32m": "kind=vmm,page=32MiB",
                                           "tp-segment": "kind=segment"}[mode]
         p = subprocess.run([sys.executable, __file__, args.lib, "--worker", mode], env=env, capture_output=True,
                            text=True, timeout=300)

@@ -6,17 +6,18 @@
  * Algorithm: the range allocator manages the whole reservation, so any free
  * order works and a block may span any number of pages. Every page is a
  * unit of its own (units[p] for page p): it counts the live blocks touching
- * it, and with none it is idle and may be unmapped alone once the work that
- * last used it has completed. A block goes to the first window, in good-fit
+ * it, and with none it is idle and may be unmapped, with the rest of its
+ * chunk, once the work that last used the chunk has completed. A block goes to the first window, in good-fit
  * order, whose pages are mapped and usable on the stream (place_window);
  * the pages it touches that are not mapped are then mapped in runs, one
- * device call per run (the driver backs each page with its own physical
- * allocation, so pages unmap independently). Growth maps a look-ahead after
- * the block (lookahead_pages) so growing requests cost O(log n) calls, and
- * first unmaps idle pages when the pool would pass its soft or hard cap
+ * device call per run, each run backed by chunks (physical allocations) of
+ * about 1/8 of it (chunk_pages_for: the driver's cost is per allocation; a
+ * chunk unmaps only whole, which units.c sees to). Growth maps a look-ahead
+ * after the block (lookahead_pages) so growing requests cost O(log n) calls,
+ * and first unmaps idle pages when the pool would pass its soft or hard cap
  * (cap_with_headroom).
- * Idle pages go back through units.c, which takes idle, completed
- * neighbours of the same age along into one unmap call.
+ * Idle pages go back through units.c, chunk by chunk, which takes idle,
+ * completed neighbouring chunks of the same age along into one unmap call.
  *
  * Invariants (vmm_check, with tpi_units_check): units[p].live equals the
  * number of used nodes overlapping page p; a page is UNUSED iff unmapped,
@@ -62,13 +63,34 @@ static void vmm_release_block(tpi_backing *b, uint32_t node, uint64_t idle_since
     unref_pages(core, offset, size, tag, idle_since_ns);
 }
 
+/* The most bytes ever allocated at once. */
+static uint64_t high_water(const tpi_core *core) {
+    return TPI_MAX(core->stats.pub.allocated_bytes.peak, core->stats.high_water_allocated);
+}
+
+/* Chunk size, in pages, for a run of run_pages mapped in one call: about
+ * 1/8 of the run (a power of two), at most max_chunk_bytes and at most
+ * 1/32 of the high-water mark, at least one page. The driver's cost is per
+ * chunk, so a large growth costs few calls into it; but a chunk goes back
+ * only whole, so chunks stay small against the run (a run is mapped for
+ * one block and its look-ahead: its pages are busy and idle together more
+ * often than not) and against the pool (what one live page can keep
+ * mapped stays a small share of it). */
+static uint64_t chunk_pages_for(const tpi_core *core, uint64_t run_pages) {
+    const tpi_units *units = &core->units;
+    uint64_t cap = TPI_MIN(core->config.max_chunk_bytes, high_water(core) / 32) >> units->page_shift;
+    uint64_t want = TPI_MIN(run_pages / 8, cap);
+    return want > 1 ? 1ull << (63 - __builtin_clzll(want)) : 1;
+}
+
 /* Maps pages [first, last] in one call. */
 static tp_status map_run(tpi_core *core, uint64_t first, uint64_t last) {
     tpi_units *units = &core->units;
-    uint64_t bytes = (last - first + 1) << units->page_shift;
-    tp_status st = core->ops->map(core->device, tpi_page_address(units, first), bytes);
+    uint64_t pages = last - first + 1, chunk_pages = chunk_pages_for(core, pages);
+    tp_status st = core->ops->map(core->device, tpi_page_address(units, first), pages << units->page_shift,
+                                  chunk_pages << units->page_shift);
     tpi_stats_device_call(&core->stats, st, TPI_DEVICE_CALL_ALLOC);
-    if (st == TP_OK) tpi_units_pages_mapped(units, first, last);
+    if (st == TP_OK) tpi_units_pages_mapped(units, first, last, chunk_pages);
     return st;
 }
 
@@ -88,9 +110,6 @@ static tp_status map_run(tpi_core *core, uint64_t first, uint64_t last) {
 #define HARD_HEADROOM_DIV 16
 #define VMM_CAP_RELEASE_MIN_IDLE_NS 100000000ull
 
-static uint64_t high_water(const tpi_core *core) {
-    return TPI_MAX(core->stats.pub.allocated_bytes.peak, core->stats.high_water_allocated);
-}
 
 /* max(high water + high water / div + 2 pages, what the pool needs now) */
 static uint64_t cap_with_headroom(const tpi_core *core, uint64_t div, uint64_t missing_bytes) {

@@ -227,7 +227,7 @@ tp_status tp_device_va_release(tp_device *device, uint64_t va, uint64_t bytes) {
 tp_status tp_device_map(tp_device *device, uint64_t va, uint64_t bytes) {
     if (!device || bytes == 0) return TP_ERR_INVALID_ARGUMENT;
     if (!device->info.vmm_enabled) return TP_ERR_UNSUPPORTED;
-    return device->ops->map(device, va, bytes);
+    return device->ops->map(device, va, bytes, 0);
 }
 
 tp_status tp_device_unmap(tp_device *device, uint64_t va, uint64_t bytes) {

@@ -79,13 +79,17 @@ typedef struct tpi_device_ops {
     tp_status (*mem_info)(tp_device *device, uint64_t *out_free_bytes, uint64_t *out_total_bytes);
 
     /* VMM: address reservation; map backs [va, va+bytes) with physical
-     * pages of the device's granularity, each its own allocation, made
-     * accessible (create + map + set access); unmap gives back any run of
-     * mapped pages, not necessarily one that was mapped in one call. Both
-     * are all-or-nothing. */
+     * allocations ("chunks") of chunk_bytes each, laid from va (the last
+     * one may be shorter; 0: one per page of the device's granularity),
+     * made accessible (create + map + set access). The driver's cost is per
+     * chunk, not per byte, so large chunks make growth cheap; but a chunk
+     * is given back only whole. unmap gives back any run of mapped memory
+     * made of whole chunks, not necessarily one that was mapped in one
+     * call; a run that would cut a chunk is refused
+     * (TP_ERR_INVALID_ARGUMENT). Both are all-or-nothing. */
     tp_status (*va_reserve)(tp_device *device, uint64_t bytes, uint64_t alignment, uint64_t *out_va);
     tp_status (*va_release)(tp_device *device, uint64_t va, uint64_t bytes);
-    tp_status (*map)(tp_device *device, uint64_t va, uint64_t bytes);
+    tp_status (*map)(tp_device *device, uint64_t va, uint64_t bytes, uint64_t chunk_bytes);
     tp_status (*unmap)(tp_device *device, uint64_t va, uint64_t bytes);
 
     /* Plain device memory (no VMM). */

@@ -129,6 +129,9 @@ static tp_status resolve_config(tp_device *device, const tp_pool_config *in, tp_
     if (!tpi_is_pow2(out->page_bytes) || out->page_bytes % info->granularity_bytes) return TP_ERR_INVALID_ARGUMENT;
     if (!out->max_map_bytes) out->max_map_bytes = TPI_GiB;
     out->max_map_bytes = tpi_align_up(TPI_MAX(out->max_map_bytes, out->page_bytes), out->page_bytes);
+    if (!out->max_chunk_bytes) out->max_chunk_bytes = 32 * TPI_MiB;
+    out->max_chunk_bytes = TPI_MIN(tpi_align_up(TPI_MAX(out->max_chunk_bytes, out->page_bytes), out->page_bytes),
+                                   out->max_map_bytes);
     if (out->kind == TP_POOL_VMM) {
         /* The reservation: twice what the pool can hold, which is never
          * more than the device (an unlimited pool included). */

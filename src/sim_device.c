@@ -166,6 +166,18 @@ static tp_status resident_insert_run(sim_device *sim, sim_resident entry, size_t
 
 static tp_status resident_insert(sim_device *sim, sim_resident entry) { return resident_insert_run(sim, entry, 1, 0); }
 
+/* [va, va + bytes) as mapped chunks of chunk bytes from va, the last one
+ * shorter if bytes is not a multiple of chunk. */
+static tp_status resident_insert_chunks(sim_device *sim, uint64_t va, uint64_t bytes, uint64_t chunk) {
+    size_t count = (size_t)(bytes / chunk + (bytes % chunk != 0));
+    tp_status st = resident_insert_run(sim, (sim_resident){va, chunk, RESIDENT_MAP}, count, chunk);
+    if (st == TP_OK && bytes % chunk) {
+        size_t last = resident_lower_bound(sim, va) + count - 1;
+        sim->resident[last].bytes = bytes % chunk;
+    }
+    return st;
+}
+
 /* Finds the resident range starting exactly at start with that kind. */
 static bool resident_find_exact(const sim_device *sim, uint64_t start, int kind, size_t *out_index) {
     size_t i = resident_lower_bound(sim, start);
@@ -471,26 +483,25 @@ static void give_back(sim_device *sim, size_t i, size_t count, uint64_t address,
     sim_note_physical(sim);
 }
 
-/* Each page of a mapping is its own resident entry (its own physical
- * allocation, as with the driver), so any run of pages can be unmapped. */
-static tp_status sim_map(tp_device *device, uint64_t va, uint64_t bytes) {
+/* Each chunk of a mapping is its own resident entry (its own physical
+ * allocation, as with the driver), so any run of whole chunks can be
+ * unmapped, and none that cuts one. */
+static tp_status sim_map(tp_device *device, uint64_t va, uint64_t bytes, uint64_t chunk_bytes) {
     sim_device *sim = sim_of(device);
     tp_status st;
     SIM_LOCKED(sim, {
         st = sim_enter(sim, TP_SIM_OP_MAP);
+        uint64_t chunk = chunk_bytes ? chunk_bytes : sim->granularity_bytes;
         if (st == TP_OK && (bytes == 0 || !range_valid(va, bytes) || va % sim->granularity_bytes ||
-                            bytes % sim->granularity_bytes || !inside_reservation(sim, va, bytes) ||
-                            resident_overlaps(sim, va, bytes)))
+                            bytes % sim->granularity_bytes || chunk % sim->granularity_bytes ||
+                            !inside_reservation(sim, va, bytes) || resident_overlaps(sim, va, bytes)))
             st = TP_ERR_INVALID_ARGUMENT;
         if (st == TP_OK && !sim_fits_capacity(sim, bytes)) st = TP_ERR_OUT_OF_MEMORY;
+        if (st == TP_OK) st = resident_insert_chunks(sim, va, bytes, chunk);
         if (st == TP_OK) {
-            size_t pages = (size_t)(bytes / sim->granularity_bytes);
-            st = resident_insert_run(sim, (sim_resident){va, sim->granularity_bytes, RESIDENT_MAP}, pages,
-                                     sim->granularity_bytes);
-            if (st == TP_OK) {
-                sim->mapped_bytes += bytes;
-                sim_note_physical(sim);
-            }
+            sim->mapped_bytes += bytes;
+            sim->counters.map_chunks_made += bytes / chunk + (bytes % chunk != 0);
+            sim_note_physical(sim);
         }
     });
     return st;
@@ -501,20 +512,20 @@ static tp_status sim_unmap(tp_device *device, uint64_t va, uint64_t bytes) {
     tp_status st;
     SIM_LOCKED(sim, {
         st = sim_enter(sim, TP_SIM_OP_UNMAP);
-        size_t i = 0, pages = 0;
+        size_t i = 0, chunks = 0;
         if (st == TP_OK && (bytes == 0 || !range_valid(va, bytes) || va % sim->granularity_bytes ||
                             bytes % sim->granularity_bytes || !resident_find_exact(sim, va, RESIDENT_MAP, &i)))
             st = TP_ERR_INVALID_ARGUMENT;
-        if (st == TP_OK) {
-            pages = (size_t)(bytes / sim->granularity_bytes);
-            if (i + pages > sim->resident_count) st = TP_ERR_INVALID_ARGUMENT;
-            for (size_t k = 0; st == TP_OK && k < pages; k++) {
-                const sim_resident *r = &sim->resident[i + k];
-                if (r->kind != RESIDENT_MAP || r->start != va + k * sim->granularity_bytes) st = TP_ERR_INVALID_ARGUMENT;
-            }
+        /* Whole chunks, end to end, ending exactly at va + bytes. */
+        for (uint64_t at = va; st == TP_OK && at < va + bytes; chunks++) {
+            const sim_resident *r = i + chunks < sim->resident_count ? &sim->resident[i + chunks] : NULL;
+            if (!r || r->kind != RESIDENT_MAP || r->start != at || r->bytes > va + bytes - at)
+                st = TP_ERR_INVALID_ARGUMENT;
+            else
+                at += r->bytes;
         }
         if (st == TP_OK) {
-            give_back(sim, i, pages, va, bytes, &sim->mapped_bytes, &sim->counters.hazards_unmap, "unmap");
+            give_back(sim, i, chunks, va, bytes, &sim->mapped_bytes, &sim->counters.hazards_unmap, "unmap");
         }
     });
     return st;

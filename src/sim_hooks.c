@@ -100,6 +100,8 @@ tp_status tp_sim_get_counters(tp_device *device, tp_sim_counters *out_counters) 
     SIM_LOCKED(sim, {
         sim_prune_kernels(sim);
         sim->counters.now_ns = sim->now_ns;
+        sim->counters.map_chunks = 0;
+        for (size_t i = 0; i < sim->resident_count; i++) sim->counters.map_chunks += sim->resident[i].kind == RESIDENT_MAP;
         *out_counters = sim->counters;
     });
     return TP_OK;

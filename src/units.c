@@ -126,9 +126,11 @@ void tpi_units_became_busy(tpi_units *u, uint32_t id) {
     u->units[id].state = TPI_UNIT_BUSY;
 }
 
-void tpi_units_pages_mapped(tpi_units *u, uint64_t first, uint64_t last) {
+void tpi_units_pages_mapped(tpi_units *u, uint64_t first, uint64_t last, uint64_t chunk_pages) {
     for (uint64_t p = first; p <= last; p++) {
         tpi_unit *unit = &u->units[p];
+        unit->chunk_first = (uint32_t)(first + (p - first) / chunk_pages * chunk_pages);
+        unit->chunk_pages = (uint32_t)TPI_MIN(chunk_pages, last + 1 - unit->chunk_first);
         unit->base = tpi_page_address(u, p);
         unit->bytes = u->page_bytes;
         unit->tag = TPI_TAG_CLEAN;
@@ -154,16 +156,43 @@ static bool page_joins_release(tpi_units *u, uint64_t p, uint64_t idle_before_ns
            tpi_order_tag_complete(u->order, unit->tag);
 }
 
-/* Unmaps page id (already off the idle list) with its idle, completed
- * neighbours idle since idle_before_ns at the latest, in one call of at
- * most max_bytes. */
+/* May the whole chunk [first, first + pages) join, page skip excepted? */
+static bool chunk_joins_release(tpi_units *u, uint64_t first, uint64_t pages, uint64_t skip,
+                                uint64_t idle_before_ns) {
+    for (uint64_t p = first; p < first + pages; p++)
+        if (p != skip && !page_joins_release(u, p, idle_before_ns)) return false;
+    return true;
+}
+
+static void lru_unlink_chunk(tpi_units *u, uint64_t first, uint64_t pages, uint64_t skip) {
+    for (uint64_t p = first; p < first + pages; p++)
+        if (p != skip) lru_unlink(u, (uint32_t)p);
+}
+
+/* Unmaps page id's chunk (id already off the idle list; the chunk's other
+ * pages may join: the caller checked) with the idle, completed
+ * neighbouring chunks idle since idle_before_ns at the latest, in one call
+ * of at most max_bytes (or the one chunk, if larger). */
 static tp_status release_pages(tpi_units *u, uint32_t id, uint64_t idle_before_ns, uint64_t max_bytes) {
     uint64_t max_run = TPI_MAX(TPI_MIN(u->max_release_bytes, max_bytes) >> u->page_shift, 1);
-    uint64_t first = id, last = id;
-    while (last - first + 1 < max_run && first > 0 && page_joins_release(u, first - 1, idle_before_ns))
-        lru_unlink(u, (uint32_t)--first);
-    while (last - first + 1 < max_run && last + 1 < u->page_high && page_joins_release(u, last + 1, idle_before_ns))
-        lru_unlink(u, (uint32_t)++last);
+    uint64_t first = u->units[id].chunk_first, last = first + u->units[id].chunk_pages - 1;
+    lru_unlink_chunk(u, first, last - first + 1, id);
+    while (first > 0 && tpi_page_mapped(u, first - 1)) {
+        const tpi_unit *before = &u->units[first - 1];
+        if (last + 1 - before->chunk_first > max_run ||
+            !chunk_joins_release(u, before->chunk_first, before->chunk_pages, UINT64_MAX, idle_before_ns))
+            break;
+        first = before->chunk_first;
+        lru_unlink_chunk(u, first, before->chunk_pages, UINT64_MAX);
+    }
+    while (last + 1 < u->page_high && tpi_page_mapped(u, last + 1)) {
+        const tpi_unit *after = &u->units[last + 1];
+        if (last + after->chunk_pages + 1 - first > max_run ||
+            !chunk_joins_release(u, last + 1, after->chunk_pages, UINT64_MAX, idle_before_ns))
+            break;
+        lru_unlink_chunk(u, last + 1, after->chunk_pages, UINT64_MAX);
+        last += after->chunk_pages;
+    }
     uint64_t bytes = (last - first + 1) << u->page_shift;
     tp_status st = u->ops->unmap(u->device, tpi_page_address(u, first), bytes);
     tpi_stats_device_call(u->stats, st, TPI_DEVICE_CALL_FREE);
@@ -182,6 +211,22 @@ static tp_status release_pages(tpi_units *u, uint32_t id, uint64_t idle_before_n
     tpi_stats_reserved_changed(u->stats, -(int64_t)bytes);
     tpi_observe(u->stats, TP_POOL_EVENT_DEVICE_FREE, tpi_page_address(u, first), bytes, TP_STREAM_DEFAULT);
     return TP_OK;
+}
+
+/* Pages: may page id go now, with the rest of its chunk? Every other page
+ * of the chunk must be idle since idle_before_ns at the latest and
+ * (waiting for it when blocking) complete. */
+static bool chunk_ready(tpi_units *u, uint32_t id, bool blocking, uint64_t idle_before_ns) {
+    const tpi_unit *unit = &u->units[id];
+    for (uint64_t p = unit->chunk_first; p < (uint64_t)unit->chunk_first + unit->chunk_pages; p++) {
+        if (p == id) continue;
+        tpi_unit *other = &u->units[p];
+        if (other->state != TPI_UNIT_IDLE || other->idle_since_ns > idle_before_ns) return false;
+        if (!tpi_order_tag_complete(u->order, other->tag) &&
+            (!blocking || tpi_order_tag_wait(u->order, other->tag) != TP_OK))
+            return false;
+    }
+    return true;
 }
 
 /* Frees segment id (already off the idle list) and removes its region. */
@@ -210,6 +255,8 @@ static tp_status release_unit(tpi_units *u, uint32_t id, bool blocking, uint64_t
         tp_status st = tpi_order_tag_wait(u->order, unit->tag);
         if (st != TP_OK) return st;
     }
+    if (u->kind == TPI_UNITS_PAGES && unit->chunk_pages > 1 && !chunk_ready(u, id, blocking, idle_before_ns))
+        return TP_NOT_READY;
     unit->tag = TPI_TAG_CLEAN;
     uint64_t bytes = unit->bytes;
     lru_unlink(u, id);
@@ -316,6 +363,15 @@ bool tpi_units_check(const tpi_units *u, char *msg, size_t msg_capacity) {
         if (unit->state == TPI_UNIT_IDLE) idle += unit->bytes;
         if (u->kind == TPI_UNITS_PAGES && i >= u->page_high)
             TPI_FAIL(msg, msg_capacity, "page %zu mapped above the high-water mark", i);
+        if (u->kind == TPI_UNITS_PAGES) {
+            uint64_t first = unit->chunk_first, pages = unit->chunk_pages;
+            if (pages == 0 || i < first || i >= first + pages || first + pages > u->page_high)
+                TPI_FAIL(msg, msg_capacity, "page %zu outside its chunk", i);
+            for (uint64_t p = first; p < first + pages; p++)
+                if (u->units[p].state == TPI_UNIT_UNUSED || u->units[p].chunk_first != first ||
+                    u->units[p].chunk_pages != pages)
+                    TPI_FAIL(msg, msg_capacity, "chunk of page %zu not whole", i);
+        }
     }
     for (uint32_t id = u->lru_head, prev = TPI_UNIT_NONE; id != TPI_UNIT_NONE; prev = id, id = u->units[id].lru_next) {
         if (u->units[id].state != TPI_UNIT_IDLE) TPI_FAIL(msg, msg_capacity, "unit %u in the idle list is not idle", id);

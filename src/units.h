@@ -7,16 +7,23 @@
  * pool.
  *
  * A unit is a physical page of the VMM reservation (unit index = page
- * index; a release unmaps a run of idle neighbouring pages in one call) or
+ * index) or
  * a segment (one device allocation, a region of the range allocator; a
  * release frees it and removes its region). A unit with no live block is
  * idle; idle units sit in an LRU list, oldest first, and are what release
  * gives back -- only once the work that last used them has completed.
+ * Pages are mapped in chunks (one physical allocation each, of one or more
+ * pages: the device's cost is per allocation) and given back only as whole
+ * chunks: a page goes only with every page of its chunk, all of them idle
+ * and complete; a release unmaps a run of such neighbouring chunks in one
+ * call.
  *
  * Invariants (tpi_units_check): idle units are exactly the LRU list, in
  * order of idle_since_ns, and their bytes sum to idle_bytes; reserved bytes
  * (stats) equal the bytes of the units in use or idle; pages: a page is
- * UNUSED iff unmapped and none at or above page_high is mapped.
+ * UNUSED iff unmapped, none at or above page_high is mapped, and every
+ * mapped page lies in its chunk, whose pages are all mapped and agree on
+ * it.
  *
  * Not thread-safe: the pool's lock is held around every call.
  */
@@ -41,6 +48,7 @@ typedef struct tpi_unit {
     uint64_t last_big_use_ns; /* segments: last hand-out of >= 1/4 of it */
     uint32_t lru_prev, lru_next;
     uint32_t idle_node;       /* segments: the free node spanning it while idle */
+    uint32_t chunk_first, chunk_pages; /* pages, mapped: its chunk [first, first + pages) */
     uint8_t state;
 } tpi_unit;
 
@@ -101,8 +109,9 @@ static inline bool tpi_page_mapped(const tpi_units *units, uint64_t page) {
  * back. */
 uint32_t tpi_units_new(tpi_units *units);
 void tpi_units_recycle(tpi_units *units, uint32_t unit);
-/* Pages: page [first, last] was just mapped (accounting, idle state). */
-void tpi_units_pages_mapped(tpi_units *units, uint64_t first, uint64_t last);
+/* Pages: page [first, last] was just mapped, in chunks of chunk_pages
+ * from first (the last one shorter): accounting, idle state. */
+void tpi_units_pages_mapped(tpi_units *units, uint64_t first, uint64_t last, uint64_t chunk_pages);
 
 /* A unit whose last block went away, idle since since_ns (0: now; kept in
  * order with the list), or one that holds a block again. */

@@ -425,6 +425,93 @@ static uint64_t reclaim_free_pinned(void *user, tp_pool *pool, uint64_t need) {
  * unpinning such a range must work ("adjacent": the simulator places device
  * allocations end to end). Seen on the H200: an executable's footprint
  * could not be unpinned (TP_ERR_INVALID_ARGUMENT) and stayed pinned. */
+/* Chunks made and still mapped on the simulated device. */
+static void sim_chunks(tp_device *dev, uint64_t *out_made, uint64_t *out_now) {
+    tp_sim_counters c;
+    CHECK_OK(tp_sim_get_counters(dev, &c));
+    *out_made = c.map_chunks_made;
+    *out_now = c.map_chunks;
+}
+
+/* A large VMM growth is backed by few physical allocations (chunks; the
+ * driver's cost is per allocation), and a chunk goes back only whole: one
+ * live block keeps its chunk mapped, nothing more, and once it is freed
+ * everything can go. */
+static void test_vmm_growth_maps_chunks_given_back_whole(void) {
+    fixture f;
+    fixture_open(&f, "sim:8GiB", TP_POOL_VMM, NULL);
+    void *big = NULL, *small = NULL;
+    uint64_t made0, made1, now, released = 0;
+    CHECK_OK(tp_pool_alloc(f.pool, TEST_GiB, TP_STREAM_DEFAULT, &big)); /* sets the high-water mark */
+    CHECK_OK(tp_pool_free(f.pool, big, TP_STREAM_DEFAULT));
+    CHECK_OK(tp_pool_trim(f.pool, 0, &released));
+    sim_chunks(f.dev, &made0, &now);
+    CHECK_EQ_U64(now, 0);
+    CHECK_OK(tp_pool_alloc(f.pool, TEST_GiB, TP_STREAM_DEFAULT, &big));
+    sim_chunks(f.dev, &made1, &now);
+    tp_pool_stats s;
+    CHECK_OK(tp_pool_get_stats(f.pool, &s));
+    uint64_t pages = s.reserved_bytes.current / (2 * TEST_MiB);
+    CHECK_GE_U64(pages, 512);
+    CHECK_MSG(made1 - made0 <= pages / 8, "%llu chunks for %llu pages", (unsigned long long)(made1 - made0),
+              (unsigned long long)pages);
+    CHECK_OK(tp_pool_free(f.pool, big, TP_STREAM_DEFAULT));
+    /* A small block in the freed range keeps its chunk (at most 32 MiB,
+     * two if it straddles a boundary), and only that. */
+    CHECK_OK(tp_pool_alloc(f.pool, 4 * TEST_MiB, TP_STREAM_DEFAULT, &small));
+    CHECK_OK(tp_pool_trim(f.pool, 0, &released));
+    CHECK_OK(tp_pool_get_stats(f.pool, &s));
+    sim_chunks(f.dev, &made1, &now);
+    CHECK_GE_U64(s.reserved_bytes.current, 4 * TEST_MiB);
+    CHECK_MSG(s.reserved_bytes.current <= 64 * TEST_MiB && now <= 2, "%llu bytes in %llu chunks kept",
+              (unsigned long long)s.reserved_bytes.current, (unsigned long long)now);
+    CHECK_OK(tp_pool_free(f.pool, small, TP_STREAM_DEFAULT));
+    CHECK_OK(tp_pool_trim(f.pool, 0, &released));
+    CHECK_OK(tp_pool_get_stats(f.pool, &s));
+    sim_chunks(f.dev, &made1, &now);
+    CHECK_EQ_U64(s.reserved_bytes.current, 0);
+    CHECK_EQ_U64(now, 0);
+    fixture_close(&f);
+}
+
+/* Two blocks of one chunk freed on two streams: the chunk is unmapped only
+ * once the work of both is done, not when the first page looked at is
+ * (the simulator counts an unmap under queued work as a hazard, which
+ * fixture_close rejects). */
+static void test_vmm_chunk_waits_for_the_work_of_all_its_pages(void) {
+    fixture f;
+    fixture_open(&f, "sim:8GiB", TP_POOL_VMM, NULL);
+    tp_stream s1, s2;
+    CHECK_OK(tp_stream_create(f.dev, &s1));
+    CHECK_OK(tp_stream_create(f.dev, &s2));
+    void *big = NULL, *a = NULL, *b = NULL;
+    uint64_t released = 0, made0, made1, now;
+    CHECK_OK(tp_pool_alloc(f.pool, TEST_GiB, s1, &big));
+    CHECK_OK(tp_pool_free(f.pool, big, s1));
+    CHECK_OK(tp_pool_trim(f.pool, 0, &released));
+    sim_chunks(f.dev, &made0, &now);
+    CHECK_OK(tp_pool_alloc(f.pool, TEST_GiB, s1, &big));
+    sim_chunks(f.dev, &made1, &now);
+    CHECK_LE_U64(now, 64); /* chunked */
+    CHECK_OK(tp_pool_free(f.pool, big, s1));
+    /* Both halves of the first chunk-sized stretch: a on s1, b on s2. */
+    CHECK_OK(tp_pool_alloc(f.pool, 16 * TEST_MiB, s1, &a));
+    CHECK_OK(tp_pool_alloc(f.pool, 16 * TEST_MiB, s2, &b));
+    tp_range rb = {(uint64_t)(uintptr_t)b, 16 * TEST_MiB};
+    CHECK_OK(tp_sim_launch(f.dev, s2, 1000000000ull, &rb, 1)); /* 1 s of work on b */
+    CHECK_OK(tp_pool_free(f.pool, a, s1));
+    CHECK_OK(tp_pool_free(f.pool, b, s2));
+    CHECK_OK(tp_pool_trim(f.pool, 0, &released)); /* waits for the work, then gives all back */
+    tp_pool_stats s;
+    CHECK_OK(tp_pool_get_stats(f.pool, &s));
+    CHECK_EQ_U64(s.reserved_bytes.current, 0);
+    CHECK_OK(tp_pool_forget_stream(f.pool, s1));
+    CHECK_OK(tp_pool_forget_stream(f.pool, s2));
+    CHECK_OK(tp_stream_destroy(f.dev, s1));
+    CHECK_OK(tp_stream_destroy(f.dev, s2));
+    fixture_close(&f);
+}
+
 static void test_pins_span_adjacent_segments(void) {
     fixture f;
     fixture_open_with(&f, "sim:4GiB,adjacent", TP_POOL_SEGMENT, NULL, false);
@@ -643,6 +730,8 @@ KIND_TEST(reclaim_callback_drops_a_pin)
 static const test_case tests[] = {
     KIND_CASES(alloc_free),
     TEST_CASE(test_pins_span_adjacent_segments),
+    TEST_CASE(test_vmm_growth_maps_chunks_given_back_whole),
+    TEST_CASE(test_vmm_chunk_waits_for_the_work_of_all_its_pages),
     KIND_CASES(peaks_are_exact_on_one_stream),
     KIND_CASES(peaks_bound_the_true_peaks_across_streams),
     KIND_CASES(peak_overstatement_is_bounded_by_the_streams_rises),

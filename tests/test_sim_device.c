@@ -124,11 +124,11 @@ static void test_vmm_memory_map_unmap_and_plain_allocations(void) {
     uint64_t va = 0, free_bytes, total;
     CHECK_OK(ops->va_reserve(dev, 256 * TEST_MiB, 0, &va)); /* address space may exceed capacity */
     CHECK_EQ_U64(va % (2 * TEST_MiB), 0);
-    CHECK_OK(ops->map(dev, va, 32 * TEST_MiB));
-    CHECK_STATUS(ops->map(dev, va, 2 * TEST_MiB), TP_ERR_INVALID_ARGUMENT);            /* overlap */
-    CHECK_STATUS(ops->map(dev, va + TEST_MiB, 2 * TEST_MiB), TP_ERR_INVALID_ARGUMENT); /* unaligned */
-    CHECK_STATUS(ops->map(dev, va + 32 * TEST_MiB, 34 * TEST_MiB), TP_ERR_OUT_OF_MEMORY);
-    CHECK_STATUS(ops->map(dev, va + 255 * TEST_MiB, 4 * TEST_MiB), TP_ERR_INVALID_ARGUMENT); /* past end */
+    CHECK_OK(ops->map(dev, va, 32 * TEST_MiB, 0));
+    CHECK_STATUS(ops->map(dev, va, 2 * TEST_MiB, 0), TP_ERR_INVALID_ARGUMENT);            /* overlap */
+    CHECK_STATUS(ops->map(dev, va + TEST_MiB, 2 * TEST_MiB, 0), TP_ERR_INVALID_ARGUMENT); /* unaligned */
+    CHECK_STATUS(ops->map(dev, va + 32 * TEST_MiB, 34 * TEST_MiB, 0), TP_ERR_OUT_OF_MEMORY);
+    CHECK_STATUS(ops->map(dev, va + 255 * TEST_MiB, 4 * TEST_MiB, 0), TP_ERR_INVALID_ARGUMENT); /* past end */
     CHECK_OK(tp_device_mem_info(dev, &free_bytes, &total));
     CHECK_EQ_U64(total, 64 * TEST_MiB);
     CHECK_EQ_U64(free_bytes, 32 * TEST_MiB);
@@ -143,7 +143,7 @@ static void test_vmm_memory_map_unmap_and_plain_allocations(void) {
     CHECK_OK(ops->unmap(dev, va + 4 * TEST_MiB, 8 * TEST_MiB));
     CHECK_STATUS(ops->unmap(dev, va, 8 * TEST_MiB), TP_ERR_INVALID_ARGUMENT); /* runs into the hole */
     CHECK_STATUS(ops->unmap(dev, va + 4 * TEST_MiB, 2 * TEST_MiB), TP_ERR_INVALID_ARGUMENT);
-    CHECK_OK(ops->map(dev, va + 6 * TEST_MiB, 2 * TEST_MiB));
+    CHECK_OK(ops->map(dev, va + 6 * TEST_MiB, 2 * TEST_MiB, 0));
     CHECK_OK(tp_device_mem_info(dev, &free_bytes, &total));
     CHECK_EQ_U64(free_bytes, 38 * TEST_MiB);
     CHECK_OK(ops->unmap(dev, va, 4 * TEST_MiB));
@@ -157,6 +157,42 @@ static void test_vmm_memory_map_unmap_and_plain_allocations(void) {
     CHECK_EQ_U64(c.calls[TP_SIM_OP_MAP], 6);
     CHECK_EQ_U64(c.calls[TP_SIM_OP_MALLOC], 1);
     CHECK_EQ_U64(c.calls[TP_SIM_OP_UNMAP], 6);
+    CHECK_OK(tp_device_close(dev));
+}
+
+/* Chunks: one physical allocation for several pages; unmapped only whole. */
+static void test_vmm_chunks_unmap_only_whole(void) {
+    test_log log = {0};
+    tp_device *dev = open_sim("sim:64MiB", &log);
+    const tpi_device_ops *ops = dev->ops;
+    uint64_t va = 0;
+    tp_sim_counters c;
+    CHECK_OK(ops->va_reserve(dev, 256 * TEST_MiB, 0, &va));
+    CHECK_OK(ops->map(dev, va, 20 * TEST_MiB, 8 * TEST_MiB)); /* 8 + 8 + 4 */
+    CHECK_OK(tp_sim_get_counters(dev, &c));
+    CHECK_EQ_U64(c.map_chunks, 3);
+    CHECK_EQ_U64(c.map_chunks_made, 3);
+    CHECK_STATUS(ops->map(dev, va + 32 * TEST_MiB, 4 * TEST_MiB, 3 * TEST_MiB), TP_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(ops->unmap(dev, va, 4 * TEST_MiB), TP_ERR_INVALID_ARGUMENT);               /* cuts the first */
+    CHECK_STATUS(ops->unmap(dev, va + 2 * TEST_MiB, 6 * TEST_MiB), TP_ERR_INVALID_ARGUMENT); /* starts inside */
+    CHECK_STATUS(ops->unmap(dev, va + 8 * TEST_MiB, 10 * TEST_MiB), TP_ERR_INVALID_ARGUMENT); /* ends inside */
+    CHECK_OK(ops->unmap(dev, va + 8 * TEST_MiB, 8 * TEST_MiB));                              /* the middle one */
+    CHECK_STATUS(ops->unmap(dev, va, 20 * TEST_MiB), TP_ERR_INVALID_ARGUMENT);               /* over the hole */
+    CHECK_OK(ops->map(dev, va + 8 * TEST_MiB, 8 * TEST_MiB, 64 * TEST_MiB)); /* a chunk larger than the run */
+    CHECK_OK(tp_sim_get_counters(dev, &c));
+    CHECK_EQ_U64(c.map_chunks, 3);
+    CHECK_EQ_U64(c.map_chunks_made, 4);
+    CHECK_OK(ops->unmap(dev, va, 20 * TEST_MiB)); /* whole chunks of two map calls, in one */
+    CHECK_OK(ops->map(dev, va, 6 * TEST_MiB, 0)); /* 0: a chunk per page */
+    CHECK_OK(tp_sim_get_counters(dev, &c));
+    CHECK_EQ_U64(c.map_chunks, 3);
+    CHECK_OK(ops->unmap(dev, va + 2 * TEST_MiB, 2 * TEST_MiB));
+    CHECK_OK(ops->unmap(dev, va, 2 * TEST_MiB));
+    CHECK_OK(ops->unmap(dev, va + 4 * TEST_MiB, 2 * TEST_MiB));
+    CHECK_OK(ops->va_release(dev, va, 256 * TEST_MiB));
+    CHECK_OK(tp_sim_get_counters(dev, &c));
+    CHECK_EQ_U64(c.physical_used_bytes, 0);
+    CHECK_EQ_U64(c.map_chunks, 0);
     CHECK_OK(tp_device_close(dev));
 }
 
@@ -462,11 +498,11 @@ static void test_arithmetic_refuses_instead_of_wrapping(void) {
     /* Map, malloc: the same check. */
     uint64_t va = 0, p = 0;
     CHECK_OK(ops->va_reserve(dev, 4 * TEST_MiB, 0, &va));
-    CHECK_OK(ops->map(dev, va, 2 * TEST_MiB));
+    CHECK_OK(ops->map(dev, va, 2 * TEST_MiB, 0));
     CHECK_STATUS(ops->mem_alloc(dev, UINT64_MAX - TEST_MiB, &p), TP_ERR_OUT_OF_MEMORY);
     /* Ranges that run past 2^64 are refused wherever a range is taken. */
     uint64_t wrap_len = UINT64_MAX - va + 1 + 2 * TEST_MiB; /* va + wrap_len wraps to 2 MiB */
-    CHECK_STATUS(ops->map(dev, va, wrap_len - wrap_len % (2 * TEST_MiB)), TP_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(ops->map(dev, va, wrap_len - wrap_len % (2 * TEST_MiB), 0), TP_ERR_INVALID_ARGUMENT);
     CHECK_STATUS(ops->unmap(dev, va, wrap_len - wrap_len % (2 * TEST_MiB)), TP_ERR_INVALID_ARGUMENT);
     CHECK_STATUS(ops->mem_free(dev, UINT64_MAX - 10, 100), TP_ERR_INVALID_ARGUMENT);
     tp_range wrapping = {UINT64_MAX - 10, 100};
@@ -541,6 +577,7 @@ static const test_case tests[] = {
     TEST_CASE(test_status_names),
     TEST_CASE(test_parse_bytes),
     TEST_CASE(test_vmm_memory_map_unmap_and_plain_allocations),
+    TEST_CASE(test_vmm_chunks_unmap_only_whole),
     TEST_CASE(test_novmm_refuses_reservations_and_allocates_without_host_memory),
     TEST_CASE(test_clock_events_hazards),
     TEST_CASE(test_transitive_order),

@@ -173,6 +173,7 @@ typedef struct hit_shared {
     tp_pool *pool;
     int stop;
     int errors;
+    int running; /* workers past their first round */
     unsigned long long pairs;
 } hit_shared;
 
@@ -197,6 +198,7 @@ static void *hitter_main(void *arg) {
                 __atomic_add_fetch(&sh->errors, 1, __ATOMIC_RELAXED);
             pairs++;
         }
+        if (pairs == HIT_LIVE) __atomic_add_fetch(&sh->running, 1, __ATOMIC_RELEASE);
     }
     for (int k = 0; k < HIT_LIVE; k++)
         if (live[k] && tp_pool_free(sh->pool, live[k], w->stream) != TP_OK)
@@ -211,6 +213,9 @@ static void hitters_start(hit_shared *sh, hit_worker *workers, pthread_t *thread
         REQUIRE(tp_stream_create(sh->dev, &workers[i].stream) == TP_OK);
         REQUIRE(pthread_create(&threads[i], NULL, hitter_main, &workers[i]) == 0);
     }
+    /* Every worker hits before the test goes on: on a loaded machine the
+     * main thread could otherwise finish before any worker has run. */
+    while (__atomic_load_n(&sh->running, __ATOMIC_ACQUIRE) < n) sched_yield();
 }
 
 static void hitters_stop(hit_shared *sh, hit_worker *workers, pthread_t *threads, int n) {

@@ -11,6 +11,8 @@ Every (workload, allocator) pair runs in a fresh python3 process:
                driver's stream-ordered pool behind PyTorch)
   tp-vmm       libtidepool_torch.so plugged in, TIDEPOOL_TORCH_CONF=kind=vmm
   tp-segment   ... kind=segment
+  tp-vmm-pages ... kind=vmm,max_chunk=2MiB: every page its own physical
+               allocation, as before chunks (not in the default list)
 and reports
   peak used    device memory in use (NVML, or torch.cuda.mem_get_info when
                pynvml is missing), sampled by a background thread every
@@ -61,6 +63,7 @@ import threading
 import time
 
 MODES = ["default", "expandable", "async", "tp-vmm", "tp-segment"]
+TP_CONF = {"tp-vmm": "kind=vmm", "tp-segment": "kind=segment", "tp-vmm-pages": "kind=vmm,max_chunk=2MiB"}
 SCENARIOS = ["decode_growing_kv", "gemma3_mtmd", "qwen2vl_dynres"]
 # The model class whose generate() each workload calls.
 GENERATE_CLASS = {
@@ -348,7 +351,7 @@ def run_one(args, scenario, mode, kwargs):
     elif mode == "async":
         env["PYTORCH_CUDA_ALLOC_CONF"] = "backend:cudaMallocAsync"
     elif mode.startswith("tp-"):
-        conf = ["kind=" + mode[3:], "log=warn"]
+        conf = [TP_CONF[mode], "log=warn"]
         if args.tp_conf:
             conf.append(args.tp_conf)
         env["TIDEPOOL_TORCH_CONF"] = ",".join(conf)
@@ -533,7 +536,7 @@ def main():
     modes = [m for m in args.modes.split(",") if m]
     scens = [s for s in args.scenarios.split(",") if s]
     for m in modes:
-        if m not in MODES:
+        if m not in MODES and m not in TP_CONF:
             ap.error("unknown mode %s" % m)
     for s in scens:
         if s not in SCENARIOS:

@@ -131,7 +131,7 @@ print("ok")
 
 def test_config_good():
     conf = ("kind=vmm,limit=70GiB,release_threshold=256MiB,idle_release_ms=10000,stats=-,log=warn,"
-            "align=1KiB,tick_ms=250,va_reserve=1.5TiB,page=2MiB,max_map=512MB")
+            "align=1KiB,tick_ms=250,va_reserve=1.5TiB,page=2MiB,max_map=512MB,max_chunk=64MiB")
     r = child(r"""
 c = stats(-1)["tidepool_torch"]["config"]
 print(json.dumps(c))
@@ -142,7 +142,7 @@ print(json.dumps(c))
     c = json.loads(r.stdout.strip().splitlines()[-1])
     expect = dict(ok=True, kind="vmm", limit_bytes=70 << 30, release_threshold_bytes=256 << 20,
                   idle_release_ms=10000, align=1024, tick_ms=250, va_reserve_bytes=3 << 39,
-                  page_bytes=2 << 20, max_map_bytes=512000000, log="warn", stats="-")
+                  page_bytes=2 << 20, max_map_bytes=512000000, max_chunk_bytes=64 << 20, log="warn", stats="-")
     for k, v in expect.items():
         check(c.get(k) == v, "config good: %s = %r, expected %r" % (k, c.get(k), v))
     # stats=- writes the report to stderr at exit, as one JSON line.

@@ -125,6 +125,7 @@ typedef struct tpt_config {
     uint64_t page_bytes;
     uint64_t va_reserve_bytes;
     uint64_t max_map_bytes;
+    uint64_t max_chunk_bytes;
     uint64_t tick_ns;           /* 0: no upkeep thread */
     int log_level;              /* tp_log_level, or TPT_LOG_OFF */
     tpt_backend backend;
@@ -242,6 +243,8 @@ static bool parse_item(tpt_config *c, const char *key, const char *value, char *
         if (!parse_size(value, &c->va_reserve_bytes)) BAD("va_reserve=%s: expected a size", value);
     } else if (!strcmp(key, "max_map")) {
         if (!parse_size(value, &c->max_map_bytes)) BAD("max_map=%s: expected a size", value);
+    } else if (!strcmp(key, "max_chunk")) {
+        if (!parse_size(value, &c->max_chunk_bytes)) BAD("max_chunk=%s: expected a size", value);
     } else if (!strcmp(key, "tick_ms")) {
         uint64_t ms;
         if (!parse_uint(value, 86400000ull, &ms)) BAD("tick_ms=%s: expected milliseconds (0: off)", value);
@@ -282,7 +285,7 @@ static bool parse_item(tpt_config *c, const char *key, const char *value, char *
         }
     } else {
         BAD("unknown key '%s' (known: kind, limit, release_threshold, idle_release_ms, align, page, va_reserve, "
-            "max_map, tick_ms, log, stats, trace, oom, backend)", key);
+            "max_map, max_chunk, tick_ms, log, stats, trace, oom, backend)", key);
     }
     return true;
 #undef BAD
@@ -540,6 +543,7 @@ static tp_pool *create_pool(int ordinal) {
         pc.page_bytes = c->page_bytes;
         pc.va_reserve_bytes = c->va_reserve_bytes;
         pc.max_map_bytes = c->max_map_bytes;
+        pc.max_chunk_bytes = c->max_chunk_bytes;
         if (st == TP_OK) st = tp_pool_create(device, &pc, &pool);
         if (st != TP_OK) {
             tp_device_close(device);
@@ -1068,6 +1072,7 @@ static void sb_config(sbuf *b) {
     sb_bytes_or_null(b, "page_bytes", c->page_bytes, true);
     sb_bytes_or_null(b, "va_reserve_bytes", c->va_reserve_bytes, true);
     sb_bytes_or_null(b, "max_map_bytes", c->max_map_bytes, true);
+    sb_bytes_or_null(b, "max_chunk_bytes", c->max_chunk_bytes, true);
     sb_appendf(b, "\"tick_ms\":%llu,\"log\":\"%s\",\"oom\":\"%s\",\"backend\":\"%s\",\"stats\":",
                (unsigned long long)(c->tick_ns / 1000000ull), level_name(c->log_level), oom_name(c->oom),
                c->backend == TPT_BACKEND_SIM ? "sim" : "cuda");

@@ -66,7 +66,7 @@ static void test_open_and_info(void) {
     CHECK_EQ_U64(info2.capacity_bytes, info.capacity_bytes);
     uint64_t va = 0;
     CHECK_STATUS(dev->ops->va_reserve(dev, 64 * TEST_MiB, 0, &va), TP_ERR_UNSUPPORTED);
-    CHECK_STATUS(dev->ops->map(dev, 1ull << 40, info2.granularity_bytes), TP_ERR_UNSUPPORTED);
+    CHECK_STATUS(dev->ops->map(dev, 1ull << 40, info2.granularity_bytes, 0), TP_ERR_UNSUPPORTED);
     tp_pool *pool = NULL;
     CHECK_STATUS(tp_pool_create(dev, &(tp_pool_config){.kind = TP_POOL_VMM}, &pool), TP_ERR_UNSUPPORTED);
     CHECK_OK(tp_device_close(dev));

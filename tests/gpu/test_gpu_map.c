@@ -47,7 +47,7 @@ static void test_semantics(tp_device *dev) {
     CHECK_EQ_U64(va % G, 0);
 
     uint64_t free0 = gpu_free_bytes();
-    CHECK_OK(ops->map(dev, va, 64 * G));
+    CHECK_OK(ops->map(dev, va, 64 * G, 0));
     uint64_t free1 = gpu_free_bytes();
     printf("  mapping 64 pages took %.1f MiB of free memory\n", (double)(free0 - free1) / TEST_MiB);
     CHECK_GE_U64(free0, free1);
@@ -65,20 +65,20 @@ static void test_semantics(tp_device *dev) {
     CHECK_EQ_U64(check_pages(va, 48, 16, 1), 0);
 
     /* Remap part of the hole in other pieces. */
-    CHECK_OK(ops->map(dev, page(va, 16), 4 * G));
-    CHECK_OK(ops->map(dev, page(va, 20), 1 * G));
+    CHECK_OK(ops->map(dev, page(va, 16), 4 * G, 0));
+    CHECK_OK(ops->map(dev, page(va, 20), 1 * G, 0));
     fill_pages(va, 16, 5, 101);
     CHECK_EQ_U64(check_pages(va, 16, 5, 101), 0);
 
     /* Refusals. */
-    CHECK_STATUS(ops->map(dev, page(va, 20), 2 * G), TP_ERR_INVALID_ARGUMENT);   /* page 20 is mapped */
-    CHECK_STATUS(ops->map(dev, page(va, 0), 1 * G), TP_ERR_INVALID_ARGUMENT);    /* mapped */
+    CHECK_STATUS(ops->map(dev, page(va, 20), 2 * G, 0), TP_ERR_INVALID_ARGUMENT);   /* page 20 is mapped */
+    CHECK_STATUS(ops->map(dev, page(va, 0), 1 * G, 0), TP_ERR_INVALID_ARGUMENT);    /* mapped */
     CHECK_STATUS(ops->unmap(dev, page(va, 19), 3 * G), TP_ERR_INVALID_ARGUMENT); /* page 21 is not */
     CHECK_STATUS(ops->unmap(dev, page(va, 30), 1 * G), TP_ERR_INVALID_ARGUMENT); /* never mapped again */
-    CHECK_STATUS(ops->map(dev, va + pages * G, G), TP_ERR_INVALID_ARGUMENT);     /* outside */
-    CHECK_STATUS(ops->map(dev, page(va, 250), 8 * G), TP_ERR_INVALID_ARGUMENT);  /* runs off the end */
-    CHECK_STATUS(ops->map(dev, page(va, 100) + 4096, G), TP_ERR_INVALID_ARGUMENT);
-    CHECK_STATUS(ops->map(dev, page(va, 100), G / 2), TP_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(ops->map(dev, va + pages * G, G, 0), TP_ERR_INVALID_ARGUMENT);     /* outside */
+    CHECK_STATUS(ops->map(dev, page(va, 250), 8 * G, 0), TP_ERR_INVALID_ARGUMENT);  /* runs off the end */
+    CHECK_STATUS(ops->map(dev, page(va, 100) + 4096, G, 0), TP_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(ops->map(dev, page(va, 100), G / 2, 0), TP_ERR_INVALID_ARGUMENT);
     CHECK_STATUS(ops->unmap(dev, page(va, 0), 0), TP_ERR_INVALID_ARGUMENT);
     CHECK_STATUS(ops->va_release(dev, va, pages * G), TP_ERR_INVALID_ARGUMENT); /* pages mapped */
     CHECK_STATUS(ops->va_release(dev, va + G, (pages - 1) * G), TP_ERR_INVALID_ARGUMENT);
@@ -87,7 +87,7 @@ static void test_semantics(tp_device *dev) {
     CHECK_EQ_U64(check_pages(va, 0, 16, 1), 0);
 
     /* A long run (more than the on-stack handle array) in one call. */
-    CHECK_OK(ops->map(dev, page(va, 64), 150 * G));
+    CHECK_OK(ops->map(dev, page(va, 64), 150 * G, 0));
     fill_pages(va, 64, 150, 7);
     CHECK_EQ_U64(check_pages(va, 64, 150, 7), 0);
 
@@ -105,6 +105,33 @@ static void test_semantics(tp_device *dev) {
               (unsigned long long)(free3 / TEST_MiB), (unsigned long long)(free0 / TEST_MiB));
 }
 
+/* Chunks: several pages backed by one physical allocation, unmapped only
+ * whole; the data in them survives a refused unmap. */
+static void test_chunks(tp_device *dev) {
+    const tpi_device_ops *ops = dev->ops;
+    uint64_t va = 0;
+    CHECK_OK(ops->va_reserve(dev, 64 * G, G, &va));
+    uint64_t free0 = gpu_free_bytes();
+    CHECK_OK(ops->map(dev, va, 20 * G, 8 * G)); /* chunks of 8, 8 and 4 pages */
+    CHECK_GE_U64(free0 - gpu_free_bytes(), 18 * G);
+    fill_pages(va, 0, 20, 3);
+    CHECK_STATUS(ops->unmap(dev, va, 4 * G), TP_ERR_INVALID_ARGUMENT);            /* cuts the first chunk */
+    CHECK_STATUS(ops->unmap(dev, page(va, 2), 6 * G), TP_ERR_INVALID_ARGUMENT);   /* starts inside it */
+    CHECK_STATUS(ops->unmap(dev, page(va, 8), 10 * G), TP_ERR_INVALID_ARGUMENT);  /* ends inside the last */
+    CHECK_STATUS(ops->map(dev, page(va, 32), 4 * G, 3 * G / 2), TP_ERR_INVALID_ARGUMENT); /* not whole pages */
+    CHECK_EQ_U64(check_pages(va, 0, 20, 3), 0);
+    CHECK_OK(ops->unmap(dev, page(va, 8), 8 * G)); /* the middle chunk */
+    CHECK_EQ_U64(check_pages(va, 0, 8, 3), 0);
+    CHECK_EQ_U64(check_pages(va, 16, 4, 3), 0);
+    CHECK_OK(ops->map(dev, page(va, 8), 8 * G, 64 * G)); /* one chunk, larger than the run asked */
+    fill_pages(va, 8, 8, 5);
+    CHECK_EQ_U64(check_pages(va, 8, 8, 5), 0);
+    CHECK_EQ_U64(check_pages(va, 0, 8, 3), 0);
+    CHECK_OK(ops->unmap(dev, va, 20 * G)); /* whole chunks of two map calls, in one call */
+    CHECK_OK(ops->va_release(dev, va, 64 * G));
+    CHECK_MSG(gpu_free_bytes() + 4 * G >= free0, "free memory not back after the chunks went");
+}
+
 /* Thousands of single pages, unmapped one by one in random order: the page
  * table grows, deletes with backward shifts, and shrinks. */
 static void test_many_pages(tp_device *dev) {
@@ -114,7 +141,7 @@ static void test_many_pages(tp_device *dev) {
     CHECK_OK(ops->va_reserve(dev, pages * G, 0, &va));
     uint64_t free0 = gpu_free_bytes();
     double t0 = gpu_seconds();
-    for (uint64_t i = 0; i < pages; i++) CHECK_OK(ops->map(dev, page(va, i), G));
+    for (uint64_t i = 0; i < pages; i++) CHECK_OK(ops->map(dev, page(va, i), G, 0));
     double t1 = gpu_seconds();
     uint64_t *order = malloc(pages * sizeof *order);
     REQUIRE(order != NULL);
@@ -131,7 +158,7 @@ static void test_many_pages(tp_device *dev) {
         if (k % 97 == 0) {
             /* Unmapping one already gone is refused, and so is mapping over one still there. */
             CHECK_STATUS(ops->unmap(dev, page(va, order[k]), G), TP_ERR_INVALID_ARGUMENT);
-            if (k + 1 < pages) CHECK_STATUS(ops->map(dev, page(va, order[k + 1]), G), TP_ERR_INVALID_ARGUMENT);
+            if (k + 1 < pages) CHECK_STATUS(ops->map(dev, page(va, order[k + 1]), G, 0), TP_ERR_INVALID_ARGUMENT);
         }
     }
     double t3 = gpu_seconds();
@@ -155,7 +182,7 @@ static void test_device_oom(void) {
     uint64_t va = 0;
     CHECK_OK(ops->va_reserve(dev, pages * gib, 0, &va));
     double t0 = gpu_seconds();
-    CHECK_STATUS(ops->map(dev, va, pages * gib), TP_ERR_OUT_OF_MEMORY);
+    CHECK_STATUS(ops->map(dev, va, pages * gib, 0), TP_ERR_OUT_OF_MEMORY);
     double t1 = gpu_seconds();
     uint64_t free1 = gpu_free_bytes();
     printf("  map of %llu GiB with %llu GiB free: TP_ERR_OUT_OF_MEMORY after %.2f s; free %.1f GiB before, %.1f after\n",
@@ -164,7 +191,7 @@ static void test_device_oom(void) {
     CHECK_GE_U64(free1 + gib, free0); /* everything undone */
     CHECK_GE_U64(log.warnings, 1);
     /* Nothing is left mapped: the whole run is still free to map in part. */
-    CHECK_OK(ops->map(dev, va, 2 * gib));
+    CHECK_OK(ops->map(dev, va, 2 * gib, 0));
     GPU_OK(gpu.MemsetD8Async(va, 0x5c, 2 * gib, NULL));
     CHECK_EQ_U64(gpu_count_mismatch(va + gib + 12345, 4096, 0x5c, TP_STREAM_DEFAULT, NULL), 0);
     CHECK_OK(ops->unmap(dev, va, gib));
@@ -201,7 +228,7 @@ static void *map_worker(void *arg) {
             none_mapped &= !mapped[i];
         }
         if (none_mapped) {
-            CHECK_OK(dev->ops->map(dev, page(va, first), count * G));
+            CHECK_OK(dev->ops->map(dev, page(va, first), count * G, 0));
             for (uint64_t i = first; i < first + count; i++) {
                 mapped[i] = true;
                 value[i] = (unsigned char)(w->id * 16 + r);
@@ -211,7 +238,7 @@ static void *map_worker(void *arg) {
             CHECK_OK(dev->ops->unmap(dev, page(va, first), count * G));
             for (uint64_t i = first; i < first + count; i++) mapped[i] = false;
         } else {
-            CHECK_STATUS(dev->ops->map(dev, page(va, first), count * G), TP_ERR_INVALID_ARGUMENT);
+            CHECK_STATUS(dev->ops->map(dev, page(va, first), count * G, 0), TP_ERR_INVALID_ARGUMENT);
             CHECK_STATUS(dev->ops->unmap(dev, page(va, first), count * G), TP_ERR_INVALID_ARGUMENT);
         }
         if (r % 50 == 49) {
@@ -244,7 +271,7 @@ static void test_threads(tp_device *dev) {
     CHECK_MSG(errors == 0, "%llu bytes wrong after concurrent map/unmap", (unsigned long long)errors);
 }
 
-/* semantics, many_pages and threads share one device (and its log), as
+/* semantics, many_pages, chunks and threads share one device (and its log), as
  * they always did; refusals_were_logged looks at that log afterwards and
  * closes the device. */
 static tp_device *shared_dev;
@@ -252,6 +279,7 @@ static test_log shared_log;
 
 static void semantics(void) { test_semantics(shared_dev); }
 static void many_pages(void) { test_many_pages(shared_dev); }
+static void chunks(void) { test_chunks(shared_dev); }
 static void threads(void) { test_threads(shared_dev); }
 static void refusals_were_logged(void) {
     CHECK_GT_U64(shared_log.errors, 0); /* the refusals are logged */
@@ -262,6 +290,7 @@ static void refusals_were_logged(void) {
 static const test_case tests[] = {
     TEST_CASE(semantics),
     TEST_CASE(many_pages),
+    TEST_CASE(chunks),
     TEST_CASE(threads),
     TEST_CASE(refusals_were_logged),
     TEST_CASE(test_device_oom),
