@@ -174,16 +174,23 @@ void tpi_front_set_hits(tpi_front *f, uint32_t slot, bool hits) {
 
 void tpi_front_fold_stats(tpi_front *f) {
     uint64_t allocated_rise = 0, allocated_fall = 0, requested_rise = 0;
+    bool any = false;
     for (size_t slot = 1; slot < f->slot_end; slot++) {
         const tpi_stats_local *l = f->streams[slot] ? &f->streams[slot]->stats : NULL;
         if (!l) continue;
+        any = true;
         allocated_rise += (uint64_t)l->allocated_rise;
         allocated_fall += (uint64_t)(-l->allocated_fall);
         requested_rise += (uint64_t)l->requested_rise;
     }
     tpi_stats_fold_extremes(&f->core->stats, allocated_rise, allocated_fall, requested_rise);
-    for (size_t slot = 1; slot < f->slot_end; slot++)
-        if (f->streams[slot]) tpi_stats_fold(&f->core->stats, &f->streams[slot]->stats);
+    /* A stream without hits since the last fold has nothing to add (every
+     * field of its statistics moves only with a hit's alloc or free). */
+    for (size_t slot = 1; slot < f->slot_end; slot++) {
+        tpi_front_stream *fs = f->streams[slot];
+        if (fs && (fs->stats.allocs | fs->stats.frees)) tpi_stats_fold(&f->core->stats, &fs->stats);
+    }
+    if (any) tpi_stats_update_cached(&f->core->stats);
 }
 
 void tpi_front_world_enter(tpi_front *f, const tpi_front_stream *held) {
