@@ -35,7 +35,11 @@
  * Locks and their order: the pool's mutex, then the stream locks (by slot;
  * pool.c takes them all -- the world lock -- for everything that is not a
  * hit), then the device's own lock. The hit path takes exactly one stream
- * lock and nothing after it but the device's (the hazard checker). So a hit
+ * lock and nothing after it but the device's (the hazard checker). One
+ * exception: a missed hit may keep its stream lock while it tries (never
+ * waits for) the mutex; holding both, it waits for the other stream locks
+ * (tpi_front_world_enter's held), whose holders are hits that wait for
+ * nothing or missed hits that let go when their try fails. So a hit
  * never runs beside a locked operation: data written only under the world
  * lock (the range allocator, units, block table, config, stream order) may
  * be read on the hit path under one stream lock. A stream lock is a spin
