@@ -32,9 +32,9 @@ void tpi_front_spin_wait(atomic_int *lock) {
     }
 }
 
-void tpi_front_lock_all(tpi_front *f) {
+void tpi_front_lock_all(tpi_front *f, const tpi_front_stream *held) {
     for (size_t slot = 1; slot < f->slot_end; slot++)
-        if (f->streams[slot]) tpi_front_stream_lock(f->streams[slot]);
+        if (f->streams[slot] && f->streams[slot] != held) tpi_front_stream_lock(f->streams[slot]);
 }
 
 void tpi_front_unlock_all(tpi_front *f) {
@@ -91,18 +91,30 @@ static uint32_t lookup_set(uintptr_t key) {
 static void lookup_put(tpi_front *f, tpi_front_stream *fs) {
     uintptr_t key = (uintptr_t)fs->handle + 1;
     uint32_t set = lookup_set(key), way = set, victim = set + (fs->slot % TPI_FRONT_WAYS);
+    uint32_t empty = TPI_FRONT_SETS * TPI_FRONT_WAYS; /* none yet */
     for (; way < set + TPI_FRONT_WAYS; way++) {
         uintptr_t at = atomic_load_explicit(&f->lookup_keys[way], memory_order_relaxed);
         if (at == key) {
             if (atomic_load_explicit(&f->lookup_streams[way], memory_order_relaxed) != fs)
                 atomic_store_explicit(&f->lookup_streams[way], fs, memory_order_release);
+            fs->lookup_way = way;
             return;
         }
-        if (at == 0) victim = way;
+        if (at == 0 && empty == TPI_FRONT_SETS * TPI_FRONT_WAYS) empty = way;
     }
+    /* The first empty way, so that the hit path, which scans the set in
+     * order, finds a set's first stream at its first look. */
+    if (empty != TPI_FRONT_SETS * TPI_FRONT_WAYS) victim = empty;
     atomic_store_explicit(&f->lookup_keys[victim], 0, memory_order_relaxed);
     atomic_store_explicit(&f->lookup_streams[victim], fs, memory_order_release);
     atomic_store_explicit(&f->lookup_keys[victim], key, memory_order_release);
+    fs->lookup_way = victim;
+}
+
+/* Is fs where the lookup table says its handle is? */
+static bool lookup_has(const tpi_front *f, const tpi_front_stream *fs) {
+    return atomic_load_explicit(&f->lookup_keys[fs->lookup_way], memory_order_relaxed) == (uintptr_t)fs->handle + 1 &&
+           atomic_load_explicit(&f->lookup_streams[fs->lookup_way], memory_order_relaxed) == fs;
 }
 
 static void lookup_drop(tpi_front *f, tp_stream handle) {
@@ -114,6 +126,10 @@ static void lookup_drop(tpi_front *f, tp_stream handle) {
 }
 
 tpi_front_stream *tpi_front_stream_at(tpi_front *f, uint32_t slot, tp_stream handle) {
+    if (slot < f->stream_capacity) { /* the common case: known, and in the table */
+        tpi_front_stream *known = f->streams[slot];
+        if (known && known->handle == handle && lookup_has(f, known)) return known;
+    }
     const tpi_host *host = f->core->host;
     if (slot >= f->stream_capacity) {
         size_t old = f->stream_capacity;
@@ -136,6 +152,7 @@ tpi_front_stream *tpi_front_stream_at(tpi_front *f, uint32_t slot, tp_stream han
         fs->bins = (tpi_front_entry(*)[TPI_FRONT_DEPTH])tpi_align_up((uint64_t)(uintptr_t)(fs->counts + f->bin_count),
                                                                    TPI_CACHE_LINE_BYTES);
         f->streams[slot] = fs;
+        f->stream_count++;
         if (slot >= f->slot_end) f->slot_end = slot + 1;
     } else if (fs->handle != handle) { /* a forgotten stream's slot, now another's */
         lookup_drop(f, fs->handle);
@@ -157,20 +174,27 @@ void tpi_front_set_hits(tpi_front *f, uint32_t slot, bool hits) {
 
 void tpi_front_fold_stats(tpi_front *f) {
     uint64_t allocated_rise = 0, allocated_fall = 0, requested_rise = 0;
+    bool any = false;
     for (size_t slot = 1; slot < f->slot_end; slot++) {
         const tpi_stats_local *l = f->streams[slot] ? &f->streams[slot]->stats : NULL;
         if (!l) continue;
+        any = true;
         allocated_rise += (uint64_t)l->allocated_rise;
         allocated_fall += (uint64_t)(-l->allocated_fall);
         requested_rise += (uint64_t)l->requested_rise;
     }
     tpi_stats_fold_extremes(&f->core->stats, allocated_rise, allocated_fall, requested_rise);
-    for (size_t slot = 1; slot < f->slot_end; slot++)
-        if (f->streams[slot]) tpi_stats_fold(&f->core->stats, &f->streams[slot]->stats);
+    /* A stream without hits since the last fold has nothing to add (every
+     * field of its statistics moves only with a hit's alloc or free). */
+    for (size_t slot = 1; slot < f->slot_end; slot++) {
+        tpi_front_stream *fs = f->streams[slot];
+        if (fs && (fs->stats.allocs | fs->stats.frees)) tpi_stats_fold(&f->core->stats, &fs->stats);
+    }
+    if (any) tpi_stats_update_cached(&f->core->stats);
 }
 
-void tpi_front_world_enter(tpi_front *f) {
-    tpi_front_lock_all(f);
+void tpi_front_world_enter(tpi_front *f, const tpi_front_stream *held) {
+    tpi_front_lock_all(f, held);
     tpi_front_fold_stats(f);
     f->slot_in_place = false; /* the range allocator may change from here on */
 }

@@ -27,12 +27,19 @@
  * looks for room, so placement sees the same free memory as without it. Its
  * state word (stream slot and node) is atomic: every hit allocation reads
  * it (an occupied slot sends an allocation of another size or stream to the
- * locked path, which releases it), and the hit path fills and empties it.
+ * locked path, which releases it), and the hit path fills and empties it:
+ * a hit free fills an empty word with a compare-exchange, or, while the
+ * pool has a single front stream (whose lock it holds, so no other thread
+ * can reach the word), with a plain store.
  *
  * Locks and their order: the pool's mutex, then the stream locks (by slot;
  * pool.c takes them all -- the world lock -- for everything that is not a
  * hit), then the device's own lock. The hit path takes exactly one stream
- * lock and nothing after it but the device's (the hazard checker). So a hit
+ * lock and nothing after it but the device's (the hazard checker). One
+ * exception: a missed hit may keep its stream lock while it tries (never
+ * waits for) the mutex; holding both, it waits for the other stream locks
+ * (tpi_front_world_enter's held), whose holders are hits that wait for
+ * nothing or missed hits that let go when their try fails. So a hit
  * never runs beside a locked operation: data written only under the world
  * lock (the range allocator, units, block table, config, stream order) may
  * be read on the hit path under one stream lock. A stream lock is a spin
@@ -95,6 +102,7 @@ typedef struct tpi_front_stream {
     _Alignas(TPI_CACHE_LINE_BYTES) atomic_int lock;
     bool hits;       /* the hit path may serve it: known, not retired, not capturing */
     uint32_t slot;
+    uint32_t lookup_way; /* where the lookup table put it last (checked before use) */
     tp_stream handle;
     uint32_t frees_to_upkeep; /* frees until the pool looks at the clock */
     uint64_t parked_bytes;
@@ -117,6 +125,7 @@ typedef struct tpi_front {
     tpi_front_stream **streams; /* by slot; NULL until the stream's first call */
     size_t stream_capacity;
     uint32_t slot_end;        /* above the highest slot with a front stream */
+    uint32_t stream_count;    /* front streams made (never fewer: they stay until the pool goes) */
     /* stream handle (+1, 0: empty way) -> its tpi_front_stream */
     _Atomic(uintptr_t) lookup_keys[TPI_FRONT_SETS * TPI_FRONT_WAYS];
     _Atomic(tpi_front_stream *) lookup_streams[TPI_FRONT_SETS * TPI_FRONT_WAYS];
@@ -143,16 +152,18 @@ static inline void tpi_front_stream_lock(tpi_front_stream *fs) {
 static inline void tpi_front_stream_unlock(tpi_front_stream *fs) {
     atomic_store_explicit(&fs->lock, 0, memory_order_release);
 }
-/* Every stream lock, by slot (with the pool's mutex held: the world lock). */
-void tpi_front_lock_all(tpi_front *front);
+/* Every stream lock but held (NULL, or one the caller holds already), by
+ * slot (with the pool's mutex held: the world lock). */
+void tpi_front_lock_all(tpi_front *front, const tpi_front_stream *held);
 void tpi_front_unlock_all(tpi_front *front);
 
 /* ------------------------------------------------ under the world lock */
 
-/* After taking the pool's mutex: every stream lock, hit statistics folded
+/* After taking the pool's mutex: every stream lock (but held, which the
+ * caller holds already: see the lock order above), hit statistics folded
  * in. Before giving it back: stream locks given back. (The ladder also
  * leaves and enters around reclaim callbacks.) */
-void tpi_front_world_enter(tpi_front *front);
+void tpi_front_world_enter(tpi_front *front, const tpi_front_stream *held);
 void tpi_front_world_leave(tpi_front *front);
 
 /* The slot's front stream, made (and locked, like the others) on its
@@ -333,10 +344,17 @@ static inline bool tpi_front_hit_free(tpi_front *f, tpi_front_stream *fs, uint64
     uint64_t size = e->size;
     tpi_core *core = f->core;
     if (size > f->max_block_bytes) {
-        uint64_t empty = TPI_FRONT_SLOT_EMPTY;
-        if (!atomic_compare_exchange_strong_explicit(&f->slot_word, &empty, TPI_FRONT_SLOT_FILLING,
-                                                     memory_order_acquire, memory_order_relaxed))
-            return false; /* occupied: releasing its block is the locked path's */
+        if (f->stream_count == 1) {
+            /* The only front stream, whose lock we hold: nobody else can
+             * reach the word (every other caller takes the world lock), so
+             * it is read and written plainly, no exchange needed. */
+            if (atomic_load_explicit(&f->slot_word, memory_order_relaxed) != TPI_FRONT_SLOT_EMPTY) return false;
+        } else {
+            uint64_t empty = TPI_FRONT_SLOT_EMPTY;
+            if (!atomic_compare_exchange_strong_explicit(&f->slot_word, &empty, TPI_FRONT_SLOT_FILLING,
+                                                         memory_order_acquire, memory_order_relaxed))
+                return false; /* occupied: releasing its block is the locked path's */
+        }
         f->slot_in_place = tpi_front_reuse_in_place(&core->ra, e->node);
         f->slot_offset = address;
         f->slot_size = size;

@@ -78,7 +78,7 @@ static uint64_t run_reclaimers_locked(tpi_ladder *l, uint64_t need) {
     uint64_t reclaimed = 0;
     for (size_t i = 0; i < count; i++) reclaimed += local[i].fn(local[i].user, l->pool, need);
     pthread_mutex_lock(l->lock);
-    tpi_front_world_enter(l->front);
+    tpi_front_world_enter(l->front, NULL);
     tpi_reclaim_round **link = &l->rounds;
     while (*link != &round) link = &(*link)->next;
     *link = round.next;
@@ -162,7 +162,7 @@ tp_status tpi_ladder_remove_reclaimer_locked(tpi_ladder *l, tp_reclaim_fn fn, vo
     while (st == TP_OK && l->reclaims_in_flight) {
         tpi_front_world_leave(l->front); /* the round's own calls may need the stream locks */
         pthread_cond_wait(&l->reclaims_done, l->lock);
-        tpi_front_world_enter(l->front);
+        tpi_front_world_enter(l->front, NULL);
     }
     return st;
 }

@@ -46,7 +46,11 @@
  * together (tpi_pool_lock): everything but a hit takes it, and with it
  * folds the streams' hit statistics into the pool's, so it sees one
  * consistent pool. A hit takes one stream lock only and never waits for
- * another lock but the device's. Helpers that need the world lock held
+ * another lock but the device's. A missed hit keeps its stream lock and
+ * only tries the mutex (lock_after_miss): holding it, the other stream
+ * locks can be waited for (their holders are hits, which wait for nothing,
+ * or wait for the mutex themselves); failing, it lets the stream lock go
+ * and takes the world lock in order. Helpers that need the world lock held
  * end in _locked. Reclaim callbacks run with the world lock released.
  */
 #include "pool_object.h"
@@ -80,7 +84,21 @@ void tpi_pool_release_block_locked(tp_pool *pool, uint32_t node) {
 
 void tpi_pool_lock(tp_pool *pool) {
     pthread_mutex_lock(&pool->lock);
-    tpi_front_world_enter(&pool->front);
+    tpi_front_world_enter(&pool->front, NULL);
+}
+
+/* The world lock after a missed hit, whose stream lock (fs's) is held:
+ * the mutex is tried, never waited for, with it held (a stream lock
+ * before the mutex would break the lock order, so on failure fs is let go
+ * and the mutex taken in order); the other stream locks follow, and fs
+ * stays held instead of being given back and taken again. */
+static void lock_after_miss(tp_pool *pool, tpi_front_stream *fs) {
+    if (pthread_mutex_trylock(&pool->lock) == 0) {
+        tpi_front_world_enter(&pool->front, fs);
+        return;
+    }
+    tpi_front_stream_unlock(fs);
+    tpi_pool_lock(pool);
 }
 
 /* When upkeep_locked next has something to do: at once while idle memory is
@@ -336,14 +354,16 @@ tp_status tp_pool_alloc(tp_pool *pool, size_t bytes, tp_stream stream, void **ou
     tpi_front_stream *fs = tpi_front_hit_enter(&pool->front, stream);
     if (fs) {
         uint64_t offset = core->stats.observer.fn ? 0 : tpi_front_hit_alloc(&pool->front, fs, size, bytes, stream);
-        tpi_front_stream_unlock(fs);
         if (offset) {
+            tpi_front_stream_unlock(fs);
             *out_ptr = (void *)(uintptr_t)offset;
             check_after_hit(pool);
             return TP_OK;
         }
+        lock_after_miss(pool, fs);
+    } else {
+        tpi_pool_lock(pool);
     }
-    tpi_pool_lock(pool);
     tp_status st = alloc_locked(pool, size, bytes, stream, out_ptr);
     check_invariants_if_asked_locked(pool);
     tpi_pool_unlock(pool);
@@ -435,13 +455,15 @@ tp_status tp_pool_free(tp_pool *pool, void *ptr, tp_stream stream) {
                                             atomic_load_explicit(&pool->upkeep_due_ns, memory_order_relaxed))
             fs->frees_to_upkeep = TPI_FRONT_UPKEEP_FREES;
         bool hit = !pool->core.stats.observer.fn && tpi_front_hit_free(&pool->front, fs, address);
-        tpi_front_stream_unlock(fs);
         if (hit) {
+            tpi_front_stream_unlock(fs);
             check_after_hit(pool);
             return TP_OK;
         }
+        lock_after_miss(pool, fs);
+    } else {
+        tpi_pool_lock(pool);
     }
-    tpi_pool_lock(pool);
     tp_status st = free_locked(pool, address, stream);
     check_invariants_if_asked_locked(pool);
     tpi_pool_unlock(pool);

@@ -104,7 +104,10 @@ static inline void tpi_stats_fold_extremes(tpi_stats *s, uint64_t allocated_rise
     if (cached_high > p->cached_bytes.peak) p->cached_bytes.peak = cached_high;
 }
 
-/* Folds a stream's hits into the pool's figures and clears them. */
+/* Folds a stream's hits into the pool's figures and clears them; the
+ * caller updates the cached bytes after the last stream (their peak is
+ * already at least any value between two streams' folds: see
+ * tpi_stats_fold_extremes). */
 static inline void tpi_stats_fold(tpi_stats *s, tpi_stats_local *l) {
     tp_pool_stats *p = &s->pub;
     p->allocated_bytes.current += l->allocated_delta;
@@ -117,7 +120,6 @@ static inline void tpi_stats_fold(tpi_stats *s, tpi_stats_local *l) {
     p->cache_hits += l->allocs;
     p->hazards += l->hazards;
     *l = (tpi_stats_local){0};
-    tpi_stats_update_cached(s);
 }
 
 /* A hit's change of allocated (and requested) bytes, with its extremes. */

@@ -121,6 +121,9 @@ static void bin_remove(tpi_ra *ra, uint32_t id) {
 }
 
 bool tpi_ra_reserve_nodes(tpi_ra *ra, uint32_t count) {
+    if (count <= 2 && ra->unused_head != TPI_RA_NONE &&
+        (count < 2 || ra->nodes[ra->unused_head].list_next != TPI_RA_NONE))
+        return true; /* the common case: two spare nodes at the list's head */
     uint32_t spare = 0;
     for (uint32_t id = ra->unused_head; id != TPI_RA_NONE && spare < count; id = ra->nodes[id].list_next) spare++;
     if (spare >= count) return true;

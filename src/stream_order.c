@@ -279,17 +279,6 @@ static bool all_frees_complete(tpi_order *o) {
     return true;
 }
 
-tpi_tag tpi_order_merge(const tpi_order *o, tpi_tag a, tpi_tag b) {
-    if (a == TPI_TAG_CLEAN) return b;
-    if (b == TPI_TAG_CLEAN) return a;
-    uint32_t slot_a = tpi_tag_slot(a), slot_b = tpi_tag_slot(b);
-    if (slot_a == slot_b) return tpi_tag_make(slot_a, TPI_MAX(tpi_tag_epoch(a), tpi_tag_epoch(b)));
-    uint64_t epoch = o->multi_epoch;
-    if (slot_a == TPI_SLOT_MULTI) epoch = TPI_MAX(epoch, tpi_tag_epoch(a));
-    if (slot_b == TPI_SLOT_MULTI) epoch = TPI_MAX(epoch, tpi_tag_epoch(b));
-    return tpi_tag_make(TPI_SLOT_MULTI, epoch);
-}
-
 uint64_t tpi_order_merge_hook(void *order, uint64_t a, uint64_t b) { return tpi_order_merge(order, a, b); }
 
 bool tpi_order_tag_complete(tpi_order *o, tpi_tag tag) {
@@ -309,8 +298,7 @@ static bool others_frees_complete(tpi_order *o, uint32_t slot) {
     return true;
 }
 
-bool tpi_order_tag_usable(tpi_order *o, tpi_tag *tag, uint32_t slot) {
-    if (*tag == TPI_TAG_CLEAN || tpi_tag_slot(*tag) == slot) return true;
+bool tpi_order_tag_usable_other(tpi_order *o, tpi_tag *tag, uint32_t slot) {
     if (tpi_order_tag_complete(o, *tag)) {
         *tag = TPI_TAG_CLEAN;
         return true;

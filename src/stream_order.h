@@ -145,16 +145,31 @@ static inline tpi_tag tpi_order_pending_tag(const tpi_order *order, uint32_t slo
     return tpi_tag_make(slot, order->streams[slot].next_epoch);
 }
 
-/* The tag of two ranges merged into one. */
-tpi_tag tpi_order_merge(const tpi_order *order, tpi_tag a, tpi_tag b);
+/* The tag of two ranges merged into one (inline: the VMM backing merges
+ * one per page of every block it takes back). */
+static inline tpi_tag tpi_order_merge(const tpi_order *o, tpi_tag a, tpi_tag b) {
+    if (a == TPI_TAG_CLEAN) return b;
+    if (b == TPI_TAG_CLEAN) return a;
+    uint32_t slot_a = tpi_tag_slot(a), slot_b = tpi_tag_slot(b);
+    if (slot_a == slot_b) return tpi_tag_make(slot_a, TPI_MAX(tpi_tag_epoch(a), tpi_tag_epoch(b)));
+    uint64_t epoch = o->multi_epoch;
+    if (slot_a == TPI_SLOT_MULTI) epoch = TPI_MAX(epoch, tpi_tag_epoch(a));
+    if (slot_b == TPI_SLOT_MULTI) epoch = TPI_MAX(epoch, tpi_tag_epoch(b));
+    return tpi_tag_make(TPI_SLOT_MULTI, epoch);
+}
 /* The same as the range allocator's merge hook (ctx: the tpi_order). */
 uint64_t tpi_order_merge_hook(void *order, uint64_t a, uint64_t b);
 /* Non-blocking: is the work covered by tag known complete? May record an
  * event to find out. */
 bool tpi_order_tag_complete(tpi_order *order, tpi_tag tag);
 /* Non-blocking: may memory tagged *tag be used on slot now? Clears *tag
- * when its work is seen complete. */
-bool tpi_order_tag_usable(tpi_order *order, tpi_tag *tag, uint32_t slot);
+ * when its work is seen complete. Inline for the common answers (clean, or
+ * the stream's own); tpi_order_tag_usable_other asks about the rest. */
+bool tpi_order_tag_usable_other(tpi_order *order, tpi_tag *tag, uint32_t slot);
+static inline bool tpi_order_tag_usable(tpi_order *order, tpi_tag *tag, uint32_t slot) {
+    if (*tag == TPI_TAG_CLEAN || tpi_tag_slot(*tag) == slot) return true;
+    return tpi_order_tag_usable_other(order, tag, slot);
+}
 /* Blocking: waits until the work covered by tag has completed
  * (TP_ERR_CAPTURE when that work is on a capturing stream). */
 tp_status tpi_order_tag_wait(tpi_order *order, tpi_tag tag);

@@ -86,46 +86,6 @@ void tpi_units_recycle(tpi_units *u, uint32_t id) {
 
 /* --------------------------------------------------------- the idle list */
 
-static void lru_unlink(tpi_units *u, uint32_t id) {
-    tpi_unit *unit = &u->units[id];
-    if (unit->lru_prev != TPI_UNIT_NONE)
-        u->units[unit->lru_prev].lru_next = unit->lru_next;
-    else
-        u->lru_head = unit->lru_next;
-    if (unit->lru_next != TPI_UNIT_NONE)
-        u->units[unit->lru_next].lru_prev = unit->lru_prev;
-    else
-        u->lru_tail = unit->lru_prev;
-    unit->lru_prev = unit->lru_next = TPI_UNIT_NONE;
-    u->idle_bytes -= unit->bytes;
-}
-
-static void lru_append(tpi_units *u, uint32_t id, uint64_t now_ns) {
-    tpi_unit *unit = &u->units[id];
-    unit->idle_since_ns = now_ns;
-    unit->lru_prev = u->lru_tail;
-    unit->lru_next = TPI_UNIT_NONE;
-    if (u->lru_tail != TPI_UNIT_NONE)
-        u->units[u->lru_tail].lru_next = id;
-    else
-        u->lru_head = id;
-    u->lru_tail = id;
-    u->idle_bytes += unit->bytes;
-}
-
-void tpi_units_became_idle(tpi_units *u, uint32_t id, uint64_t since_ns) {
-    u->units[id].state = TPI_UNIT_IDLE;
-    if (!since_ns) since_ns = tpi_units_now(u);
-    if (u->lru_tail != TPI_UNIT_NONE && u->units[u->lru_tail].idle_since_ns > since_ns)
-        since_ns = u->units[u->lru_tail].idle_since_ns; /* keep the list in idle order */
-    lru_append(u, id, since_ns);
-}
-
-void tpi_units_became_busy(tpi_units *u, uint32_t id) {
-    lru_unlink(u, id);
-    u->units[id].state = TPI_UNIT_BUSY;
-}
-
 void tpi_units_pages_mapped(tpi_units *u, uint64_t first, uint64_t last, uint64_t chunk_pages) {
     for (uint64_t p = first; p <= last; p++) {
         tpi_unit *unit = &u->units[p];
@@ -166,7 +126,7 @@ static bool chunk_joins_release(tpi_units *u, uint64_t first, uint64_t pages, ui
 
 static void lru_unlink_chunk(tpi_units *u, uint64_t first, uint64_t pages, uint64_t skip) {
     for (uint64_t p = first; p < first + pages; p++)
-        if (p != skip) lru_unlink(u, (uint32_t)p);
+        if (p != skip) tpi_units_lru_unlink_(u, (uint32_t)p);
 }
 
 /* Unmaps page id's chunk (id already off the idle list; the chunk's other
@@ -200,7 +160,7 @@ static tp_status release_pages(tpi_units *u, uint32_t id, uint64_t idle_before_n
         /* Keep them all; id goes back to the idle list in the caller. */
         uint64_t now = tpi_units_now(u);
         for (uint64_t p = first; p <= last; p++)
-            if (p != id) lru_append(u, (uint32_t)p, now);
+            if (p != id) tpi_units_lru_append_(u, (uint32_t)p, now);
         return st;
     }
     for (uint64_t p = first; p <= last; p++) {
@@ -259,12 +219,12 @@ static tp_status release_unit(tpi_units *u, uint32_t id, bool blocking, uint64_t
         return TP_NOT_READY;
     unit->tag = TPI_TAG_CLEAN;
     uint64_t bytes = unit->bytes;
-    lru_unlink(u, id);
+    tpi_units_lru_unlink_(u, id);
     tp_status st = u->kind == TPI_UNITS_PAGES ? release_pages(u, id, idle_before_ns, max_bytes) : release_segment(u, id);
     if (st != TP_OK) {
         tpi_logf(u->logger, TP_LOG_WARN, "pool: giving %llu bytes back to the device failed: %s",
                 (unsigned long long)bytes, tp_status_name(st));
-        lru_append(u, id, tpi_units_now(u)); /* keep it; try again later */
+        tpi_units_lru_append_(u, id, tpi_units_now(u)); /* keep it; try again later */
     }
     return st;
 }

@@ -113,10 +113,49 @@ void tpi_units_recycle(tpi_units *units, uint32_t unit);
  * from first (the last one shorter): accounting, idle state. */
 void tpi_units_pages_mapped(tpi_units *units, uint64_t first, uint64_t last, uint64_t chunk_pages);
 
+/* The idle list (inline: the backings call these once per page of every
+ * block they hand out or take back). */
+static inline void tpi_units_lru_unlink_(tpi_units *u, uint32_t id) {
+    tpi_unit *unit = &u->units[id];
+    if (unit->lru_prev != TPI_UNIT_NONE)
+        u->units[unit->lru_prev].lru_next = unit->lru_next;
+    else
+        u->lru_head = unit->lru_next;
+    if (unit->lru_next != TPI_UNIT_NONE)
+        u->units[unit->lru_next].lru_prev = unit->lru_prev;
+    else
+        u->lru_tail = unit->lru_prev;
+    unit->lru_prev = unit->lru_next = TPI_UNIT_NONE;
+    u->idle_bytes -= unit->bytes;
+}
+
+static inline void tpi_units_lru_append_(tpi_units *u, uint32_t id, uint64_t now_ns) {
+    tpi_unit *unit = &u->units[id];
+    unit->idle_since_ns = now_ns;
+    unit->lru_prev = u->lru_tail;
+    unit->lru_next = TPI_UNIT_NONE;
+    if (u->lru_tail != TPI_UNIT_NONE)
+        u->units[u->lru_tail].lru_next = id;
+    else
+        u->lru_head = id;
+    u->lru_tail = id;
+    u->idle_bytes += unit->bytes;
+}
+
 /* A unit whose last block went away, idle since since_ns (0: now; kept in
  * order with the list), or one that holds a block again. */
-void tpi_units_became_idle(tpi_units *units, uint32_t unit, uint64_t since_ns);
-void tpi_units_became_busy(tpi_units *units, uint32_t unit);
+static inline void tpi_units_became_idle(tpi_units *u, uint32_t id, uint64_t since_ns) {
+    u->units[id].state = TPI_UNIT_IDLE;
+    if (!since_ns) since_ns = tpi_units_now(u);
+    if (u->lru_tail != TPI_UNIT_NONE && u->units[u->lru_tail].idle_since_ns > since_ns)
+        since_ns = u->units[u->lru_tail].idle_since_ns; /* keep the list in idle order */
+    tpi_units_lru_append_(u, id, since_ns);
+}
+
+static inline void tpi_units_became_busy(tpi_units *u, uint32_t id) {
+    tpi_units_lru_unlink_(u, id);
+    u->units[id].state = TPI_UNIT_BUSY;
+}
 
 /* Releases idle units, oldest first, until want_bytes are released or idle
  * bytes are down to keep_bytes; blocking waits for their last use.
