@@ -387,14 +387,16 @@ static tp_status classify_bad_pointer_locked(tp_pool *pool, uint64_t address) {
 static void upkeep_locked(tp_pool *pool, tpi_front_stream *fs) {
     tpi_core *core = &pool->core;
     fs->frees_to_upkeep = TPI_FRONT_UPKEEP_FREES;
-    if (core->config.idle_release_ns == TP_NS_NEVER) return;
-    uint64_t now = tpi_units_now(&core->units);
+    /* When it is due is upkeep_due_locked's rule (the hit free skips the
+     * world lock by the same rule). */
+    uint64_t due = upkeep_due_locked(pool), now = 0;
+    if (due == UINT64_MAX || (now = tpi_units_now(&core->units)) < due) return;
     if (now - pool->last_upkeep_ns >= core->config.idle_release_ns / 2) {
         pool->last_upkeep_ns = now;
         tpi_front_flush(&pool->front);
         tpi_units_release_aged(&core->units, true);
-    } else if (core->units.idle_bytes > core->config.release_threshold_bytes) {
-        tpi_units_release_aged(&core->units, false);
+    } else {
+        tpi_units_release_aged(&core->units, false); /* due now: idle memory above the threshold */
     }
 }
 
@@ -454,6 +456,8 @@ tp_status tp_pool_free(tp_pool *pool, void *ptr, tp_stream stream) {
         if (fs->frees_to_upkeep <= 1 && tpi_units_now(&pool->core.units) <
                                             atomic_load_explicit(&pool->upkeep_due_ns, memory_order_relaxed))
             fs->frees_to_upkeep = TPI_FRONT_UPKEEP_FREES;
+        /* (The observer is read under the stream lock and written under
+         * the world lock, which holds every stream lock: no race.) */
         bool hit = !pool->core.stats.observer.fn && tpi_front_hit_free(&pool->front, fs, address);
         if (hit) {
             tpi_front_stream_unlock(fs);
