@@ -18,6 +18,14 @@
  * rotates through sizes keeps reusing it, while a one-off huge temporary
  * goes cold and ages out instead of being pinned forever by small blocks.
  *
+ * Growth past the cap (the high-water mark plus 1/16) gives superseded
+ * idle segments back first, waiting for the growing stream's own older
+ * work. While any pool stream captures a graph nothing may go back to the
+ * device, so growth during a capture only notes the debt; when the last
+ * capture ends (capture_ended) the idle segments go back down to the cap.
+ * Without that, a temporary growing inside every captured evaluation (ggml
+ * with CUDA graphs) kept every superseded segment until it aged out.
+ *
  * Idle segments go back through units.c.
  *
  * Invariants (segment_check, with tpi_units_check): a unit's live count
@@ -33,6 +41,13 @@
 #define SEGMENT_FIND_CANDIDATES 16
 
 static const tpi_backing_ops segment_ops;
+
+/* The backing's state: growth during a capture that passed the cap (see
+ * grow) and could not be balanced then. */
+typedef struct segment_backing {
+    tpi_backing base; /* first: a tpi_backing * is a segment_backing * */
+    bool capture_growth_owed;
+} segment_backing;
 
 /* Smallest ladder size holding bytes: 2 MiB steps while a step of
  * growth_step_percent is smaller than 2 MiB, then geometric. Saturates at
@@ -105,17 +120,26 @@ static uint32_t find_usable(tpi_core *core, uint64_t size, uint32_t slot, uint64
  * its own stream to give superseded segments back. */
 #define GROWTH_HEADROOM_DIV 16
 
-static tp_status grow(tpi_core *core, uint64_t size, uint32_t slot, uint64_t segment_bytes, uint32_t *out_node,
-                      uint64_t *out_need) {
-    const tp_pool_config *config = &core->config;
-    tpi_units_release_before_growth(&core->units, segment_bytes);
+static uint64_t growth_cap(const tpi_core *core, uint64_t size) {
     const tp_pool_stats *s = &core->stats.pub;
     uint64_t high = TPI_MAX(TPI_MAX(s->allocated_bytes.peak, core->stats.high_water_allocated),
                             s->allocated_bytes.current + size);
-    uint64_t cap = high > UINT64_MAX / 2 ? UINT64_MAX : high + high / GROWTH_HEADROOM_DIV;
-    if (s->reserved_bytes.current + segment_bytes > cap && s->reserved_bytes.current < UINT64_MAX - segment_bytes &&
-        !tpi_order_stream(&core->order, slot)->capturing)
-        tpi_units_release_own_stream(&core->units, slot, s->reserved_bytes.current + segment_bytes - cap);
+    return high > UINT64_MAX / 2 ? UINT64_MAX : high + high / GROWTH_HEADROOM_DIV;
+}
+
+static tp_status grow(segment_backing *sb, uint64_t size, uint32_t slot, uint64_t segment_bytes, uint32_t *out_node,
+                      uint64_t *out_need) {
+    tpi_core *core = sb->base.core;
+    const tp_pool_config *config = &core->config;
+    tpi_units_release_before_growth(&core->units, segment_bytes);
+    const tp_pool_stats *s = &core->stats.pub;
+    uint64_t cap = growth_cap(core, size);
+    if (s->reserved_bytes.current + segment_bytes > cap && s->reserved_bytes.current < UINT64_MAX - segment_bytes) {
+        if (core->order.captures)
+            sb->capture_growth_owed = true; /* nothing goes back now: at the capture's end */
+        else
+            tpi_units_release_own_stream(&core->units, slot, s->reserved_bytes.current + segment_bytes - cap);
+    }
     uint64_t reserved = core->stats.pub.reserved_bytes.current;
     uint64_t exact = tpi_align_up(size, config->alignment_bytes);
     if (segment_bytes > config->limit_bytes - TPI_MIN(reserved, config->limit_bytes)) {
@@ -167,7 +191,7 @@ static tp_status segment_try_alloc(tpi_backing *b, uint64_t size, uint32_t slot,
     uint32_t id = find_usable(core, size, slot, TPI_MAX(4 * size, segment_bytes));
     if (id == TPI_RA_NONE) {
         if (!may_grow) return TP_NOT_READY;
-        tp_status st = grow(core, size, slot, segment_bytes, &id, out_need);
+        tp_status st = grow((segment_backing *)b, size, slot, segment_bytes, &id, out_need);
         if (st != TP_OK) return st;
     }
     tpi_units *units = &core->units;
@@ -269,18 +293,35 @@ static void segment_destroy(tpi_backing *b) {
         tpi_stats_reserved_changed(&core->stats, -(int64_t)unit->bytes);
         tpi_observe(&core->stats, TP_POOL_EVENT_DEVICE_FREE, unit->base, unit->bytes, TP_STREAM_DEFAULT);
     }
-    tpi_host_free(core->host, b, sizeof *b);
+    tpi_host_free(core->host, (segment_backing *)b, sizeof(segment_backing));
+}
+
+/* Growth during a capture that passed the cap could give nothing back then
+ * (no device frees while a stream captures): once the last capture has
+ * ended, the idle segments it superseded go back as grow would have done
+ * -- completed ones first, then those whose last use is this stream's own
+ * older work, waited for -- down to the cap. */
+static void segment_capture_ended(tpi_backing *b, uint32_t slot) {
+    segment_backing *sb = (segment_backing *)b;
+    tpi_core *core = b->core;
+    if (!sb->capture_growth_owed || core->order.captures) return;
+    sb->capture_growth_owed = false;
+    uint64_t cap = growth_cap(core, 0);
+    tpi_units_release_idle_down_to(&core->units, cap, 0);
+    uint64_t reserved = core->stats.pub.reserved_bytes.current;
+    if (reserved > cap) tpi_units_release_own_stream(&core->units, slot, reserved - cap);
 }
 
 tp_status tpi_segment_create(tpi_core *core, tpi_backing **out_backing) {
-    tpi_backing *b = tpi_host_calloc(core->host, 1, sizeof *b);
-    if (!b) return TP_ERR_HOST_OUT_OF_MEMORY;
-    *b = (tpi_backing){&segment_ops, core};
+    segment_backing *sb = tpi_host_calloc(core->host, 1, sizeof *sb);
+    if (!sb) return TP_ERR_HOST_OUT_OF_MEMORY;
+    sb->base = (tpi_backing){&segment_ops, core};
+    tpi_backing *b = &sb->base;
     tpi_units_config uc = {TPI_UNITS_SEGMENTS, core->config.release_threshold_bytes, core->config.idle_release_ns,
                            0, 0, 0};
     tp_status st = tpi_units_init(&core->units, &uc, core->device, &core->ra, &core->order, &core->stats);
     if (st != TP_OK) {
-        tpi_host_free(core->host, b, sizeof *b);
+        tpi_host_free(core->host, sb, sizeof *sb);
         return st;
     }
     *out_backing = b;
@@ -295,4 +336,5 @@ static const tpi_backing_ops segment_ops = {
     .destroy = segment_destroy,
     .check = segment_check,
     .free_figures = segment_free_figures,
+    .capture_ended = segment_capture_ended,
 };

@@ -89,6 +89,9 @@ typedef struct tpi_backing_ops {
     bool (*check)(tpi_backing *backing, char *msg, size_t msg_capacity);
     /* Free bytes inside reserved memory, the largest such range, how many. */
     void (*free_figures)(tpi_backing *backing, uint64_t *out_free, uint64_t *out_largest, uint64_t *out_ranges);
+    /* Optional: the capture on slot has just ended (nothing could be given
+     * back to the device during it). */
+    void (*capture_ended)(tpi_backing *backing, uint32_t slot);
 } tpi_backing_ops;
 
 struct tpi_backing {

@@ -251,6 +251,7 @@ tp_status tp_pool_capture_end(tp_pool *pool, tp_stream stream, tp_range **out_ra
             s->captured_count = 0;
             pool->core.order.captures--;
             tpi_front_set_hits(&pool->front, slot, !s->retired);
+            if (pool->backing->ops->capture_ended) pool->backing->ops->capture_ended(pool->backing, slot);
         }
     }
     tpi_pool_unlock(pool);

@@ -727,11 +727,71 @@ KIND_TEST(pinned_block_is_held_until_unpinned)
 KIND_TEST(capture_pins_the_capturing_streams_blocks)
 KIND_TEST(reclaim_callback_drops_a_pin)
 
+
+/* ggml captures every evaluation into a graph, so each step's temporaries
+ * are allocated during a capture, when nothing may be given back to the
+ * device. A temporary a little larger every step (flash attention over a
+ * growing context) needs a new segment every few steps; the segments it
+ * superseded used to stay until they aged out (idle_release_ns, here 10 s)
+ * -- about 25x the live peak in this test -- and now go back when the
+ * capture ends. The previous step's executable keeps its pins until the
+ * next capture ends (a graph cache replacing it), so about two steps'
+ * memory is held at once. */
+static void test_growth_during_captures_goes_back(void) {
+    fixture f;
+    fixture_open(&f, "sim:16GiB,novmm", TP_POOL_SEGMENT, NULL);
+    tp_stream cs;
+    CHECK_OK(tp_stream_create(f.dev, &cs));
+    tp_range *previous = NULL;
+    size_t previous_count = 0;
+    uint64_t live_peak = 0;
+    for (uint64_t step = 1; step <= 48; step++) {
+        REQUIRE_OK(tp_sim_capture_begin(f.dev, cs));
+        REQUIRE_OK(tp_pool_capture_begin(f.pool, cs));
+        const uint64_t bytes = step * 2 * TEST_MiB;
+        void *k = NULL, *v = NULL;
+        REQUIRE_OK(tp_pool_alloc(f.pool, bytes, cs, &k));
+        REQUIRE_OK(tp_pool_alloc(f.pool, bytes, cs, &v));
+        live_peak = 2 * bytes;
+        tp_range touched[2] = {{(uint64_t)(uintptr_t)k, bytes}, {(uint64_t)(uintptr_t)v, bytes}};
+        CHECK_OK(tp_sim_launch(f.dev, cs, 100000, touched, 2));
+        CHECK_OK(tp_pool_free(f.pool, v, cs));
+        CHECK_OK(tp_pool_free(f.pool, k, cs));
+        tp_graph g = NULL;
+        REQUIRE_OK(tp_sim_capture_end(f.dev, cs, &g));
+        tp_range *ranges = NULL;
+        size_t count = 0;
+        REQUIRE_OK(tp_pool_capture_end(f.pool, cs, &ranges, &count));
+        CHECK_OK(tp_sim_graph_destroy(f.dev, g));
+        /* The new executable replaces the previous step's: its pins go. */
+        for (size_t i = 0; previous && i < previous_count; i++)
+            CHECK_OK(tp_pool_unpin(f.pool, (void *)(uintptr_t)previous[i].address, previous[i].bytes));
+        if (previous) tp_pool_free_ranges(f.pool, previous);
+        previous = ranges;
+        previous_count = count;
+    }
+    for (size_t i = 0; i < previous_count; i++)
+        CHECK_OK(tp_pool_unpin(f.pool, (void *)(uintptr_t)previous[i].address, previous[i].bytes));
+    tp_pool_free_ranges(f.pool, previous);
+    tp_pool_stats s;
+    CHECK_OK(tp_pool_get_stats(f.pool, &s));
+    double ratio = (double)s.reserved_bytes.peak / (double)live_peak;
+    printf("  growth in captures: live peak %.0f MiB, held peak %.0f MiB (%.2fx), %llu device allocs, %llu frees\n",
+           (double)live_peak / TEST_MiB, (double)s.reserved_bytes.peak / TEST_MiB, ratio,
+           (unsigned long long)s.device_allocs, (unsigned long long)s.device_frees);
+    CHECK_MSG(ratio <= 3.5, "held %.2fx the live peak", ratio);
+    CHECK_GE_U64(s.device_frees, s.device_allocs / 2); /* superseded segments went back */
+    CHECK_OK(tp_pool_forget_stream(f.pool, cs));
+    CHECK_OK(tp_stream_destroy(f.dev, cs));
+    fixture_close(&f);
+}
+
 static const test_case tests[] = {
     KIND_CASES(alloc_free),
     TEST_CASE(test_pins_span_adjacent_segments),
     TEST_CASE(test_vmm_growth_maps_chunks_given_back_whole),
     TEST_CASE(test_vmm_chunk_waits_for_the_work_of_all_its_pages),
+    TEST_CASE(test_growth_during_captures_goes_back),
     KIND_CASES(peaks_are_exact_on_one_stream),
     KIND_CASES(peaks_bound_the_true_peaks_across_streams),
     KIND_CASES(peak_overstatement_is_bounded_by_the_streams_rises),
