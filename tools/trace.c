@@ -32,15 +32,21 @@
  * (trace_set_threads) worker threads cut and parse blocks while the caller
  * takes them in order: cutting is serial (one worker at a time holds
  * cut_lock, and takes the blocks' sequence numbers in order), parsing is
- * parallel, and the caller puts the blocks back in order. Line numbers and
- * the time origin are applied in order by the caller: a block reports its
- * line count and, at a bad line, the line's index in the block.
+ * parallel. What needs trace order then runs in the ordering step, block
+ * by block in sequence: the time origin (times made relative to the first
+ * event) and the batch hook (trace_set_batch_hook; the replay gives events
+ * their live-table slots there). With threads a worker that has parsed a
+ * block runs it for every parsed block next in line, unless another worker
+ * is at it (`ordering`, under lock): one at a time, in order, off the
+ * caller's thread. Line numbers are applied in order by the caller: a block
+ * reports its line count and, at a bad line, the line's index in the block.
  * Invariants: block seq lives in slot seq % slot_count; a slot is cut only
  * when FREE (the caller released the block before it), is PARSED once its
- * events are ready, and the caller takes seqs in order; at most slot_count
- * blocks of text and events exist, so memory is bounded whatever the
- * trace's length. Without threads the same blocks are cut and parsed on
- * the caller's thread.
+ * events are parsed and READY once ordered (blocks are ordered in seq
+ * order: next_order), and the caller takes seqs in order, each READY; at
+ * most slot_count blocks of text and events exist, so memory is bounded
+ * whatever the trace's length. Without threads the same blocks are cut,
+ * parsed and ordered on the caller's thread.
  */
 #include "trace.h"
 
@@ -69,7 +75,7 @@
 #define REASON_CAPACITY 400
 
 enum { TAIL_MORE = 0, TAIL_END, TAIL_DAMAGED, TAIL_TOO_LONG };
-enum { SLOT_FREE = 0, SLOT_CUTTING, SLOT_PARSED };
+enum { SLOT_FREE = 0, SLOT_CUTTING, SLOT_PARSED, SLOT_READY };
 
 typedef struct text_block {
     const char *text; /* into the region, or the block's buffer */
@@ -112,8 +118,13 @@ struct trace_reader {
     bool cut_done; /* the block with the text's end is cut */
     /* In order, on the caller's thread. */
     unsigned long long line; /* lines consumed, the header included */
+    /* In order, in the ordering step (finish_block): on the caller's thread,
+     * or with threads on the one worker that holds `ordering`. */
     bool have_origin;
     uint64_t origin_ns; /* time of the first event */
+    bool order_stopped; /* a block that ends the events (an error) was ordered */
+    trace_batch_hook hook; /* trace_set_batch_hook, or NULL */
+    void *hook_user;
     uint64_t position_bytes; /* source bytes behind the blocks taken */
     bool ended;
     char error[700]; /* sticky: once an error, always that error */
@@ -121,7 +132,8 @@ struct trace_reader {
     unsigned threads;
     text_block *slots;
     size_t slot_count;
-    uint64_t next_cut, next_take;
+    uint64_t next_cut, next_take, next_order;
+    bool ordering; /* a worker is running the ordering step (under lock) */
     text_block *held; /* returned by the last batch; released at the next */
     pthread_t workers[MAX_THREADS];
     unsigned worker_count;
@@ -427,6 +439,30 @@ static void parse_block(trace_reader *r, text_block *b) {
     b->bad = !trace_text_parse(r->format, b->text, b->length, b->events, &b->parsed, b->what, sizeof b->what);
 }
 
+/* The ordering step, block by block in trace order: event times made
+ * relative to the first event's (times that run backwards are clamped: the
+ * replay's clock only moves on), then the batch hook. A block whose events
+ * are never returned (a bad line, damaged data, a line too long: the caller
+ * stops there with the error) stops it, so the hook sees exactly the events
+ * the caller gets. */
+static void order_block(trace_reader *r, text_block *b) {
+    if (r->order_stopped) return;
+    if (b->bad || b->tail == TAIL_DAMAGED || b->tail == TAIL_TOO_LONG) {
+        r->order_stopped = true;
+        return;
+    }
+    size_t n = b->parsed.events;
+    if (!n) return;
+    trace_event *e = b->events;
+    if (!r->have_origin) {
+        r->have_origin = true;
+        r->origin_ns = e[0].time_ns;
+    }
+    uint64_t origin = r->origin_ns;
+    for (size_t i = 0; i < n; i++) e[i].time_ns = e[i].time_ns >= origin ? e[i].time_ns - origin : 0;
+    if (r->hook) r->hook(r->hook_user, e, n);
+}
+
 static void *worker_main(void *arg) {
     trace_reader *r = arg;
     for (;;) {
@@ -450,7 +486,20 @@ static void *worker_main(void *arg) {
         parse_block(r, b);
         pthread_mutex_lock(&r->lock);
         b->state = SLOT_PARSED;
-        pthread_cond_broadcast(&r->parsed);
+        if (!r->ordering) { /* order every parsed block next in line, this one or others' */
+            r->ordering = true;
+            for (;;) {
+                text_block *next = &r->slots[r->next_order % r->slot_count];
+                if (next->state != SLOT_PARSED) break;
+                pthread_mutex_unlock(&r->lock);
+                order_block(r, next);
+                pthread_mutex_lock(&r->lock);
+                next->state = SLOT_READY;
+                r->next_order++;
+                pthread_cond_broadcast(&r->parsed);
+            }
+            r->ordering = false;
+        }
         pthread_mutex_unlock(&r->lock);
     }
 }
@@ -498,11 +547,12 @@ static text_block *take_block(trace_reader *r) {
         text_block *b = &r->slots[0];
         cut_block(r, b);
         parse_block(r, b);
+        order_block(r, b);
         return b;
     }
     text_block *b = &r->slots[r->next_take % r->slot_count];
     pthread_mutex_lock(&r->lock);
-    while (b->state != SLOT_PARSED) pthread_cond_wait(&r->parsed, &r->lock);
+    while (b->state != SLOT_READY) pthread_cond_wait(&r->parsed, &r->lock);
     pthread_mutex_unlock(&r->lock);
     r->next_take++;
     return b;
@@ -528,6 +578,7 @@ long trace_read_batch(trace_reader *r, const trace_event **out_events, char *err
     if (r->format == TRACE_FORMAT_PYTORCH_PICKLE) {
         size_t n = r->pk_count - r->pk_next;
         *out_events = r->pk_events + r->pk_next;
+        if (n && r->hook) r->hook(r->hook_user, r->pk_events + r->pk_next, n);
         r->pk_next = r->pk_count;
         return (long)n;
     }
@@ -552,15 +603,7 @@ long trace_read_batch(trace_reader *r, const trace_event **out_events, char *err
         if (b->tail == TAIL_END) r->ended = true;
         size_t n = b->parsed.events;
         if (!n) continue;
-        trace_event *e = b->events;
-        if (!r->have_origin) {
-            r->have_origin = true;
-            r->origin_ns = e[0].time_ns;
-        }
-        /* Times that run backwards are clamped: the replay's clock only moves on. */
-        uint64_t origin = r->origin_ns;
-        for (size_t i = 0; i < n; i++) e[i].time_ns = e[i].time_ns >= origin ? e[i].time_ns - origin : 0;
-        *out_events = e;
+        *out_events = b->events; /* ordered: relative times, hooked */
         return (long)n;
     }
 }
@@ -584,6 +627,12 @@ long trace_read(trace_reader *r, trace_event *events, size_t capacity, char *err
         r->batch_next += take;
     }
     return (long)n;
+}
+
+void trace_set_batch_hook(trace_reader *r, trace_batch_hook hook, void *user) {
+    if (r->slots || r->pk_next) return; /* too late */
+    r->hook = hook;
+    r->hook_user = user;
 }
 
 void trace_set_threads(trace_reader *r, unsigned threads) {

@@ -6,7 +6,8 @@
  * numbers, CRLF, NUL, the line length limit, a last line without its
  * newline); blocks cut at every position of a text; and the same events
  * whatever the source (memory, mapped file, zlib stream, whole inflate) and
- * the number of worker threads.
+ * the number of worker threads; the batch hook sees those events, in order,
+ * one call at a time.
  * argv[1]: a scratch directory; argv[2]: the shared traces' directory (the
  * parallel-vs-serial test on decode_growing_kv.csv.gz is skipped, and says
  * so, where it is absent).
@@ -323,9 +324,68 @@ static void test_damage_with_threads(void) {
     }
 }
 
+/* The batch hook: one call at a time, in trace order, on exactly the
+ * events the caller then gets (relative times; what it rewrote is what the
+ * caller sees) -- and none after a bad line; with 0 to 4 threads. */
+typedef struct hook_state {
+    _Atomic int inside; /* calls running now */
+    uint64_t next;      /* events seen */
+    bool overlapped, first_not_zero;
+} hook_state;
+
+static void numbering_hook(void *user, trace_event *events, size_t count) {
+    hook_state *h = user;
+    if (h->inside++) h->overlapped = true;
+    if (h->next == 0 && events[0].time_ns != 0) h->first_not_zero = true;
+    for (size_t i = 0; i < count; i++) events[i].stream = (uint32_t)h->next++;
+    h->inside--;
+}
+
+static void test_batch_hook(void) {
+    enum { COUNT = 3000 };
+    static char text[COUNT * 64];
+    size_t length = make_text(text, sizeof text, COUNT);
+    static trace_event reference[COUNT], got[COUNT];
+    char err[512];
+    REQUIRE(read_memory(text, length, NULL, 0, reference, COUNT, err, sizeof err) == COUNT);
+    for (int bad = 0; bad < 2; bad++) {
+        if (bad) { /* the line after event 2000 */
+            char *line = text;
+            for (int i = 0; i < 2000; i++) line = strchr(line, '\n') + 1;
+            line[0] = 'x';
+        }
+        for (unsigned threads = 0; threads <= 4; threads++) {
+            hook_state h = {0};
+            trace_open_options options = {.block_bytes = 1024 + 61 * threads};
+            trace_reader *r = trace_open_memory_with(text, length, &options, err, sizeof err);
+            REQUIRE(r != NULL);
+            trace_set_batch_hook(r, numbering_hook, &h);
+            long n = read_all_from(r, threads, got, COUNT, err, sizeof err);
+            if (bad) {
+                CHECK_MSG(n == -1 && strstr(err, "bad time_us 'x"), "%u threads: %ld (%s)", threads, n, err);
+                /* the events before the bad block went out, each hooked; none after it */
+                CHECK_MSG(h.next < 2000 && h.next > 0, "%u threads: %llu events hooked", threads,
+                          (unsigned long long)h.next);
+                continue;
+            }
+            CHECK_MSG(n == COUNT && h.next == COUNT, "%u threads: %ld events, %llu hooked (%s)", threads, n,
+                      (unsigned long long)h.next, err);
+            CHECK(!h.overlapped && !h.first_not_zero);
+            bool same = true;
+            for (long i = 0; same && i < n; i++) {
+                trace_event expected = reference[i];
+                expected.stream = (uint32_t)i;
+                same = same_event(&expected, &got[i]);
+            }
+            CHECK_MSG(same, "%u threads: the events differ from the reference's", threads);
+        }
+    }
+}
+
 static const test_case tests[] = {
     TEST_CASE(test_fast_matches_careful), TEST_CASE(test_strict_lines),        TEST_CASE(test_block_boundaries),
     TEST_CASE(test_sources_and_threads),  TEST_CASE(test_parallel_real_trace), TEST_CASE(test_damage_with_threads),
+    TEST_CASE(test_batch_hook),
 };
 
 int main(int argc, char **argv) {
