@@ -228,9 +228,10 @@ tp_status replay_open_device(const char *spec, tp_device **out, char *err, size_
  * what any pool did, so one table serves every lane: a lane writes its
  * block at the alloc and reads it at the free, in trace order, before the
  * slot can be taken again. replay_file resolves slots in the trace
- * reader's ordering step (trace_set_batch_hook: on a parse worker when
- * there are threads, so off the replay's critical path); replay_feed
- * resolves a copy of the caller's events. */
+ * reader's ordering step (trace_set_batch_hook: in the parse worker process
+ * when there are workers, so off the replay's critical path; only the
+ * events come back from there, so the run's own table stays empty);
+ * replay_feed resolves a copy of the caller's events. */
 typedef struct live_block {
     uint64_t address; /* what the pool returned; 0 = the allocation failed */
     uint64_t bytes;
@@ -243,7 +244,6 @@ typedef struct slot_table {
     uint32_t *free;     /* slots given back, a stack */
     size_t free_count, free_capacity;
     uint32_t used;      /* slots ever handed out */
-    uint64_t resolve_ns; /* host time spent resolving, on whichever thread */
 } slot_table;
 
 static void slots_init(slot_table *t) {
@@ -261,7 +261,6 @@ static void slots_destroy(slot_table *t) {
  * then unknown). A trace_batch_hook (user: the slot_table). */
 static void slots_resolve(void *user, trace_event *events, size_t count) {
     slot_table *t = user;
-    uint64_t start = replay_now_ns();
     for (size_t i = 0; i < count; i++) {
         trace_event *e = &events[i];
         uint32_t slot = SLOT_NONE;
@@ -295,7 +294,6 @@ static void slots_resolve(void *user, trace_event *events, size_t count) {
         }
         e->address = slot;
     }
-    t->resolve_ns += replay_now_ns() - start;
 }
 
 typedef struct stream_entry {
@@ -778,15 +776,16 @@ int replay_file(const char *path, const char *pool_names, const replay_options *
     if (run->lane_count > 1 && threads > 1) {
         unsigned spare = parsed_at_open ? threads : threads - 1;
         lane_threads = run->lane_count < spare ? (unsigned)run->lane_count : spare;
-        if (lane_threads > 1) crew_start_threads(run, lane_threads - 1);
-        lane_threads = run->crew ? run->crew->helpers + 1 : 1;
     }
     unsigned workers = parsed_at_open || threads <= lane_threads ? 0 : threads - lane_threads;
-    t.threads = lane_threads + workers;
-    t.lane_threads = lane_threads;
-    t.slots_on_workers = workers > 0;
+    /* The parse workers in a process of their own, so that this one keeps
+     * no second thread while one pool replays (trace.h says why); lane
+     * threads start after the first read, once the worker process is
+     * forked from a process with one thread. */
     trace_set_threads(reader, workers);
+    trace_set_worker_process(reader, true);
     trace_set_batch_hook(reader, slots_resolve, &run->slots);
+    bool first = true;
     for (;;) {
         const trace_event *events;
         uint64_t t0 = replay_now_ns();
@@ -797,6 +796,8 @@ int replay_file(const char *path, const char *pool_names, const replay_options *
             replay_free(run);
             return -1;
         }
+        if (first && lane_threads > 1) crew_start_threads(run, lane_threads - 1);
+        first = false;
         if (n == 0) break;
         feed_resolved(run, events, (size_t)n); /* resolved by the hook */
         if (options->progress) {
@@ -806,10 +807,14 @@ int replay_file(const char *path, const char *pool_names, const replay_options *
         }
     }
     uint64_t end = replay_now_ns();
-    trace_close(reader); /* its workers joined: the slot table's time is theirs to read */
+    t.slot_ns = trace_hook_ns(reader);
+    trace_close(reader);
+    lane_threads = run->crew ? run->crew->helpers + 1 : 1;
     crew_stop(run);
+    t.threads = lane_threads + workers;
+    t.lane_threads = lane_threads;
+    t.slots_on_workers = workers > 0;
     t.events = run->events;
-    t.slot_ns = run->slots.resolve_ns;
     if (!t.slots_on_workers) t.read_ns = t.read_ns > t.slot_ns ? t.read_ns - t.slot_ns : 0; /* the hook ran in the reads */
     for (size_t l = 0; l < run->lane_count; l++) t.replay_ns += run->lanes[l].result.replay_ns;
     t.wall_ns = end - start;

@@ -95,6 +95,21 @@ long trace_read_batch(trace_reader *reader, const trace_event **events, char *er
 typedef void (*trace_batch_hook)(void *user, trace_event *events, size_t count);
 void trace_set_batch_hook(trace_reader *reader, trace_batch_hook hook, void *user);
 
+/* Host time the batch hook (and the ordering step around it) took on the
+ * batches handed out so far, on whichever thread or process ran it. */
+uint64_t trace_hook_ns(const trace_reader *reader);
+
+/* The workers (trace_set_threads) run in a worker process of their own
+ * (fork) instead of the caller's: the blocks and their events are handed
+ * over through shared memory, so the caller's process has no second
+ * thread -- and glibc keeps its mutexes on their single-threaded path
+ * (about 4 ns a lock and unlock here, against 11-12 ns once a process has
+ * had a second thread), which is what the replay's pools take several
+ * times an event. The batch hook then runs in that process: what it
+ * writes into the events comes back, what it changes in its own memory
+ * does not. Where fork fails, threads. Set before the first read. */
+void trace_set_worker_process(trace_reader *reader, bool process);
+
 /* Worker threads that read and parse CSV blocks ahead of the caller (0,
  * the default: all on the caller's thread; at most 64). Set before the
  * first read; later it changes nothing, as for a snapshot. The events and
