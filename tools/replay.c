@@ -324,6 +324,10 @@ typedef struct replay_lane {
 
 #define FEED_EVENTS 4096 /* replay_feed's events resolved, then replayed by every lane, at a time */
 #define MAX_LANE_HELPERS 63
+/* Parse workers replay_file uses at most: one parses about twice as fast
+ * as a pool replays (docs/results.md), so more only take memory (each
+ * brings two blocks of text and events) and wake-ups. */
+#define MAX_PARSE_WORKERS 4
 
 /* replay_file's lane threads: with several pools and threads to spare,
  * helper h replays lanes l with l % (helpers + 1) == h + 1, the calling
@@ -768,8 +772,8 @@ int replay_file(const char *path, const char *pool_names, const replay_options *
         return -1;
     }
     /* Threads: one replays; with several pools, up to one per pool (lane
-     * threads) while one or more are left to parse, the rest parse. A
-     * snapshot was parsed at open: all may replay. */
+     * threads) while one or more are left to parse, the rest parse (at most
+     * MAX_PARSE_WORKERS). A snapshot was parsed at open: all may replay. */
     unsigned threads = options->threads > 1 ? options->threads : 1;
     bool parsed_at_open = trace_get_format(reader) == TRACE_FORMAT_PYTORCH_PICKLE;
     unsigned lane_threads = 1;
@@ -778,6 +782,7 @@ int replay_file(const char *path, const char *pool_names, const replay_options *
         lane_threads = run->lane_count < spare ? (unsigned)run->lane_count : spare;
     }
     unsigned workers = parsed_at_open || threads <= lane_threads ? 0 : threads - lane_threads;
+    if (workers > MAX_PARSE_WORKERS) workers = MAX_PARSE_WORKERS;
     /* The parse workers in a process of their own, so that this one keeps
      * no second thread while one pool replays (trace.h says why); lane
      * threads start after the first read, once the worker process is

@@ -132,7 +132,9 @@ typedef struct replay_options {
      * replay's own included (0 or 1: all on the calling thread). With
      * several pools and 3 or more threads (a snapshot, parsed at open: 2),
      * up to one thread per pool replays (each pool is independent: the same
-     * events, its own device) and at least one parses; the rest parse. The
+     * events, its own device) and at least one parses; the rest parse, at
+     * most 4 (replay_file_timing.threads says how many were used). Parse
+     * workers run in a worker process (trace_set_worker_process). The
      * figures are the same whatever the count. */
     unsigned threads;
     /* replay_file: bytes of text in a parse block (0: the reader's default;

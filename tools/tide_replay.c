@@ -29,8 +29,9 @@ static void replay_usage(FILE *out) {
             "  --pt-device N        PyTorch snapshots: replay device N's trace (default 0)\n"
             "  --threads N          threads that read, parse and replay a CSV trace, the replay's own\n"
             "                       included (default: the CPUs online, at most 16; 1: one thread); with\n"
-            "                       several pools and N >= 3, up to one per pool replays, the rest parse.\n"
-            "                       Any N gives the same figures; the heading says where the time went\n");
+            "                       several pools and N >= 3, up to one per pool replays; the rest parse\n"
+            "                       (at most 4, in a process of their own). Any N gives the same figures;\n"
+            "                       the heading says how many were used and where the time went\n");
     tide_run_options_help(out);
     fprintf(out, "  -h, --help           this text\n");
     tide_exit_codes_help(out);
