@@ -9,6 +9,14 @@
  * identities: the run gives each live trace address a slot (once for all
  * pools) and each pool keeps what it returned per slot (see slot_table). Peak live bytes are computed by the engine from the
  * requests alone and are the same for every pool.
+ *
+ * Threads (replay_file): the parse workers run in a worker process (the
+ * slots are given there, in the reader's batch hook), so that while one
+ * thread replays, this process has no second thread and the library's
+ * mutexes stay on glibc's single-threaded path; with several pools and
+ * threads to spare, lane threads replay the pools side by side, each batch
+ * handed to all of them at once (lane_crew). A pool's lane is touched by
+ * one thread only, so the figures are the same whatever the threads.
  */
 #include "replay.h"
 
