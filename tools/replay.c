@@ -9,12 +9,21 @@
  * identities: the run gives each live trace address a slot (once for all
  * pools) and each pool keeps what it returned per slot (see slot_table). Peak live bytes are computed by the engine from the
  * requests alone and are the same for every pool.
+ *
+ * Threads (replay_file): the parse workers run in a worker process (the
+ * slots are given there, in the reader's batch hook), so that while one
+ * thread replays, this process has no second thread and the library's
+ * mutexes stay on glibc's single-threaded path; with several pools and
+ * threads to spare, lane threads replay the pools side by side, each batch
+ * handed to all of them at once (lane_crew). A pool's lane is touched by
+ * one thread only, so the figures are the same whatever the threads.
  */
 #include "replay.h"
 
 #include "tide.h"
 #include "tpi_map.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -215,16 +224,22 @@ tp_status replay_open_device(const char *spec, tp_device **out, char *err, size_
 /* ----------------------------------------------------------- the engine */
 
 /* The live table, in two parts. The run's slot table (shared by its lanes,
- * filled once per chunk before any lane replays it) gives each live trace
+ * filled once per batch before any lane replays it) gives each live trace
  * address a slot: an alloc of bytes > 0 takes a new slot (from a free list,
  * else the next never used) or, when its address is live already (an alloc
  * the trace never freed), that address's slot; a free gives its address's
- * slot back. Each lane keeps, per slot, what its pool returned (a
- * live_block), so its replay loop indexes an array instead of hashing.
- * Which addresses are live depends on the trace alone, not on what any pool
- * did, so one table serves every lane: a lane writes its block at the alloc
- * and reads it at the free, in trace order, before the slot can be taken
- * again. */
+ * slot back. The slot replaces the event's address (trace addresses are
+ * only identities, and nothing after this needs them), so a batch of
+ * events carries its slots. Each lane keeps, per slot, what its pool
+ * returned (a live_block), so its replay loop indexes an array instead of
+ * hashing. Which addresses are live depends on the trace alone, not on
+ * what any pool did, so one table serves every lane: a lane writes its
+ * block at the alloc and reads it at the free, in trace order, before the
+ * slot can be taken again. replay_file resolves slots in the trace
+ * reader's ordering step (trace_set_batch_hook: in the parse worker process
+ * when there are workers, so off the replay's critical path; only the
+ * events come back from there, so the run's own table stays empty);
+ * replay_feed resolves a copy of the caller's events. */
 typedef struct live_block {
     uint64_t address; /* what the pool returned; 0 = the allocation failed */
     uint64_t bytes;
@@ -237,8 +252,6 @@ typedef struct slot_table {
     uint32_t *free;     /* slots given back, a stack */
     size_t free_count, free_capacity;
     uint32_t used;      /* slots ever handed out */
-    uint32_t *of_event; /* the chunk's slots, one per event */
-    size_t of_event_capacity;
 } slot_table;
 
 static void slots_init(slot_table *t) {
@@ -249,21 +262,15 @@ static void slots_init(slot_table *t) {
 static void slots_destroy(slot_table *t) {
     tpi_map_destroy(&t->map);
     free(t->free);
-    free(t->of_event);
 }
 
-/* The slot of each event of the chunk into t->of_event; false when host
- * memory runs out for the chunk's array. A map or free-list that cannot
- * grow leaves the alloc without a slot (its free is then unknown). */
-static bool slots_resolve(slot_table *t, const trace_event *events, size_t count) {
-    if (count > t->of_event_capacity) {
-        uint32_t *grown = realloc(t->of_event, count * sizeof *grown);
-        if (!grown) return false;
-        t->of_event = grown;
-        t->of_event_capacity = count;
-    }
+/* Replaces each event's address by its slot (SLOT_NONE: none). A map or
+ * free-list that cannot grow leaves the alloc without a slot (its free is
+ * then unknown). A trace_batch_hook (user: the slot_table). */
+static void slots_resolve(void *user, trace_event *events, size_t count) {
+    slot_table *t = user;
     for (size_t i = 0; i < count; i++) {
-        const trace_event *e = &events[i];
+        trace_event *e = &events[i];
         uint32_t slot = SLOT_NONE;
         if (e->action == TRACE_ALLOC && e->bytes) {
             uint64_t *known = tpi_map_find(&t->map, e->address);
@@ -293,9 +300,8 @@ static bool slots_resolve(slot_table *t, const trace_event *events, size_t count
                 if (t->free_count < t->free_capacity) t->free[t->free_count++] = slot;
             }
         }
-        t->of_event[i] = slot;
+        e->address = slot;
     }
-    return true;
 }
 
 typedef struct stream_entry {
@@ -311,6 +317,10 @@ typedef struct replay_lane {
     uint64_t sim_now_ns;
     uint64_t last_event_ns; /* trace time of the latest event, for the final sample */
     uint64_t next_tick_ns;  /* trace time of the next tick (options.tick_ns) */
+    /* A tidepool pool that needs nothing of its adapter per call (not
+     * watching peaks): the loop calls it directly, as tidepool_alloc and
+     * tidepool_free would. NULL: through factory->ops. */
+    tp_pool *direct_pool;
     live_block *blocks; /* by slot (slot_table) */
     size_t block_capacity;
     stream_entry streams[MAX_STREAMS];
@@ -320,14 +330,40 @@ typedef struct replay_lane {
     replay_result result;
 } replay_lane;
 
+#define FEED_EVENTS 4096 /* replay_feed's events resolved, then replayed by every lane, at a time */
+#define MAX_LANE_HELPERS 63
+/* Parse workers replay_file uses at most: one parses about twice as fast
+ * as a pool replays (docs/results.md), so more only take memory (each
+ * brings two blocks of text and events) and wake-ups. */
+#define MAX_PARSE_WORKERS 4
+
+/* replay_file's lane threads: with several pools and threads to spare,
+ * helper h replays lanes l with l % (helpers + 1) == h + 1, the calling
+ * thread the others, each batch at once; the caller hands a batch out
+ * (batch, generation++) and waits until no helper is busy with it before
+ * the batch's memory is reused. Lanes share nothing but the read-only
+ * batch, so they need no lock while they replay. */
+typedef struct lane_crew {
+    pthread_mutex_t lock;
+    pthread_cond_t go, done;
+    pthread_t threads[MAX_LANE_HELPERS];
+    unsigned helpers;
+    uint64_t generation; /* batches handed out */
+    unsigned busy;       /* helpers not done with the current batch */
+    bool stop;
+    const trace_event *batch;
+    size_t batch_count;
+} lane_crew;
+
 struct replay_run {
     replay_lane *lanes;
     size_t lane_count;
     slot_table slots;
-    uint64_t resolve_ns; /* host time spent giving events their slots */
     replay_options options;
     uint64_t events;
     replay_result *results;
+    trace_event scratch[FEED_EVENTS]; /* replay_feed's resolved copy */
+    lane_crew *crew; /* replay_file with lane threads; NULL: every lane on the caller's thread */
 };
 
 static void lane_sample(replay_lane *lane, uint64_t time_ns) {
@@ -389,8 +425,10 @@ static bool lane_reserve(replay_lane *lane, uint32_t slot) {
     return true;
 }
 
-static void lane_event(replay_lane *lane, const trace_event *e, uint32_t slot, bool follow_time, uint64_t tick_ns) {
+/* One event whose address is its slot (slots_resolve). */
+static void lane_event(replay_lane *lane, const trace_event *e, bool follow_time, uint64_t tick_ns) {
     replay_result *r = &lane->result;
+    uint32_t slot = (uint32_t)e->address;
     lane->last_event_ns = e->time_ns;
     if (lane->is_sim && follow_time && e->time_ns > lane->sim_now_ns) {
         tp_sim_advance(lane->device, e->time_ns - lane->sim_now_ns);
@@ -406,7 +444,15 @@ static void lane_event(replay_lane *lane, const trace_event *e, uint32_t slot, b
         r->allocs++;
         if (!e->bytes) return; /* zero-byte requests are not memory */
         uint64_t address = 0;
-        replay_status st = lane->factory->ops->alloc(lane->impl, e->bytes, lane_stream(lane, e->stream), &address);
+        replay_status st;
+        if (lane->direct_pool) { /* tidepool_alloc without the calls through pointers */
+            void *p = NULL;
+            tp_status pst = tp_pool_alloc(lane->direct_pool, (size_t)e->bytes, lane_stream(lane, e->stream), &p);
+            address = (uint64_t)(uintptr_t)p;
+            st = pst == TP_OK ? REPLAY_OK : pst == TP_ERR_OUT_OF_MEMORY ? REPLAY_OOM : REPLAY_ERROR;
+        } else {
+            st = lane->factory->ops->alloc(lane->impl, e->bytes, lane_stream(lane, e->stream), &address);
+        }
         if (st == REPLAY_RECOVERED) {
             if (!r->first_recovery_event) {
                 r->first_recovery_event = r->events;
@@ -441,9 +487,11 @@ static void lane_event(replay_lane *lane, const trace_event *e, uint32_t slot, b
         }
         live_block block = lane->blocks[slot];
         if (block.address) {
-            if (lane->factory->ops->free(lane->impl, block.address, block.bytes, lane_stream(lane, e->stream)) !=
-                REPLAY_OK)
-                r->errors++;
+            tp_stream stream = lane_stream(lane, e->stream);
+            bool freed = lane->direct_pool
+                             ? tp_pool_free(lane->direct_pool, (void *)(uintptr_t)block.address, stream) == TP_OK
+                             : lane->factory->ops->free(lane->impl, block.address, block.bytes, stream) == REPLAY_OK;
+            if (!freed) r->errors++;
             lane->live_bytes -= block.bytes;
         }
     }
@@ -500,6 +548,8 @@ replay_run *replay_begin(const char *pool_names, const replay_options *options, 
             tidepool_adapter *a = lane->impl;
             a->watch_peaks = true;
             tp_pool_set_observer(a->pool, tidepool_observe, a);
+        } else if (f->ops == &tidepool_ops) {
+            lane->direct_pool = ((tidepool_adapter *)lane->impl)->pool;
         }
         snprintf(lane->result.pool, sizeof lane->result.pool, "%s", f->name);
         snprintf(lane->result.device, sizeof lane->result.device, "%s", run->options.device_spec);
@@ -522,31 +572,145 @@ fail:
     return NULL;
 }
 
-#define FEED_EVENTS 65536 /* events resolved, then replayed by every lane, at a time */
+/* Replays a batch of resolved events (their addresses are slots) on lane. */
+static void lane_replay(const replay_run *run, replay_lane *lane, const trace_event *events, size_t n) {
+    uint64_t sample_ns = 0;
+    uint64_t start = replay_now_ns();
+    bool follow_time = run->options.follow_trace_time;
+    uint64_t tick_ns = run->options.tick_ns;
+    for (size_t i = 0; i < n; i++) {
+        lane_event(lane, &events[i], follow_time, tick_ns);
+        if (lane->samples_capacity && lane->result.events >= lane->next_sample) {
+            uint64_t s0 = replay_now_ns();
+            lane_sample(lane, events[i].time_ns);
+            lane->next_sample = lane->result.events + lane->sample_every;
+            sample_ns += replay_now_ns() - s0;
+        }
+    }
+    lane->result.replay_ns += replay_now_ns() - start - sample_ns;
+}
+
+/* The lanes of thread `member` of the crew (0: the caller) replay batch. */
+static void crew_share(replay_run *run, unsigned member, unsigned members, const trace_event *events, size_t n) {
+    for (size_t l = member; l < run->lane_count; l += members) lane_replay(run, &run->lanes[l], events, n);
+}
+
+typedef struct crew_start {
+    replay_run *run;
+    unsigned member;
+} crew_start;
+
+static void *crew_main(void *arg) {
+    crew_start *start = arg;
+    replay_run *run = start->run;
+    unsigned member = start->member;
+    free(start);
+    lane_crew *c = run->crew;
+    uint64_t seen = 0;
+    for (;;) {
+        pthread_mutex_lock(&c->lock);
+        while (c->generation == seen && !c->stop) pthread_cond_wait(&c->go, &c->lock);
+        if (c->stop) {
+            pthread_mutex_unlock(&c->lock);
+            return NULL;
+        }
+        seen = c->generation;
+        const trace_event *events = c->batch;
+        size_t n = c->batch_count;
+        unsigned members = c->helpers + 1;
+        pthread_mutex_unlock(&c->lock);
+        crew_share(run, member, members, events, n);
+        pthread_mutex_lock(&c->lock);
+        if (--c->busy == 0) pthread_cond_signal(&c->done);
+        pthread_mutex_unlock(&c->lock);
+    }
+}
+
+static void crew_stop(replay_run *run);
+
+/* Starts up to `helpers` lane threads (fewer if the system has no more);
+ * when none could start, run->crew stays NULL (the lanes replay on the
+ * caller's thread). */
+static void crew_start_threads(replay_run *run, unsigned helpers) {
+    if (helpers > MAX_LANE_HELPERS) helpers = MAX_LANE_HELPERS;
+    lane_crew *c = calloc(1, sizeof *c);
+    if (!c) return;
+    if (pthread_mutex_init(&c->lock, NULL)) {
+        free(c);
+        return;
+    }
+    if (pthread_cond_init(&c->go, NULL)) {
+        pthread_mutex_destroy(&c->lock);
+        free(c);
+        return;
+    }
+    if (pthread_cond_init(&c->done, NULL)) {
+        pthread_cond_destroy(&c->go);
+        pthread_mutex_destroy(&c->lock);
+        free(c);
+        return;
+    }
+    run->crew = c;
+    /* helpers only read c->helpers (how lanes are dealt) once a batch is
+     * handed out, after the last write here */
+    unsigned started = 0;
+    for (unsigned h = 0; h < helpers; h++) {
+        crew_start *arg = malloc(sizeof *arg);
+        if (!arg) break;
+        *arg = (crew_start){run, h + 1};
+        c->helpers = h + 1;
+        if (pthread_create(&c->threads[h], NULL, crew_main, arg) != 0) {
+            c->helpers = h;
+            free(arg);
+            break;
+        }
+        started++;
+    }
+    if (!started) crew_stop(run);
+}
+
+static void crew_stop(replay_run *run) {
+    lane_crew *c = run->crew;
+    if (!c) return;
+    pthread_mutex_lock(&c->lock);
+    c->stop = true;
+    pthread_cond_broadcast(&c->go);
+    pthread_mutex_unlock(&c->lock);
+    for (unsigned h = 0; h < c->helpers; h++) pthread_join(c->threads[h], NULL);
+    pthread_cond_destroy(&c->done);
+    pthread_cond_destroy(&c->go);
+    pthread_mutex_destroy(&c->lock);
+    free(c);
+    run->crew = NULL;
+}
+
+/* Every lane replays a batch of resolved events. */
+static void feed_resolved(replay_run *run, const trace_event *events, size_t n) {
+    lane_crew *c = run->crew;
+    if (!c) {
+        crew_share(run, 0, 1, events, n);
+    } else {
+        pthread_mutex_lock(&c->lock);
+        c->batch = events;
+        c->batch_count = n;
+        c->busy = c->helpers;
+        c->generation++;
+        pthread_cond_broadcast(&c->go);
+        pthread_mutex_unlock(&c->lock);
+        crew_share(run, 0, c->helpers + 1, events, n);
+        pthread_mutex_lock(&c->lock);
+        while (c->busy) pthread_cond_wait(&c->done, &c->lock);
+        pthread_mutex_unlock(&c->lock);
+    }
+    run->events += n;
+}
 
 void replay_feed(replay_run *run, const trace_event *events, size_t count) {
     while (count) {
         size_t n = count < FEED_EVENTS ? count : FEED_EVENTS;
-        uint64_t t0 = replay_now_ns();
-        const uint32_t *slots = slots_resolve(&run->slots, events, n) ? run->slots.of_event : NULL;
-        run->resolve_ns += replay_now_ns() - t0;
-        for (size_t l = 0; l < run->lane_count; l++) {
-            replay_lane *lane = &run->lanes[l];
-            uint64_t sample_ns = 0;
-            uint64_t start = replay_now_ns();
-            for (size_t i = 0; i < n; i++) {
-                lane_event(lane, &events[i], slots ? slots[i] : SLOT_NONE, run->options.follow_trace_time,
-                           run->options.tick_ns);
-                if (lane->samples_capacity && lane->result.events >= lane->next_sample) {
-                    uint64_t s0 = replay_now_ns();
-                    lane_sample(lane, events[i].time_ns);
-                    lane->next_sample = lane->result.events + lane->sample_every;
-                    sample_ns += replay_now_ns() - s0;
-                }
-            }
-            lane->result.replay_ns += replay_now_ns() - start - sample_ns;
-        }
-        run->events += n;
+        memcpy(run->scratch, events, n * sizeof *events);
+        slots_resolve(&run->slots, run->scratch, n);
+        feed_resolved(run, run->scratch, n);
         events += n;
         count -= n;
     }
@@ -586,6 +750,7 @@ const char *replay_peak_snapshot(replay_run *run, size_t lane) {
 
 void replay_free(replay_run *run) {
     if (!run) return;
+    crew_stop(run);
     for (size_t l = 0; l < run->lane_count; l++) {
         replay_lane *lane = &run->lanes[l];
         if (lane->impl) lane->factory->ops->destroy(lane->impl);
@@ -605,7 +770,7 @@ int replay_file(const char *path, const char *pool_names, const replay_options *
     *out_run = NULL;
     replay_file_timing t = {0};
     uint64_t start = replay_now_ns();
-    trace_open_options open_options = {.pt_device = options->pt_device};
+    trace_open_options open_options = {.pt_device = options->pt_device, .block_bytes = options->block_bytes};
     trace_reader *reader = trace_open_with(path, &open_options, err, cap);
     if (!reader) return -1;
     t.open_ns = replay_now_ns() - start;
@@ -614,21 +779,40 @@ int replay_file(const char *path, const char *pool_names, const replay_options *
         trace_close(reader);
         return -1;
     }
-    t.threads = options->threads > 1 ? options->threads : 1;
-    if (trace_get_format(reader) == TRACE_FORMAT_PYTORCH_PICKLE) t.threads = 1; /* parsed whole at open */
-    trace_set_threads(reader, t.threads - 1);
+    /* Threads: one replays; with several pools, up to one per pool (lane
+     * threads) while one or more are left to parse, the rest parse (at most
+     * MAX_PARSE_WORKERS). A snapshot was parsed at open: all may replay. */
+    unsigned threads = options->threads > 1 ? options->threads : 1;
+    bool parsed_at_open = trace_get_format(reader) == TRACE_FORMAT_PYTORCH_PICKLE;
+    unsigned lane_threads = 1;
+    if (run->lane_count > 1 && threads > 1) {
+        unsigned spare = parsed_at_open ? threads : threads - 1;
+        lane_threads = run->lane_count < spare ? (unsigned)run->lane_count : spare;
+    }
+    unsigned workers = parsed_at_open || threads <= lane_threads ? 0 : threads - lane_threads;
+    if (workers > MAX_PARSE_WORKERS) workers = MAX_PARSE_WORKERS;
+    /* The parse workers in a process of their own, so that this one keeps
+     * no second thread while one pool replays (trace.h says why); lane
+     * threads start after the first read, once the worker process is
+     * forked from a process with one thread. */
+    trace_set_threads(reader, workers);
+    trace_set_worker_process(reader, true);
+    trace_set_batch_hook(reader, slots_resolve, &run->slots);
+    bool first = true;
     for (;;) {
         const trace_event *events;
         uint64_t t0 = replay_now_ns();
         long n = trace_read_batch(reader, &events, err, cap);
         t.read_ns += replay_now_ns() - t0;
         if (n < 0) {
+            trace_close(reader); /* first: its workers may be in the hook, on run->slots */
             replay_free(run);
-            trace_close(reader);
             return -1;
         }
+        if (first && lane_threads > 1) crew_start_threads(run, lane_threads - 1);
+        first = false;
         if (n == 0) break;
-        replay_feed(run, events, (size_t)n);
+        feed_resolved(run, events, (size_t)n); /* resolved by the hook */
         if (options->progress) {
             replay_progress p = {.events = run->events};
             trace_position(reader, &p.bytes_read, &p.bytes_total, &p.events_total);
@@ -636,9 +820,15 @@ int replay_file(const char *path, const char *pool_names, const replay_options *
         }
     }
     uint64_t end = replay_now_ns();
+    t.slot_ns = trace_hook_ns(reader);
     trace_close(reader);
+    lane_threads = run->crew ? run->crew->helpers + 1 : 1;
+    crew_stop(run);
+    t.threads = lane_threads + workers;
+    t.lane_threads = lane_threads;
+    t.slots_on_workers = workers > 0;
     t.events = run->events;
-    t.slot_ns = run->resolve_ns;
+    if (!t.slots_on_workers) t.read_ns = t.read_ns > t.slot_ns ? t.read_ns - t.slot_ns : 0; /* the hook ran in the reads */
     for (size_t l = 0; l < run->lane_count; l++) t.replay_ns += run->lanes[l].result.replay_ns;
     t.wall_ns = end - start;
     if (timing) *timing = t;

@@ -129,8 +129,17 @@ typedef struct replay_options {
      * replay_peak_snapshot. */
     bool snapshot_peaks;
     /* replay_file: threads that read, parse and replay the trace, the
-     * replay's own included (0 or 1: all on the calling thread). */
+     * replay's own included (0 or 1: all on the calling thread). With
+     * several pools and 3 or more threads (a snapshot, parsed at open: 2),
+     * up to one thread per pool replays (each pool is independent: the same
+     * events, its own device) and at least one parses; the rest parse, at
+     * most 4 (replay_file_timing.threads says how many were used). Parse
+     * workers run in a worker process (trace_set_worker_process). The
+     * figures are the same whatever the count. */
     unsigned threads;
+    /* replay_file: bytes of text in a parse block (0: the reader's default;
+     * for tests, trace_open_options.block_bytes). */
+    size_t block_bytes;
     /* replay_file calls this after every chunk of events (optional). */
     void (*progress)(void *user, const replay_progress *progress);
     void *progress_user;
@@ -149,11 +158,13 @@ void replay_free(replay_run *run);
 /* Where a replay_file run spent its time (host ns, wall clock). */
 typedef struct replay_file_timing {
     uint64_t events;
-    unsigned threads;  /* as used */
+    unsigned threads;  /* as used: lane threads + parse workers */
+    unsigned lane_threads; /* threads replaying the pools (1, or up to one per pool) */
+    bool slots_on_workers; /* the live table was filled on the parse workers, beside the replay */
     uint64_t open_ns;  /* opening the file: the header, and a gzip file inflated whole (trace.c) */
     uint64_t read_ns;  /* the replay thread waiting for parsed events (with one thread: reading and parsing them) */
-    uint64_t slot_ns;  /* giving events their live-table slots (once for all pools) */
-    uint64_t replay_ns; /* the pools replaying (all of them; replay_result.replay_ns is each one's) */
+    uint64_t slot_ns;  /* giving events their live-table slots (once for all pools; on the parse workers if any) */
+    uint64_t replay_ns; /* the pools replaying (all of them, summed over the lane threads; replay_result.replay_ns is each one's) */
     uint64_t wall_ns;  /* from opening the file to the last event replayed, all included */
 } replay_file_timing;
 

@@ -28,8 +28,10 @@ static void replay_usage(FILE *out) {
             "options:\n"
             "  --pt-device N        PyTorch snapshots: replay device N's trace (default 0)\n"
             "  --threads N          threads that read, parse and replay a CSV trace, the replay's own\n"
-            "                       included (default: the CPUs online, at most 16; 1: one thread). Any N\n"
-            "                       gives the same figures; the heading says where the time went\n");
+            "                       included (default: the CPUs online, at most 16; 1: one thread); with\n"
+            "                       several pools and N >= 3, up to one per pool replays; the rest parse\n"
+            "                       (at most 4, in a process of their own). Any N gives the same figures;\n"
+            "                       the heading says how many were used and where the time went\n");
     tide_run_options_help(out);
     fprintf(out, "  -h, --help           this text\n");
     tide_exit_codes_help(out);
@@ -148,14 +150,16 @@ int tide_replay(int argc, char **argv) {
             status = tide_exit_merge(status, TIDE_EXIT_ERROR);
             continue;
         }
-        char heading[900];
+        char heading[900], pools_on[64] = "";
         double wall_s = timing.wall_ns / 1e9;
+        if (timing.lane_threads > 1) snprintf(pools_on, sizeof pools_on, " on %u threads", timing.lane_threads);
         snprintf(heading, sizeof heading,
                  "%s (%llu events in %.3f s end to end, %.1fM events/s, %u thread%s: opening %.3f s, waiting for "
-                 "parsed events %.3f s, live table %.3f s, pools %.3f s)",
+                 "parsed events %.3f s, live table %.3f s%s, pools %.3f s%s)",
                  files[f], (unsigned long long)timing.events, wall_s, wall_s > 0 ? timing.events / wall_s / 1e6 : 0.0,
                  timing.threads, timing.threads == 1 ? "" : "s", timing.open_ns / 1e9, timing.read_ns / 1e9,
-                 timing.slot_ns / 1e9, timing.replay_ns / 1e9);
+                 timing.slot_ns / 1e9, timing.slots_on_workers ? " (beside, on the parse workers)" : "",
+                 timing.replay_ns / 1e9, pools_on);
         const char *base = strrchr(files[f], '/');
         base = base && base[1] ? base + 1 : files[f];
         status = tide_exit_merge(status, tide_run_report("tide replay", run, &options, "trace", files[f], heading, base));

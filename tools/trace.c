@@ -32,15 +32,32 @@
  * (trace_set_threads) worker threads cut and parse blocks while the caller
  * takes them in order: cutting is serial (one worker at a time holds
  * cut_lock, and takes the blocks' sequence numbers in order), parsing is
- * parallel, and the caller puts the blocks back in order. Line numbers and
- * the time origin are applied in order by the caller: a block reports its
- * line count and, at a bad line, the line's index in the block.
+ * parallel. What needs trace order then runs in the ordering step, block
+ * by block in sequence: the time origin (times made relative to the first
+ * event) and the batch hook (trace_set_batch_hook; the replay gives events
+ * their live-table slots there). With threads a worker that has parsed a
+ * block runs it for every parsed block next in line, unless another worker
+ * is at it (`ordering`, under lock): one at a time, in order, off the
+ * caller's thread. Line numbers are applied in order by the caller: a block
+ * reports its line count and, at a bad line, the line's index in the block.
+ * Workers run as threads of the caller's process, or (trace_set_worker_process)
+ * in a worker process forked at the first read: the control (locks, made
+ * process-shared, the caller's robust), the slots, their events and
+ * buffers then live in one shared mapping made before the fork, and the
+ * process runs the same workers' loop on its threads; everything else a
+ * worker touches (the source, the cut state, the ordering step, the hook's
+ * memory) is that process's own copy, never read by the caller. The
+ * caller's process then has no second thread (trace.h says why that pays);
+ * the worker process dies with it (Linux), and the caller finds a worker
+ * process that died before the end by polling it while it waits (an
+ * error, never a hang).
  * Invariants: block seq lives in slot seq % slot_count; a slot is cut only
  * when FREE (the caller released the block before it), is PARSED once its
- * events are ready, and the caller takes seqs in order; at most slot_count
- * blocks of text and events exist, so memory is bounded whatever the
- * trace's length. Without threads the same blocks are cut and parsed on
- * the caller's thread.
+ * events are parsed and READY once ordered (blocks are ordered in seq
+ * order: next_order), and the caller takes seqs in order, each READY; at
+ * most slot_count blocks of text and events exist, so memory is bounded
+ * whatever the trace's length. Without threads the same blocks are cut,
+ * parsed and ordered on the caller's thread.
  */
 #include "trace.h"
 
@@ -54,10 +71,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 #include <zlib.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
 #ifdef TIDE_HAVE_LIBDEFLATE
 #include <libdeflate.h>
 #endif
@@ -69,7 +92,7 @@
 #define REASON_CAPACITY 400
 
 enum { TAIL_MORE = 0, TAIL_END, TAIL_DAMAGED, TAIL_TOO_LONG };
-enum { SLOT_FREE = 0, SLOT_CUTTING, SLOT_PARSED };
+enum { SLOT_FREE = 0, SLOT_CUTTING, SLOT_PARSED, SLOT_READY };
 
 typedef struct text_block {
     const char *text; /* into the region, or the block's buffer */
@@ -84,7 +107,17 @@ typedef struct text_block {
     bool bad;
     char what[300];
     int state; /* SLOT_*; under lock with threads */
+    uint64_t order_ns; /* host time of its ordering step (the batch hook's) */
 } text_block;
+
+/* What the caller and the workers share to hand blocks over: in the
+ * reader's memory with worker threads, in a shared mapping (process-shared
+ * locks) with a worker process. */
+typedef struct block_control {
+    pthread_mutex_t lock, cut_lock;
+    pthread_cond_t freed, parsed;
+    bool stop;
+} block_control;
 
 struct trace_reader {
     char name[200];
@@ -112,8 +145,13 @@ struct trace_reader {
     bool cut_done; /* the block with the text's end is cut */
     /* In order, on the caller's thread. */
     unsigned long long line; /* lines consumed, the header included */
+    /* In order, in the ordering step (finish_block): on the caller's thread,
+     * or with threads on the one worker that holds `ordering`. */
     bool have_origin;
     uint64_t origin_ns; /* time of the first event */
+    bool order_stopped; /* a block that ends the events (an error) was ordered */
+    trace_batch_hook hook; /* trace_set_batch_hook, or NULL */
+    void *hook_user;
     uint64_t position_bytes; /* source bytes behind the blocks taken */
     bool ended;
     char error[700]; /* sticky: once an error, always that error */
@@ -121,13 +159,21 @@ struct trace_reader {
     unsigned threads;
     text_block *slots;
     size_t slot_count;
-    uint64_t next_cut, next_take;
+    uint64_t next_cut, next_take, next_order;
+    bool ordering; /* a worker is running the ordering step (under lock) */
     text_block *held; /* returned by the last batch; released at the next */
     pthread_t workers[MAX_THREADS];
     unsigned worker_count;
-    pthread_mutex_t lock, cut_lock;
-    pthread_cond_t freed, parsed;
-    bool stop, locks_ready;
+    block_control *control; /* in blocks_memory */
+    bool locks_ready;
+    /* The control, the slots, their events and buffers, in one piece:
+     * shared with the worker process (mmap) or not (calloc). */
+    char *blocks_memory;
+    size_t blocks_memory_bytes;
+    bool blocks_shared;
+    bool worker_process; /* trace_set_worker_process */
+    pid_t child;         /* the worker process, or 0 */
+    uint64_t hook_ns;    /* the ordering steps of the blocks taken */
     /* trace_read's copy-out of the current batch */
     const trace_event *batch;
     size_t batch_count, batch_next;
@@ -427,61 +473,199 @@ static void parse_block(trace_reader *r, text_block *b) {
     b->bad = !trace_text_parse(r->format, b->text, b->length, b->events, &b->parsed, b->what, sizeof b->what);
 }
 
+/* The ordering step, block by block in trace order: event times made
+ * relative to the first event's (times that run backwards are clamped: the
+ * replay's clock only moves on), then the batch hook. A block whose events
+ * are never returned (a bad line, damaged data, a line too long: the caller
+ * stops there with the error) stops it, so the hook sees exactly the events
+ * the caller gets. */
+static uint64_t monotonic_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void order_events(trace_reader *r, text_block *b);
+
+static void order_block(trace_reader *r, text_block *b) {
+    uint64_t start = monotonic_ns();
+    order_events(r, b);
+    b->order_ns = monotonic_ns() - start;
+}
+
+static void order_events(trace_reader *r, text_block *b) {
+    if (r->order_stopped) return;
+    if (b->bad || b->tail == TAIL_DAMAGED || b->tail == TAIL_TOO_LONG) {
+        r->order_stopped = true;
+        return;
+    }
+    size_t n = b->parsed.events;
+    if (!n) return;
+    trace_event *e = b->events;
+    if (!r->have_origin) {
+        r->have_origin = true;
+        r->origin_ns = e[0].time_ns;
+    }
+    uint64_t origin = r->origin_ns;
+    for (size_t i = 0; i < n; i++) e[i].time_ns = e[i].time_ns >= origin ? e[i].time_ns - origin : 0;
+    if (r->hook) r->hook(r->hook_user, e, n);
+}
+
 static void *worker_main(void *arg) {
     trace_reader *r = arg;
     for (;;) {
-        pthread_mutex_lock(&r->cut_lock);
-        pthread_mutex_lock(&r->lock);
+        pthread_mutex_lock(&r->control->cut_lock);
+        pthread_mutex_lock(&r->control->lock);
         text_block *b = NULL;
-        if (!r->cut_done && !r->stop) {
+        if (!r->cut_done && !r->control->stop) {
             b = &r->slots[r->next_cut % r->slot_count];
-            while (b->state != SLOT_FREE && !r->stop) pthread_cond_wait(&r->freed, &r->lock);
-            if (r->stop) b = NULL;
+            while (b->state != SLOT_FREE && !r->control->stop) pthread_cond_wait(&r->control->freed, &r->control->lock);
+            if (r->control->stop) b = NULL;
             else b->state = SLOT_CUTTING;
         }
-        pthread_mutex_unlock(&r->lock);
+        pthread_mutex_unlock(&r->control->lock);
         if (!b) {
-            pthread_mutex_unlock(&r->cut_lock);
+            pthread_mutex_unlock(&r->control->cut_lock);
             return NULL;
         }
         cut_block(r, b);
         r->next_cut++;
-        pthread_mutex_unlock(&r->cut_lock);
+        pthread_mutex_unlock(&r->control->cut_lock);
         parse_block(r, b);
-        pthread_mutex_lock(&r->lock);
+        pthread_mutex_lock(&r->control->lock);
         b->state = SLOT_PARSED;
-        pthread_cond_broadcast(&r->parsed);
-        pthread_mutex_unlock(&r->lock);
+        if (!r->ordering) { /* order every parsed block next in line, this one or others' */
+            r->ordering = true;
+            for (;;) {
+                text_block *next = &r->slots[r->next_order % r->slot_count];
+                if (next->state != SLOT_PARSED) break;
+                pthread_mutex_unlock(&r->control->lock);
+                order_block(r, next);
+                pthread_mutex_lock(&r->control->lock);
+                next->state = SLOT_READY;
+                r->next_order++;
+                pthread_cond_broadcast(&r->control->parsed);
+            }
+            r->ordering = false;
+        }
+        pthread_mutex_unlock(&r->control->lock);
     }
+}
+
+/* The caller's lock of the control: with a worker process the mutex is
+ * robust, so a process killed while it held it leaves it to the caller
+ * (EOWNERDEAD) instead of blocking it for good. */
+static void lock_control(trace_reader *r) {
+    if (pthread_mutex_lock(&r->control->lock) == EOWNERDEAD) pthread_mutex_consistent(&r->control->lock);
 }
 
 static void stop_workers(trace_reader *r) {
-    if (!r->worker_count) return;
-    pthread_mutex_lock(&r->lock);
-    r->stop = true;
-    pthread_cond_broadcast(&r->freed);
-    pthread_mutex_unlock(&r->lock);
+    if (!r->worker_count && !r->child) return;
+    lock_control(r);
+    r->control->stop = true;
+    pthread_cond_broadcast(&r->control->freed);
+    pthread_mutex_unlock(&r->control->lock);
     for (unsigned i = 0; i < r->worker_count; i++) pthread_join(r->workers[i], NULL);
     r->worker_count = 0;
+    while (r->child && waitpid(r->child, NULL, 0) < 0 && errno == EINTR) {
+    }
+    r->child = 0;
 }
 
-/* The slots and, with threads, the workers; false when out of memory. */
+/* The worker process: the workers' loop on its own threads (the first on
+ * its main thread), then _exit -- never back into the caller's code, and no
+ * stdio flushed twice. It dies with the caller (Linux: PR_SET_PDEATHSIG). */
+static void run_worker_process(trace_reader *r, pid_t parent) {
+#ifdef __linux__
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+#endif
+    if (getppid() != parent) _exit(1); /* the caller is gone already */
+    for (unsigned i = 1; i < r->threads; i++) {
+        if (pthread_create(&r->workers[r->worker_count], NULL, worker_main, r) != 0) break;
+        r->worker_count++;
+    }
+    worker_main(r);
+    for (unsigned i = 0; i < r->worker_count; i++) pthread_join(r->workers[i], NULL);
+    _exit(0);
+}
+
+static size_t round_up_64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+static bool init_control(block_control *c, bool shared) {
+    pthread_mutexattr_t ma;
+    pthread_condattr_t ca;
+    if (pthread_mutexattr_init(&ma)) return false;
+    if (pthread_condattr_init(&ca)) {
+        pthread_mutexattr_destroy(&ma);
+        return false;
+    }
+    int scope = shared ? PTHREAD_PROCESS_SHARED : PTHREAD_PROCESS_PRIVATE;
+    bool ok = !pthread_mutexattr_setpshared(&ma, scope) && !pthread_condattr_setpshared(&ca, scope) &&
+              (!shared || !pthread_mutexattr_setrobust(&ma, PTHREAD_MUTEX_ROBUST)) &&
+              !pthread_mutex_init(&c->lock, &ma);
+    if (ok && pthread_mutex_init(&c->cut_lock, &ma)) {
+        pthread_mutex_destroy(&c->lock);
+        ok = false;
+    }
+    if (ok && pthread_cond_init(&c->freed, &ca)) {
+        pthread_mutex_destroy(&c->cut_lock);
+        pthread_mutex_destroy(&c->lock);
+        ok = false;
+    }
+    if (ok && pthread_cond_init(&c->parsed, &ca)) {
+        pthread_cond_destroy(&c->freed);
+        pthread_mutex_destroy(&c->cut_lock);
+        pthread_mutex_destroy(&c->lock);
+        ok = false;
+    }
+    pthread_condattr_destroy(&ca);
+    pthread_mutexattr_destroy(&ma);
+    return ok;
+}
+
+/* The slots and, with threads, the workers (threads, or a process that
+ * runs them: trace_set_worker_process); false when out of memory. */
 static bool start_blocks(trace_reader *r) {
     r->slot_count = r->threads ? 2 * (size_t)r->threads + 2 : 1;
-    r->slots = calloc(r->slot_count, sizeof *r->slots);
-    if (!r->slots) return false;
+    size_t event_capacity = trace_text_max_events(r->block_bytes);
+    size_t events_bytes = round_up_64(event_capacity * sizeof(trace_event));
+    size_t buffer_bytes = r->region ? 0 : round_up_64(r->block_bytes);
+    size_t control_bytes = round_up_64(sizeof(block_control));
+    size_t slots_bytes = round_up_64(r->slot_count * sizeof(text_block));
+    size_t total = control_bytes + slots_bytes + r->slot_count * (events_bytes + buffer_bytes);
+    char *base = NULL;
+    if (r->threads && r->worker_process) {
+        void *m = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+        if (m != MAP_FAILED) {
+            base = m;
+            r->blocks_shared = true;
+        }
+    }
+    if (!base && !(base = calloc(1, total))) return false;
+    r->blocks_memory = base;
+    r->blocks_memory_bytes = total;
+    r->control = (block_control *)base;
+    r->slots = (text_block *)(base + control_bytes);
     for (size_t i = 0; i < r->slot_count; i++) {
         text_block *b = &r->slots[i];
-        b->event_capacity = trace_text_max_events(r->block_bytes);
-        b->events = malloc(b->event_capacity * sizeof *b->events);
-        if (!b->events) return false;
-        if (!r->region && !(b->buffer = malloc(r->block_bytes))) return false;
+        char *own = base + control_bytes + slots_bytes + i * (events_bytes + buffer_bytes);
+        b->event_capacity = event_capacity;
+        b->events = (trace_event *)own;
+        b->buffer = buffer_bytes ? own + events_bytes : NULL;
     }
     if (!r->threads) return true;
-    if (pthread_mutex_init(&r->lock, NULL) || pthread_mutex_init(&r->cut_lock, NULL) ||
-        pthread_cond_init(&r->freed, NULL) || pthread_cond_init(&r->parsed, NULL))
-        return false;
+    if (!init_control(r->control, r->blocks_shared)) return false;
     r->locks_ready = true;
+    if (r->blocks_shared) {
+        pid_t parent = getpid();
+        pid_t pid = fork();
+        if (pid == 0) run_worker_process(r, parent); /* does not return */
+        if (pid > 0) {
+            r->child = pid;
+            return true;
+        }
+        /* no process to be had: threads, over the same (shared) memory */
+    }
     for (unsigned i = 0; i < r->threads; i++) {
         if (pthread_create(&r->workers[i], NULL, worker_main, r) != 0) break;
         r->worker_count++;
@@ -498,22 +682,43 @@ static text_block *take_block(trace_reader *r) {
         text_block *b = &r->slots[0];
         cut_block(r, b);
         parse_block(r, b);
+        order_block(r, b);
         return b;
     }
     text_block *b = &r->slots[r->next_take % r->slot_count];
-    pthread_mutex_lock(&r->lock);
-    while (b->state != SLOT_PARSED) pthread_cond_wait(&r->parsed, &r->lock);
-    pthread_mutex_unlock(&r->lock);
+    lock_control(r);
+    while (b->state != SLOT_READY) {
+        if (!r->child) {
+            pthread_cond_wait(&r->control->parsed, &r->control->lock);
+            continue;
+        }
+        /* a worker process can die (killed): look every 100 ms */
+        struct timespec deadline;
+        clock_gettime(CLOCK_REALTIME, &deadline);
+        deadline.tv_nsec += 100000000;
+        if (deadline.tv_nsec >= 1000000000) {
+            deadline.tv_sec++;
+            deadline.tv_nsec -= 1000000000;
+        }
+        int waited = pthread_cond_timedwait(&r->control->parsed, &r->control->lock, &deadline);
+        if (waited == EOWNERDEAD) pthread_mutex_consistent(&r->control->lock);
+        if (waited != 0 && b->state != SLOT_READY && waitpid(r->child, NULL, WNOHANG) == r->child) {
+            r->child = 0;
+            pthread_mutex_unlock(&r->control->lock);
+            return NULL;
+        }
+    }
+    pthread_mutex_unlock(&r->control->lock);
     r->next_take++;
     return b;
 }
 
 static void release_block(trace_reader *r, text_block *b) {
     if (!r->threads) return;
-    pthread_mutex_lock(&r->lock);
+    lock_control(r);
     b->state = SLOT_FREE;
-    pthread_cond_broadcast(&r->freed);
-    pthread_mutex_unlock(&r->lock);
+    pthread_cond_broadcast(&r->control->freed);
+    pthread_mutex_unlock(&r->control->lock);
 }
 
 #define FAIL(...)                                                  \
@@ -528,6 +733,11 @@ long trace_read_batch(trace_reader *r, const trace_event **out_events, char *err
     if (r->format == TRACE_FORMAT_PYTORCH_PICKLE) {
         size_t n = r->pk_count - r->pk_next;
         *out_events = r->pk_events + r->pk_next;
+        if (n && r->hook) {
+            uint64_t start = monotonic_ns();
+            r->hook(r->hook_user, r->pk_events + r->pk_next, n);
+            r->hook_ns += monotonic_ns() - start;
+        }
         r->pk_next = r->pk_count;
         return (long)n;
     }
@@ -543,7 +753,9 @@ long trace_read_batch(trace_reader *r, const trace_event **out_events, char *err
         if (r->ended) return 0;
         if (!r->slots && !start_blocks(r)) FAIL("%s: out of memory", r->name);
         text_block *b = take_block(r);
+        if (!b) FAIL("%s: the worker process that parses the trace ended before its end", r->name);
         r->held = b;
+        r->hook_ns += b->order_ns;
         if (b->bad) FAIL("%s:%llu: %s", r->name, r->line + b->parsed.lines + 1, b->what);
         r->line += b->parsed.lines;
         r->position_bytes = b->source_bytes;
@@ -552,15 +764,7 @@ long trace_read_batch(trace_reader *r, const trace_event **out_events, char *err
         if (b->tail == TAIL_END) r->ended = true;
         size_t n = b->parsed.events;
         if (!n) continue;
-        trace_event *e = b->events;
-        if (!r->have_origin) {
-            r->have_origin = true;
-            r->origin_ns = e[0].time_ns;
-        }
-        /* Times that run backwards are clamped: the replay's clock only moves on. */
-        uint64_t origin = r->origin_ns;
-        for (size_t i = 0; i < n; i++) e[i].time_ns = e[i].time_ns >= origin ? e[i].time_ns - origin : 0;
-        *out_events = e;
+        *out_events = b->events; /* ordered: relative times, hooked */
         return (long)n;
     }
 }
@@ -585,6 +789,18 @@ long trace_read(trace_reader *r, trace_event *events, size_t capacity, char *err
     }
     return (long)n;
 }
+
+void trace_set_batch_hook(trace_reader *r, trace_batch_hook hook, void *user) {
+    if (r->slots || r->pk_next) return; /* too late */
+    r->hook = hook;
+    r->hook_user = user;
+}
+
+void trace_set_worker_process(trace_reader *r, bool process) {
+    if (!r->slots) r->worker_process = process;
+}
+
+uint64_t trace_hook_ns(const trace_reader *r) { return r->hook_ns; }
 
 void trace_set_threads(trace_reader *r, unsigned threads) {
     if (r->slots || r->format == TRACE_FORMAT_PYTORCH_PICKLE) return; /* too late, or nothing to parse */
@@ -731,16 +947,13 @@ void trace_close(trace_reader *r) {
     if (!r) return;
     stop_workers(r);
     if (r->locks_ready) {
-        pthread_mutex_destroy(&r->lock);
-        pthread_mutex_destroy(&r->cut_lock);
-        pthread_cond_destroy(&r->freed);
-        pthread_cond_destroy(&r->parsed);
+        pthread_mutex_destroy(&r->control->lock);
+        pthread_mutex_destroy(&r->control->cut_lock);
+        pthread_cond_destroy(&r->control->freed);
+        pthread_cond_destroy(&r->control->parsed);
     }
-    for (size_t i = 0; r->slots && i < r->slot_count; i++) {
-        free(r->slots[i].events);
-        free(r->slots[i].buffer);
-    }
-    free(r->slots);
+    if (r->blocks_shared) munmap(r->blocks_memory, r->blocks_memory_bytes);
+    else free(r->blocks_memory);
     if (r->z_ready) inflateEnd(&r->z);
     if (r->mapping) munmap(r->mapping, r->mapping_length);
     if (r->fd >= 0) close(r->fd);

@@ -20,8 +20,9 @@
  * Files may be gzip-compressed or plain. CSV events come out in blocks of
  * lines, so a trace of any length streams through fixed memory (a gzip
  * file of at most 1 GiB of text may be inflated whole first, where tide was
- * built with libdeflate); with threads, worker threads parse blocks ahead
- * while the caller takes them in order. A snapshot is read whole at open (a
+ * built with libdeflate); with threads, worker threads (in the caller's
+ * process, or in a worker process) parse blocks ahead (and run the batch
+ * hook on them, in order) while the caller takes them in order. A snapshot is read whole at open (a
  * pickle is one object), its events kept. trace.c says how.
  */
 #ifndef TIDEPOOL_TRACE_H
@@ -82,6 +83,33 @@ long trace_read(trace_reader *reader, trace_event *events, size_t capacity, char
  * many (0 at the end), or -1 as trace_read. Mixing it with trace_read is
  * allowed (trace_read copies out of the same blocks). */
 long trace_read_batch(trace_reader *reader, const trace_event **events, char *err, size_t err_capacity);
+
+/* Called on the events of each batch in trace order, before
+ * trace_read_batch (or trace_read) hands them out, after their times were
+ * made relative to the first event; it may rewrite the events (the replay
+ * puts each event's live-table slot in its address). It sees exactly the
+ * events the caller gets, no more: none after a malformed line. With
+ * threads it runs on a worker thread (in the worker process, if there is
+ * one: trace_set_worker_process), never two calls at once, each one
+ * done before the caller gets its batch; without, on the caller's thread.
+ * Set before the first read (later it changes nothing). */
+typedef void (*trace_batch_hook)(void *user, trace_event *events, size_t count);
+void trace_set_batch_hook(trace_reader *reader, trace_batch_hook hook, void *user);
+
+/* Host time the batch hook (and the ordering step around it) took on the
+ * batches handed out so far, on whichever thread or process ran it. */
+uint64_t trace_hook_ns(const trace_reader *reader);
+
+/* The workers (trace_set_threads) run in a worker process of their own
+ * (fork) instead of the caller's: the blocks and their events are handed
+ * over through shared memory, so the caller's process has no second
+ * thread -- and glibc keeps its mutexes on their single-threaded path
+ * (about 4 ns a lock and unlock here, against 11-12 ns once a process has
+ * had a second thread); the replay's pool and simulated device take one
+ * or two an event. The batch hook then runs in that process: what it
+ * writes into the events comes back, what it changes in its own memory
+ * does not. Where fork fails, threads. Set before the first read. */
+void trace_set_worker_process(trace_reader *reader, bool process);
 
 /* Worker threads that read and parse CSV blocks ahead of the caller (0,
  * the default: all on the caller's thread; at most 64). Set before the

@@ -13,6 +13,8 @@
  *     on out-of-order (and none on fa-decode, whose frees are LIFO), and
  *     ggml-legacy's flush frees only its own stream's pool;
  *   - a free of an address the trace never allocated is counted, not fatal;
+ *   - replay_file gives the same figures and curves whatever its threads
+ *     (parse workers, lane threads);
  *   - the chart escapes its title.
  * argv[1]: a scratch directory.
  */
@@ -371,6 +373,82 @@ static void test_trace_starting_with_frees(void) {
     }
 }
 
+/* ---------------------------------------------------- replay_file threads */
+
+static int write_events(void *user, const trace_event *events, size_t count) {
+    for (size_t i = 0; i < count; i++)
+        if (trace_write(user, &events[i]) != 0) return -1;
+    return 0;
+}
+
+/* Every figure of a result but the host time it took. */
+static bool same_result(const replay_result *a, const replay_result *b) {
+#define SAME(field) (a->field == b->field)
+    bool same = SAME(events) && SAME(allocs) && SAME(frees) && SAME(peak_live_bytes) && SAME(peak_reserved_bytes) &&
+                SAME(end_reserved_bytes) && SAME(device_calls) && SAME(device_allocs) && SAME(ooms) && SAME(errors) &&
+                SAME(unknown_frees) && SAME(hazards) && SAME(lifo_violations) && SAME(oom_recoveries) &&
+                SAME(fatal) && SAME(fatal_event) && SAME(first_oom_event) && SAME(first_recovery_event) &&
+                SAME(sample_count);
+#undef SAME
+    same = same && !strcmp(a->pool, b->pool) && !strcmp(a->first_oom_report, b->first_oom_report) &&
+           !strcmp(a->first_recovery_report, b->first_recovery_report) && !strcmp(a->extra, b->extra);
+    for (size_t i = 0; same && i < a->sample_count; i++) {
+        const replay_sample *x = &a->samples[i], *y = &b->samples[i];
+        same = x->event == y->event && x->time_ns == y->time_ns && x->live_bytes == y->live_bytes &&
+               x->reserved_bytes == y->reserved_bytes && x->cached_bytes == y->cached_bytes;
+    }
+    return same;
+}
+
+/* replay_file gives the same figures, curves included, whatever the
+ * threads: 1 (all on the caller's), 2 (a parse worker; the lanes one after
+ * the other), 3 to 5 (lane threads beside the parse workers), with
+ * out-of-memory, recoveries and a fatal baseline among the pools, and small
+ * blocks so that many batches go through the lane threads. */
+static void test_replay_file_threads_same_results(void) {
+    const scenario *s = scenario_find("cross-stream");
+    REQUIRE(s != NULL);
+    scenario_params params;
+    small_params(s, &params);
+    char path[1024], err[512];
+    snprintf(path, sizeof path, "%s/threads.csv", scratch_dir);
+    trace_writer *w = trace_writer_open(path, err, sizeof err);
+    REQUIRE(w != NULL);
+    scenario_sink sink = {write_events, NULL, w};
+    CHECK_EQ_U64(s->generate(&params, &sink), 0);
+    REQUIRE(trace_writer_close(w) == 0);
+    const char *pools = "vmm,segment,ggml-legacy,ggml-vmm";
+    replay_run *reference = NULL;
+    replay_result *expected = NULL;
+    size_t expected_count = 0;
+    for (unsigned threads = 1; threads <= 5; threads++) {
+        replay_options options = {.device_spec = "sim:96MiB", .keep_samples = true, .follow_trace_time = true,
+                                  .threads = threads, .block_bytes = 4096};
+        replay_run *run = NULL;
+        replay_file_timing timing;
+        REQUIRE(replay_file(path, pools, &options, &run, &timing, err, sizeof err) == 0);
+        CHECK_MSG(timing.threads == threads, "%u threads asked, %u used", threads, timing.threads);
+        replay_result *results;
+        size_t n = replay_finish(run, &results);
+        CHECK_EQ_U64(n, 4);
+        if (!reference) {
+            reference = run;
+            expected = results;
+            expected_count = n;
+            uint64_t ooms = 0;
+            for (size_t i = 0; i < n; i++) ooms += results[i].ooms;
+            printf("  %llu events, %llu out-of-memory answers over the pools\n", (unsigned long long)results[0].events,
+                   (unsigned long long)ooms);
+            CHECK(results[0].events > 1000 && ooms > 0);
+            continue;
+        }
+        for (size_t i = 0; i < n && i < expected_count; i++)
+            CHECK_MSG(same_result(&results[i], &expected[i]), "%u threads: pool %s differs", threads, results[i].pool);
+        replay_free(run);
+    }
+    replay_free(reference);
+}
+
 static void test_unknown_pool_is_refused_with_its_name(void) {
     replay_options options = {.follow_trace_time = true};
     char err[512];
@@ -438,6 +516,7 @@ static const test_case tests[] = {
     TEST_CASE(test_unknown_free),
     TEST_CASE(test_trace_starting_with_frees),
     TEST_CASE(test_unknown_pool_is_refused_with_its_name),
+    TEST_CASE(test_replay_file_threads_same_results),
     TEST_CASE(test_units),
     TEST_CASE(test_plot),
 };

@@ -6,7 +6,8 @@
  * numbers, CRLF, NUL, the line length limit, a last line without its
  * newline); blocks cut at every position of a text; and the same events
  * whatever the source (memory, mapped file, zlib stream, whole inflate) and
- * the number of worker threads.
+ * the number of worker threads (in the caller's process or a worker
+ * process); the batch hook sees those events, in order, one call at a time.
  * argv[1]: a scratch directory; argv[2]: the shared traces' directory (the
  * parallel-vs-serial test on decode_growing_kv.csv.gz is skipped, and says
  * so, where it is absent).
@@ -19,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <zlib.h>
 
 static const char *scratch_dir, *shared_dir;
@@ -101,9 +103,12 @@ static void test_fast_matches_careful(void) {
 
 /* Reads r to the end with threads workers and closes it: the number of
  * events (copied to events unless it is NULL), or -1 with err. */
+static bool in_process; /* the workers in a worker process (trace_set_worker_process) */
+
 static long read_all_from(trace_reader *r, unsigned threads, trace_event *events, size_t capacity, char *err,
                           size_t cap) {
     trace_set_threads(r, threads);
+    trace_set_worker_process(r, in_process);
     size_t n = 0;
     for (;;) {
         const trace_event *batch;
@@ -255,16 +260,20 @@ static void test_sources_and_threads(void) {
     long expected = read_memory(text, length, NULL, 0, reference, COUNT, err, sizeof err);
     REQUIRE(expected == COUNT);
     const char *paths[] = {plain, gz, gz};
-    for (int p = 0; p < 3; p++) {
-        for (unsigned threads = 0; threads <= 5; threads++) {
-            trace_open_options options = {.block_bytes = 1024 + 97 * threads, .stream_gzip = p == 2};
-            long n = read_path(paths[p], &options, threads, got, COUNT, err, sizeof err);
-            bool same = n == expected;
-            for (long i = 0; same && i < n; i++) same = same_event(&reference[i], &got[i]);
-            CHECK_MSG(same, "%s (%s), %u threads: %ld events (%s)", paths[p], p == 2 ? "zlib" : "default", threads, n,
-                      err);
+    for (int process = 0; process < 2; process++) {
+        in_process = process;
+        for (int p = 0; p < 3; p++) {
+            for (unsigned threads = 0; threads <= 5; threads++) {
+                trace_open_options options = {.block_bytes = 1024 + 97 * threads, .stream_gzip = p == 2};
+                long n = read_path(paths[p], &options, threads, got, COUNT, err, sizeof err);
+                bool same = n == expected;
+                for (long i = 0; same && i < n; i++) same = same_event(&reference[i], &got[i]);
+                CHECK_MSG(same, "%s (%s), %u threads%s: %ld events (%s)", paths[p], p == 2 ? "zlib" : "default", threads,
+                          process ? " in a worker process" : "", n, err);
+            }
         }
     }
+    in_process = false;
 }
 
 /* The real trace, serial against 1 to 7 worker threads: the same events. */
@@ -316,16 +325,110 @@ static void test_damage_with_threads(void) {
     CHECK(read_path(cut, NULL, 0, NULL, 0, serial_err, sizeof serial_err) == -1);
     CHECK_CONTAINS(serial_err, "truncated gzip file");
     for (unsigned threads = 1; threads <= 4; threads++) {
+        in_process = threads % 2 == 0; /* 2 and 4 in a worker process */
         trace_open_options options = {.block_bytes = 1500};
         err[0] = '\0';
         CHECK(read_path(cut, &options, threads, NULL, 0, err, sizeof err) == -1);
-        CHECK_MSG(!strcmp(err, serial_err), "%u threads: '%s', serial '%s'", threads, err, serial_err);
+        CHECK_MSG(!strcmp(err, serial_err), "%u threads%s: '%s', serial '%s'", threads,
+                  in_process ? " in a worker process" : "", err, serial_err);
     }
+    in_process = false;
+}
+
+/* The batch hook: one call at a time, in trace order, on exactly the
+ * events the caller then gets (relative times; what it rewrote is what the
+ * caller sees) -- and none after a bad line; with 0 to 4 threads. */
+typedef struct hook_state {
+    _Atomic int inside; /* calls running now */
+    uint64_t next;      /* events seen */
+    bool overlapped, first_not_zero;
+} hook_state;
+
+static void numbering_hook(void *user, trace_event *events, size_t count) {
+    hook_state *h = user;
+    if (h->inside++) h->overlapped = true;
+    if (h->next == 0 && events[0].time_ns != 0) h->first_not_zero = true;
+    for (size_t i = 0; i < count; i++) events[i].stream = (uint32_t)h->next++;
+    h->inside--;
+}
+
+static void test_batch_hook(void) {
+    enum { COUNT = 3000 };
+    static char text[COUNT * 64];
+    size_t length = make_text(text, sizeof text, COUNT);
+    static trace_event reference[COUNT], got[COUNT];
+    char err[512];
+    REQUIRE(read_memory(text, length, NULL, 0, reference, COUNT, err, sizeof err) == COUNT);
+    for (int bad = 0; bad < 2; bad++) {
+        if (bad) { /* the line after event 2000 */
+            char *line = text;
+            for (int i = 0; i < 2000; i++) line = strchr(line, '\n') + 1;
+            line[0] = 'x';
+        }
+        for (unsigned run = 0; run <= 8; run++) {
+            /* 0 to 4 threads, then 1 to 4 in a worker process: there the
+             * hook's own state stays in that process, the events come back */
+            unsigned threads = run <= 4 ? run : run - 4;
+            in_process = run > 4;
+            hook_state h = {0};
+            trace_open_options options = {.block_bytes = 1024 + 61 * threads};
+            trace_reader *r = trace_open_memory_with(text, length, &options, err, sizeof err);
+            REQUIRE(r != NULL);
+            trace_set_batch_hook(r, numbering_hook, &h);
+            long n = read_all_from(r, threads, got, COUNT, err, sizeof err);
+            if (bad && in_process) {
+                CHECK_MSG(n == -1 && strstr(err, "bad time_us 'x"), "%u threads: %ld (%s)", threads, n, err);
+                continue;
+            }
+            if (bad) {
+                CHECK_MSG(n == -1 && strstr(err, "bad time_us 'x"), "%u threads: %ld (%s)", threads, n, err);
+                /* the events before the bad block went out, each hooked; none after it */
+                CHECK_MSG(h.next < 2000 && h.next > 0, "%u threads: %llu events hooked", threads,
+                          (unsigned long long)h.next);
+                continue;
+            }
+            CHECK_MSG(n == COUNT && h.next == (in_process ? 0 : COUNT), "%u threads: %ld events, %llu hooked (%s)",
+                      threads, n, (unsigned long long)h.next, err);
+            CHECK(!h.overlapped && !h.first_not_zero);
+            bool same = true;
+            for (long i = 0; same && i < n; i++) {
+                trace_event expected = reference[i];
+                expected.stream = (uint32_t)i;
+                same = same_event(&expected, &got[i]);
+            }
+            CHECK_MSG(same, "%u threads%s: the events differ from the reference's", threads,
+                      in_process ? " in a worker process" : "");
+        }
+    }
+    in_process = false;
+}
+
+/* A worker process that dies (here: its hook ends it) is an error naming
+ * the file, never a hang or a shorter trace. */
+static void dying_hook(void *user, trace_event *events, size_t count) {
+    (void)user, (void)events, (void)count;
+    _exit(3);
+}
+
+static void test_worker_process_death(void) {
+    enum { COUNT = 2000 };
+    static char text[COUNT * 64];
+    size_t length = make_text(text, sizeof text, COUNT);
+    char err[512] = "";
+    trace_reader *r = trace_open_memory_with(text, length, NULL, err, sizeof err);
+    REQUIRE(r != NULL);
+    trace_set_batch_hook(r, dying_hook, NULL);
+    in_process = true;
+    long n = read_all_from(r, 2, NULL, 0, err, sizeof err);
+    in_process = false;
+    CHECK_MSG(n == -1 && strstr(err, "<memory>: the worker process that parses the trace ended before its end"),
+              "%ld '%s'", n, err);
 }
 
 static const test_case tests[] = {
     TEST_CASE(test_fast_matches_careful), TEST_CASE(test_strict_lines),        TEST_CASE(test_block_boundaries),
     TEST_CASE(test_sources_and_threads),  TEST_CASE(test_parallel_real_trace), TEST_CASE(test_damage_with_threads),
+    TEST_CASE(test_batch_hook),           TEST_CASE(test_worker_process_death),
 };
 
 int main(int argc, char **argv) {
