@@ -791,12 +791,17 @@ int replay_file(const char *path, const char *pool_names, const replay_options *
     }
     unsigned workers = parsed_at_open || threads <= lane_threads ? 0 : threads - lane_threads;
     if (workers > MAX_PARSE_WORKERS) workers = MAX_PARSE_WORKERS;
-    /* The parse workers in a process of their own, so that this one keeps
-     * no second thread while one pool replays (trace.h says why); lane
+    /* The parse workers in a process of their own (on the simulated
+     * device), so that this one keeps no second thread while one pool
+     * replays (trace.h says why); lane
      * threads start after the first read, once the worker process is
      * forked from a process with one thread. */
     trace_set_threads(reader, workers);
-    trace_set_worker_process(reader, true);
+    /* Not beside a real GPU: its driver runs threads of its own already,
+     * and a fork of a process that holds device mappings costs more than
+     * it could save. */
+    bool simulated = strncmp(run->options.device_spec, "sim", 3) == 0;
+    trace_set_worker_process(reader, simulated);
     trace_set_batch_hook(reader, slots_resolve, &run->slots);
     bool first = true;
     for (;;) {
