@@ -349,8 +349,14 @@ TP_API tp_status tp_pool_remove_reclaim_callback(tp_pool *pool, tp_reclaim_fn fn
 TP_API tp_status tp_pool_pin(tp_pool *pool, const void *ptr, size_t bytes);
 TP_API tp_status tp_pool_unpin(tp_pool *pool, const void *ptr, size_t bytes);
 
-/* Capture: call begin right after the stream starts capturing a graph and
- * end right after the capture ends. In between, blocks allocated on
+/* Capture: call begin right BEFORE the stream starts capturing a graph
+ * (cudaStreamBeginCapture) and end right after the capture ends. Before,
+ * not after: another thread's pool call that has just seen the stream not
+ * capturing could otherwise record an event on it, and query it, inside the
+ * new capture, which invalidates it; once told, the pool stays off the
+ * stream. (Nothing is noted between begin and the device's capture start,
+ * as long as the caller queues nothing on the stream in between.) In
+ * between, blocks allocated on
  * `stream` are recorded; a block freed on it may be reused by later
  * allocations of the same capture (their order is fixed in the graph), but
  * by no other stream and not given back to the device. The pool also asks

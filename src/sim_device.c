@@ -795,7 +795,9 @@ static uint64_t sim_check_handout(tp_device *device, uint64_t address, uint64_t 
         uint32_t s;
         if (sim->check && sim->kernel_count && sim_stream_index(sim, stream, &s)) {
             bytes = TPI_MIN(bytes, UINT64_MAX - address); /* no error to return: clamp, never wrap */
-            found = count_conflicts(sim, address, bytes, (int)s, "hand-out");
+            char what[32];
+            snprintf(what, sizeof what, "hand-out on stream %u", s);
+            found = count_conflicts(sim, address, bytes, (int)s, what);
             sim->counters.hazards_handout += found;
             sim->counters.hazards += found;
         }

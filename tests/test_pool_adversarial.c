@@ -491,8 +491,8 @@ static void capture_is_never_invalidated_by_the_pool(tp_pool_kind kind, bool poo
     void *before;
     REQUIRE_OK(tp_pool_alloc(f.pool, 8 * TEST_MiB, cs, &before)); /* eager work, then freed in the capture */
     launch(f.dev, cs, 50 * MS, before, 8 * TEST_MiB);
-    REQUIRE_OK(tp_sim_capture_begin(f.dev, cs));
     if (pool_told) REQUIRE_OK(tp_pool_capture_begin(f.pool, cs));
+    REQUIRE_OK(tp_sim_capture_begin(f.dev, cs));
     CHECK_OK(tp_pool_free(f.pool, before, cs));
     test_rng rng = {11};
     void *mine[3] = {0};

@@ -579,8 +579,8 @@ static void test_pins_span_adjacent_segments(void) {
     for (int i = 0; i < 8; i++) CHECK_OK(tp_pool_free(f.pool, p[i], cs));
 
     /* A capture that allocates blocks end to end across segments. */
+    CHECK_OK(tp_pool_capture_begin(f.pool, cs)); /* the pool first: tp_pool_capture_begin's contract */
     CHECK_OK(tp_sim_capture_begin(f.dev, cs));
-    CHECK_OK(tp_pool_capture_begin(f.pool, cs));
     for (int i = 0; i < 8; i++) CHECK_OK(tp_pool_alloc(f.pool, block, cs, &p[i]));
     for (int i = 0; i < 8; i++) CHECK_OK(tp_pool_free(f.pool, p[i], cs));
     tp_range *ranges = NULL;
@@ -787,8 +787,8 @@ static void test_growth_during_captures_goes_back(void) {
     size_t previous_count = 0;
     uint64_t live_peak = 0;
     for (uint64_t step = 1; step <= 48; step++) {
-        REQUIRE_OK(tp_sim_capture_begin(f.dev, cs));
         REQUIRE_OK(tp_pool_capture_begin(f.pool, cs));
+        REQUIRE_OK(tp_sim_capture_begin(f.dev, cs));
         const uint64_t bytes = step * 2 * TEST_MiB;
         void *k = NULL, *v = NULL;
         REQUIRE_OK(tp_pool_alloc(f.pool, bytes, cs, &k));

@@ -337,8 +337,8 @@ static void capture_with_pool(tp_pool_kind kind) {
     fixture_open(&f, "sim:1GiB", kind, NULL);
     tp_stream cs;
     CHECK_OK(tp_stream_create(f.dev, &cs));
-    CHECK_OK(tp_sim_capture_begin(f.dev, cs));
     CHECK_OK(tp_pool_capture_begin(f.pool, cs));
+    CHECK_OK(tp_sim_capture_begin(f.dev, cs));
     void *p = NULL, *q = NULL;
     CHECK_OK(tp_pool_alloc(f.pool, 3 * TEST_MiB, cs, &p));
     CHECK_OK(tp_pool_alloc(f.pool, 4096, cs, &q));

@@ -479,8 +479,8 @@ void case_shared_pool() {
  * the helper's status (TP_OK or TP_ERR_RUN_EAGER). */
 tp_status capture_graph(tp_device *dev, tp_ggml::graph_context &ctx, tp_ggml_pool_interface &pool, tp_stream s,
                         const void *key, int kernels, size_t temp_bytes) {
+    CHECK_OK(ctx.capture_begin(s)); /* before the stream captures (tp_pool_capture_begin's contract) */
     CHECK_OK(tp_sim_capture_begin(dev, s));
-    CHECK_OK(ctx.capture_begin(s));
     for (int i = 0; i < kernels; i++) {
         pool_alloc<char> tmp(pool, temp_bytes);
         REQUIRE(tmp.get());

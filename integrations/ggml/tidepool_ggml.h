@@ -147,9 +147,11 @@ public:
     bool ok() const { return entry_ != nullptr; }
     uint32_t id() const { return id_; }
 
-    /* Right after the stream starts capturing (cudaStreamBeginCapture):
+    /* Right before the stream starts capturing (cudaStreamBeginCapture):
      * temporaries allocated on the stream from now on are recorded as the
-     * graph's footprint (tp_pool_capture_begin). */
+     * graph's footprint, and the pool stays off the stream's events (told
+     * after the capture began, another context's pool call could record
+     * an event inside it and invalidate it: tp_pool_capture_begin). */
     tp_status capture_begin(tp_stream stream);
     /* Right after the capture ends with graph (cudaStreamEndCapture; a
      * cudaGraph_t cast to tp_graph): the footprint is pinned for the

@@ -72,8 +72,8 @@ static void capture_alloc_memset_free(bool vmm, bool traffic) {
     REQUIRE_OK(tp_pool_alloc(pool, 64 * TEST_MiB, tcs, &warm));
     GPU_OK(gpu.MemsetD8Async(gpu_addr(warm), 1, 64 * TEST_MiB, cs));
 
+    REQUIRE_OK(tp_pool_capture_begin(pool, tcs)); /* before the stream captures: the contract */
     GPU_OK(cap.BeginCapture(cs, CAPTURE_MODE_RELAXED));
-    REQUIRE_OK(tp_pool_capture_begin(pool, tcs));
     CHECK_OK(tp_pool_free(pool, warm, tcs));
     void *pending[3];
     tp_range captured[48];
