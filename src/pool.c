@@ -91,8 +91,13 @@ void tpi_pool_lock(tp_pool *pool) {
  * the mutex is tried, never waited for, with it held (a stream lock
  * before the mutex would break the lock order, so on failure fs is let go
  * and the mutex taken in order); the other stream locks follow, and fs
- * stays held instead of being given back and taken again. */
+ * stays held instead of being given back and taken again. fs NULL (no hit
+ * was tried): the world lock as usual. */
 static void lock_after_miss(tp_pool *pool, tpi_front_stream *fs) {
+    if (!fs) {
+        tpi_pool_lock(pool);
+        return;
+    }
     if (pthread_mutex_trylock(&pool->lock) == 0) {
         tpi_front_world_enter(&pool->front, fs);
         return;
@@ -360,10 +365,8 @@ tp_status tp_pool_alloc(tp_pool *pool, size_t bytes, tp_stream stream, void **ou
             check_after_hit(pool);
             return TP_OK;
         }
-        lock_after_miss(pool, fs);
-    } else {
-        tpi_pool_lock(pool);
     }
+    lock_after_miss(pool, fs);
     tp_status st = alloc_locked(pool, size, bytes, stream, out_ptr);
     check_invariants_if_asked_locked(pool);
     tpi_pool_unlock(pool);
@@ -464,10 +467,8 @@ tp_status tp_pool_free(tp_pool *pool, void *ptr, tp_stream stream) {
             check_after_hit(pool);
             return TP_OK;
         }
-        lock_after_miss(pool, fs);
-    } else {
-        tpi_pool_lock(pool);
     }
+    lock_after_miss(pool, fs);
     tp_status st = free_locked(pool, address, stream);
     check_invariants_if_asked_locked(pool);
     tpi_pool_unlock(pool);

@@ -109,18 +109,20 @@ void tpi_units_pages_mapped(tpi_units *u, uint64_t first, uint64_t last, uint64_
 
 /* --------------------------------------------------------------- release */
 
-/* May page p join an unmap run: idle, idle long enough, work complete? */
-static bool page_joins_release(tpi_units *u, uint64_t p, uint64_t idle_before_ns) {
+/* May page p join an unmap run: idle, idle since idle_before_ns at the
+ * latest, its work complete (waited for when blocking)? */
+static bool page_joins_release(tpi_units *u, uint64_t p, uint64_t idle_before_ns, bool blocking) {
     tpi_unit *unit = &u->units[p];
-    return unit->state == TPI_UNIT_IDLE && unit->idle_since_ns <= idle_before_ns &&
-           tpi_order_tag_complete(u->order, unit->tag);
+    if (unit->state != TPI_UNIT_IDLE || unit->idle_since_ns > idle_before_ns) return false;
+    return tpi_order_tag_complete(u->order, unit->tag) ||
+           (blocking && tpi_order_tag_wait(u->order, unit->tag) == TP_OK);
 }
 
 /* May the whole chunk [first, first + pages) join, page skip excepted? */
 static bool chunk_joins_release(tpi_units *u, uint64_t first, uint64_t pages, uint64_t skip,
-                                uint64_t idle_before_ns) {
+                                uint64_t idle_before_ns, bool blocking) {
     for (uint64_t p = first; p < first + pages; p++)
-        if (p != skip && !page_joins_release(u, p, idle_before_ns)) return false;
+        if (p != skip && !page_joins_release(u, p, idle_before_ns, blocking)) return false;
     return true;
 }
 
@@ -140,7 +142,7 @@ static tp_status release_pages(tpi_units *u, uint32_t id, uint64_t idle_before_n
     while (first > 0 && tpi_page_mapped(u, first - 1)) {
         const tpi_unit *before = &u->units[first - 1];
         if (last + 1 - before->chunk_first > max_run ||
-            !chunk_joins_release(u, before->chunk_first, before->chunk_pages, UINT64_MAX, idle_before_ns))
+            !chunk_joins_release(u, before->chunk_first, before->chunk_pages, UINT64_MAX, idle_before_ns, false))
             break;
         first = before->chunk_first;
         lru_unlink_chunk(u, first, before->chunk_pages, UINT64_MAX);
@@ -148,7 +150,7 @@ static tp_status release_pages(tpi_units *u, uint32_t id, uint64_t idle_before_n
     while (last + 1 < u->page_high && tpi_page_mapped(u, last + 1)) {
         const tpi_unit *after = &u->units[last + 1];
         if (last + after->chunk_pages + 1 - first > max_run ||
-            !chunk_joins_release(u, last + 1, after->chunk_pages, UINT64_MAX, idle_before_ns))
+            !chunk_joins_release(u, last + 1, after->chunk_pages, UINT64_MAX, idle_before_ns, false))
             break;
         lru_unlink_chunk(u, last + 1, after->chunk_pages, UINT64_MAX);
         last += after->chunk_pages;
@@ -171,22 +173,6 @@ static tp_status release_pages(tpi_units *u, uint32_t id, uint64_t idle_before_n
     tpi_stats_reserved_changed(u->stats, -(int64_t)bytes);
     tpi_observe(u->stats, TP_POOL_EVENT_DEVICE_FREE, tpi_page_address(u, first), bytes, TP_STREAM_DEFAULT);
     return TP_OK;
-}
-
-/* Pages: may page id go now, with the rest of its chunk? Every other page
- * of the chunk must be idle since idle_before_ns at the latest and
- * (waiting for it when blocking) complete. */
-static bool chunk_ready(tpi_units *u, uint32_t id, bool blocking, uint64_t idle_before_ns) {
-    const tpi_unit *unit = &u->units[id];
-    for (uint64_t p = unit->chunk_first; p < (uint64_t)unit->chunk_first + unit->chunk_pages; p++) {
-        if (p == id) continue;
-        tpi_unit *other = &u->units[p];
-        if (other->state != TPI_UNIT_IDLE || other->idle_since_ns > idle_before_ns) return false;
-        if (!tpi_order_tag_complete(u->order, other->tag) &&
-            (!blocking || tpi_order_tag_wait(u->order, other->tag) != TP_OK))
-            return false;
-    }
-    return true;
 }
 
 /* Frees segment id (already off the idle list) and removes its region. */
@@ -215,7 +201,9 @@ static tp_status release_unit(tpi_units *u, uint32_t id, bool blocking, uint64_t
         tp_status st = tpi_order_tag_wait(u->order, unit->tag);
         if (st != TP_OK) return st;
     }
-    if (u->kind == TPI_UNITS_PAGES && unit->chunk_pages > 1 && !chunk_ready(u, id, blocking, idle_before_ns))
+    /* A page goes only with the rest of its chunk. */
+    if (u->kind == TPI_UNITS_PAGES &&
+        !chunk_joins_release(u, unit->chunk_first, unit->chunk_pages, id, idle_before_ns, blocking))
         return TP_NOT_READY;
     unit->tag = TPI_TAG_CLEAN;
     uint64_t bytes = unit->bytes;

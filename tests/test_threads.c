@@ -203,7 +203,7 @@ static void *capturer_main(void *arg) {
             if (tp_pool_free(sh->pool, p, sh->capturer) != TP_OK) sh->errors++;
         }
         tp_graph g = NULL;
-        if (tp_sim_capture_end(sh->dev, sh->capturer, &g) != TP_OK) __atomic_add_fetch(&sh->invalidated, 1, __ATOMIC_RELAXED);
+        if (tp_sim_capture_end(sh->dev, sh->capturer, &g) != TP_OK) sh->invalidated++;
         tp_range *ranges = NULL;
         size_t count = 0;
         if (tp_pool_capture_end(sh->pool, sh->capturer, &ranges, &count) != TP_OK) sh->errors++;
