@@ -216,8 +216,10 @@ static inline uint32_t tpi_live_home_(const tpi_live_map *m, uint64_t offset) {
     return (uint32_t)((offset * 0x9E3779B97F4A7C15ull) >> m->shift);
 }
 
+/* (No block starts at UINT64_MAX, the empty marker: a caller's pointer of
+ * all ones must not find an empty entry.) */
 static inline tpi_live_entry *tpi_live_find(tpi_live_map *m, uint64_t offset) {
-    if (!m->capacity) return NULL;
+    if (!m->capacity || offset == UINT64_MAX) return NULL;
     for (uint32_t i = tpi_live_home_(m, offset);; i = (i + 1) & (m->capacity - 1)) {
         tpi_live_entry *e = &m->entries[i];
         if (e->offset == offset) return e;

@@ -536,6 +536,40 @@ static void capture_untold(tp_pool_kind kind) { capture_is_never_invalidated_by_
 KIND_TEST(capture_told)
 KIND_TEST(capture_untold)
 
+/* A pointer equal to the live map's empty-slot marker (all bits set), or
+ * near it, is refused as not owned. The hit path's map lookup used to take
+ * the marker for a live block: the free "succeeded", parked a block that
+ * was never handed out, and the pool was corrupt. Checked with a stream
+ * that has blocks live (the map has room) and on the locked path too. */
+static void free_of_all_ones_pointer_is_refused(tp_pool_kind kind) {
+    fixture f;
+    fixture_open(&f, "sim:1GiB", kind, NULL);
+    tp_stream s;
+    CHECK_OK(tp_stream_create(f.dev, &s));
+    void *live[3];
+    for (int i = 0; i < 3; i++) CHECK_OK(tp_pool_alloc(f.pool, 4096, s, &live[i]));
+    const uintptr_t bad[] = {UINTPTR_MAX, UINTPTR_MAX - 255, UINTPTR_MAX & ~(uintptr_t)255};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        CHECK_STATUS(tp_pool_free(f.pool, (void *)bad[i], s), TP_ERR_NOT_OWNED);
+        CHECK_STATUS(tp_pool_free(f.pool, (void *)bad[i], TP_STREAM_DEFAULT), TP_ERR_NOT_OWNED);
+        size_t bytes = 0;
+        CHECK_STATUS(tp_pool_block_size(f.pool, (void *)bad[i], &bytes), TP_ERR_NOT_OWNED);
+    }
+    f.log.errors = 0;
+    char msg[256];
+    CHECK_OK(tp_pool_check(f.pool, msg, sizeof msg));
+    void *again = NULL;
+    CHECK_OK(tp_pool_alloc(f.pool, 4096, s, &again));
+    for (int i = 0; i < 3; i++) CHECK(again != live[i]);
+    CHECK_OK(tp_pool_free(f.pool, again, s));
+    for (int i = 0; i < 3; i++) CHECK_OK(tp_pool_free(f.pool, live[i], s));
+    CHECK_OK(tp_pool_destroy(f.pool));
+    f.pool = NULL;
+    CHECK_OK(tp_stream_destroy(f.dev, s));
+    fixture_close(&f);
+}
+KIND_TEST(free_of_all_ones_pointer_is_refused)
+
 static const test_case tests[] = {
     TEST_CASE(test_vmm_window_waits_for_every_blocking_stream),
     TEST_CASE(test_detach_during_a_reclaim_round_does_not_deadlock),
@@ -550,6 +584,7 @@ static const test_case tests[] = {
     KIND_CASES(free_on_an_unknown_stream_is_refused),
     KIND_CASES(capture_told),
     KIND_CASES(capture_untold),
+    KIND_CASES(free_of_all_ones_pointer_is_refused),
 };
 
 int main(int argc, char **argv) { return TEST_MAIN("test_pool_adversarial", tests, argc, argv); }
