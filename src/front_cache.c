@@ -148,6 +148,7 @@ tpi_front_stream *tpi_front_stream_at(tpi_front *f, uint32_t slot, tp_stream han
         fs->handle = handle;
         fs->hits = true;
         fs->frees_to_upkeep = TPI_FRONT_UPKEEP_FREES;
+        fs->live.newest.offset = UINT64_MAX;
         fs->counts = (uint8_t *)(fs + 1);
         fs->bins = (tpi_front_entry(*)[TPI_FRONT_DEPTH])tpi_align_up((uint64_t)(uintptr_t)(fs->counts + f->bin_count),
                                                                    TPI_CACHE_LINE_BYTES);
@@ -212,6 +213,7 @@ static size_t live_bytes(uint32_t capacity) { return capacity * sizeof(tpi_live_
 void tpi_live_free(const tpi_host *host, tpi_live_map *m) {
     if (m->base) tpi_host_free(host, m->base, live_bytes(m->capacity));
     *m = (tpi_live_map){0};
+    m->newest.offset = UINT64_MAX;
 }
 
 bool tpi_live_grow(const tpi_host *host, tpi_live_map *m) {
@@ -220,9 +222,9 @@ bool tpi_live_grow(const tpi_host *host, tpi_live_map *m) {
     if (!base) return false;
     tpi_live_entry *entries = (tpi_live_entry *)tpi_align_up((uint64_t)(uintptr_t)base, TPI_CACHE_LINE_BYTES);
     for (uint32_t i = 0; i < capacity; i++) entries[i].offset = UINT64_MAX;
-    tpi_live_map grown = {entries, capacity, 0, 64u - (unsigned)__builtin_ctz(capacity), base};
+    tpi_live_map grown = {m->newest, entries, capacity, m->count, 64u - (unsigned)__builtin_ctz(capacity), base};
     for (uint32_t i = 0; i < m->capacity; i++)
-        if (m->entries[i].offset != UINT64_MAX) tpi_live_insert_(&grown, &m->entries[i]);
+        if (m->entries[i].offset != UINT64_MAX) tpi_live_table_insert_(&grown, &m->entries[i]);
     tpi_live_free(host, m);
     *m = grown;
     return true;
@@ -262,8 +264,8 @@ void tpi_front_live_sums(const tpi_front *f, uint64_t *out_allocated, uint64_t *
     for (size_t slot = 1; slot < f->slot_end; slot++) {
         const tpi_front_stream *fs = f->streams[slot];
         if (!fs) continue;
-        for (uint32_t i = 0; i < fs->live.capacity; i++) {
-            const tpi_live_entry *e = &fs->live.entries[i];
+        for (uint32_t i = 0; i <= fs->live.capacity; i++) { /* the table, then the newest */
+            const tpi_live_entry *e = i < fs->live.capacity ? &fs->live.entries[i] : &fs->live.newest;
             if (e->offset == UINT64_MAX) continue;
             allocated += e->size;
             requested += e->requested;
@@ -496,8 +498,8 @@ bool tpi_front_check(const tpi_front *f, char *msg, size_t msg_capacity) {
         }
         if (parked != fs->parked_bytes) TPI_FAIL(msg, msg_capacity, "stream %zu: parked bytes disagree", slot);
         uint32_t live = 0;
-        for (uint32_t i = 0; i < fs->live.capacity; i++) {
-            const tpi_live_entry *e = &fs->live.entries[i];
+        for (uint32_t i = 0; i <= fs->live.capacity; i++) { /* the table, then the newest */
+            const tpi_live_entry *e = i < fs->live.capacity ? &fs->live.entries[i] : &fs->live.newest;
             if (e->offset == UINT64_MAX) continue;
             live++;
             if (!check_used(core, e->node, e->offset, e->size))

@@ -16,7 +16,9 @@
  *     never reads the range allocator. A bitmap of non-empty bins lets a
  *     flush visit only those; each stream parks at most limit_bytes.
  *   - live map: the blocks handed out on the stream (offset -> requested
- *     bytes, size, node, pins), found by the free without the pool lock.
+ *     bytes, size, node, pins), found by the free without the pool lock;
+ *     the newest block sits beside the hash table, so an alloc+free pair
+ *     never hashes.
  *     A free on another stream than the allocation's misses it and takes
  *     the locked path, which looks in every stream's map.
  *   - statistics: the stream's uncounted hits (pool_stats.h).
@@ -89,9 +91,15 @@ typedef struct tpi_live_entry {
     uint32_t pins;
 } tpi_live_entry;
 
-/* Open addressing, linear probing, at most half full, backward-shift
- * deletion (the scheme of common/tpi_map.h with a wider value). */
+/* The newest block apart, then a hash table: open addressing, linear
+ * probing, at most half full, backward-shift deletion (the scheme of
+ * common/tpi_map.h with a wider value). The newest block is the next one
+ * freed more often than not (a temporary freed before the next allocation,
+ * or scopes ending in reverse): its entry, newest, is a plain field, and such
+ * a pair never hashes. An allocation moves the previous newest into the
+ * table. count covers both. */
 typedef struct tpi_live_map {
+    tpi_live_entry newest;   /* offset UINT64_MAX: empty */
     tpi_live_entry *entries; /* cache-line aligned, inside base */
     uint32_t capacity, count;
     unsigned shift;
@@ -219,7 +227,9 @@ static inline uint32_t tpi_live_home_(const tpi_live_map *m, uint64_t offset) {
 /* (No block starts at UINT64_MAX, the empty marker: a caller's pointer of
  * all ones must not find an empty entry.) */
 static inline tpi_live_entry *tpi_live_find(tpi_live_map *m, uint64_t offset) {
-    if (!m->capacity || offset == UINT64_MAX) return NULL;
+    if (offset == UINT64_MAX) return NULL;
+    if (m->newest.offset == offset) return &m->newest;
+    if (!m->capacity) return NULL;
     for (uint32_t i = tpi_live_home_(m, offset);; i = (i + 1) & (m->capacity - 1)) {
         tpi_live_entry *e = &m->entries[i];
         if (e->offset == offset) return e;
@@ -227,8 +237,14 @@ static inline tpi_live_entry *tpi_live_find(tpi_live_map *m, uint64_t offset) {
     }
 }
 
-/* Takes e (an entry of m) out, shifting the rest of its probe run back. */
+/* Takes e (an entry of m) out: the newest slot emptied, or a table entry
+ * out with the rest of its probe run shifted back. */
 static inline void tpi_live_remove_entry(tpi_live_map *m, tpi_live_entry *e) {
+    if (e == &m->newest) {
+        m->newest.offset = UINT64_MAX;
+        m->count--;
+        return;
+    }
     uint32_t mask = m->capacity - 1, hole = (uint32_t)(e - m->entries);
     for (uint32_t i = (hole + 1) & mask;; i = (i + 1) & mask) {
         tpi_live_entry *x = &m->entries[i];
@@ -247,11 +263,18 @@ static inline void tpi_live_remove_entry(tpi_live_map *m, tpi_live_entry *e) {
 bool tpi_live_grow(const tpi_host *host, tpi_live_map *m);
 void tpi_live_free(const tpi_host *host, tpi_live_map *m);
 
-/* Inserts (offset is not there, and there is room). */
-static inline void tpi_live_insert_(tpi_live_map *m, const tpi_live_entry *entry) {
+/* Puts entry in the table (its offset is not in the map; there is room). */
+static inline void tpi_live_table_insert_(tpi_live_map *m, const tpi_live_entry *entry) {
     uint32_t i = tpi_live_home_(m, entry->offset);
     while (m->entries[i].offset != UINT64_MAX) i = (i + 1) & (m->capacity - 1);
     m->entries[i] = *entry;
+}
+
+/* Adds entry as the newest block, the previous newest moving into the table
+ * (offset is not in the map; the table has room for one more). */
+static inline void tpi_live_insert_(tpi_live_map *m, const tpi_live_entry *entry) {
+    if (m->newest.offset != UINT64_MAX) tpi_live_table_insert_(m, &m->newest);
+    m->newest = *entry;
     m->count++;
 }
 
