@@ -20,12 +20,16 @@
  * of addresses per size class (4 classes per power of two), filled from a
  * bump arena on a miss; free finds the stack from the address alone. No
  * streams, no statistics, no lock. Tidepool's hit path is reported as a
- * multiple of it.
+ * multiple of it: each run times the default pool's pass and then the
+ * floor's, and the ratio is the median of the runs' ratios, so a host whose
+ * speed drifts from run to run (the H200 host's does) moves both sides.
  *
  * Threads: N threads share ONE default pool, each on its own stream
  * (tp_stream_create, on the simulated device and on CUDA alike), each doing
  * --pairs 4 KiB alloc+free pairs after a warm-up; pairs/s over all threads
  * from the common start to the last thread's end, median of --runs runs.
+ * Each run times 1, 2, ..., N threads in turn; the speedup of n threads is
+ * the median of the runs' (n threads / one thread) ratios.
  */
 #include "replay.h"
 #include "tide.h"
@@ -104,6 +108,41 @@ static double measure(bench_target *t, const uint64_t *sizes, size_t size_count,
     t->factory->ops->counters(t->impl, &after);
     *device_calls_in_timed = after.device_calls - before.device_calls;
     qsort(samples, (size_t)runs, sizeof *samples, compare_double);
+    return samples[runs / 2];
+}
+
+/* The median of the per-run ratios a[r] / b[r]. */
+static double median_ratio(const double *a, const double *b, int runs) {
+    double ratios[64];
+    for (int r = 0; r < runs; r++) ratios[r] = b[r] > 0 ? a[r] / b[r] : 0;
+    qsort(ratios, (size_t)runs, sizeof *ratios, compare_double);
+    return ratios[runs / 2];
+}
+
+/* measure() for t and the floor side by side: each run times t's pass and
+ * then the floor's, so a host whose speed drifts between runs moves both.
+ * *out_floor: the floor's median; *out_ratio: the median of the per-run
+ * ratios t / floor (what the ratio targets are about). */
+static double measure_beside(bench_target *t, bench_target *floor, const uint64_t *sizes, size_t size_count,
+                             uint64_t pairs, int runs, uint64_t *device_calls_in_timed, double *out_floor,
+                             double *out_ratio, bool *ok) {
+    double samples[64], floor_samples[64];
+    uint64_t warm = size_count * 4 > pairs ? pairs : size_count * 4;
+    time_pairs(t, sizes, size_count, warm, ok);
+    time_pairs(floor, sizes, size_count, warm, ok);
+    replay_counters before = {0}, after = {0};
+    t->factory->ops->counters(t->impl, &before);
+    for (int r = 0; r < runs && *ok; r++) {
+        samples[r] = time_pairs(t, sizes, size_count, pairs, ok);
+        floor_samples[r] = time_pairs(floor, sizes, size_count, pairs, ok);
+    }
+    t->factory->ops->counters(t->impl, &after);
+    *device_calls_in_timed = after.device_calls - before.device_calls;
+    if (!*ok) return 0;
+    *out_ratio = median_ratio(samples, floor_samples, runs);
+    qsort(samples, (size_t)runs, sizeof *samples, compare_double);
+    qsort(floor_samples, (size_t)runs, sizeof *floor_samples, compare_double);
+    *out_floor = floor_samples[runs / 2];
     return samples[runs / 2];
 }
 
@@ -268,10 +307,14 @@ static double threads_run(tp_pool *pool, const tp_stream *streams, int n, uint64
 }
 
 /* Fills out[0..max_threads-1] with the median pairs/s for 1..max_threads
- * threads on one pool of the default kind. False (message printed) on
- * failure. *device_calls: device calls the pool made in the timed runs. */
+ * threads on one pool of the default kind, and speedup[n-1] with the
+ * median over runs of n threads' pairs/s divided by one thread's in the
+ * same round: each round runs 1, 2, ..., max_threads threads in turn, so a
+ * host whose speed drifts between rounds moves all of them. False (message
+ * printed) on failure. *device_calls: device calls the pool made in the
+ * timed runs. */
 static bool measure_threads(const char *device_spec, int max_threads, uint64_t pairs, int runs, double *out,
-                            uint64_t *device_calls) {
+                            double *speedup, uint64_t *device_calls) {
     tp_device *device = NULL;
     tp_pool *pool = NULL;
     tp_stream streams[MAX_THREADS] = {0};
@@ -294,23 +337,25 @@ static bool measure_threads(const char *device_spec, int max_threads, uint64_t p
             goto out;
         }
     }
-    *device_calls = 0;
-    for (int n = 1; n <= max_threads; n++) {
-        double samples[64];
-        threads_run(pool, streams, n, pairs < 10000 ? pairs : 10000); /* warm-up */
-        tp_pool_stats before, after;
-        tp_pool_get_stats(pool, &before);
-        for (int r = 0; r < runs; r++) {
-            samples[r] = threads_run(pool, streams, n, pairs);
-            if (samples[r] <= 0) {
+    static double samples[MAX_THREADS][64]; /* [threads - 1][run] */
+    for (int n = 1; n <= max_threads; n++) threads_run(pool, streams, n, pairs < 10000 ? pairs : 10000); /* warm-up */
+    tp_pool_stats before, after;
+    tp_pool_get_stats(pool, &before);
+    for (int r = 0; r < runs; r++) {
+        for (int n = 1; n <= max_threads; n++) {
+            samples[n - 1][r] = threads_run(pool, streams, n, pairs);
+            if (samples[n - 1][r] <= 0) {
                 fprintf(stderr, "tide bench: threads: an allocation or a thread failed with %d threads\n", n);
                 goto out;
             }
         }
-        tp_pool_get_stats(pool, &after);
-        *device_calls += after.device_calls - before.device_calls;
-        qsort(samples, (size_t)runs, sizeof *samples, compare_double);
-        out[n - 1] = samples[runs / 2];
+    }
+    tp_pool_get_stats(pool, &after);
+    *device_calls = after.device_calls - before.device_calls;
+    for (int n = 1; n <= max_threads; n++) {
+        speedup[n - 1] = median_ratio(samples[n - 1], samples[0], runs);
+        qsort(samples[n - 1], (size_t)runs, sizeof *samples[n - 1], compare_double);
+        out[n - 1] = samples[n - 1][runs / 2];
     }
     ok = true;
 out:
@@ -409,6 +454,19 @@ int tide_bench(int argc, char **argv) {
                "random 256B-64MiB");
     int status = 0;
     double first_same = 0, first_small = 0, first_random = 0;
+    /* The floor runs beside the first (the default) pool, run for run, on
+     * the same sequences through the same harness. */
+    bench_target floor = {"floor", &floor_factory, NULL, NULL};
+    double floor_same = 0, floor_small = 0, floor_random = 0;
+    double ratio_same = 0, ratio_small = 0, ratio_random = 0;
+    {
+        char err[256] = "";
+        floor.impl = floor.factory->create(NULL, NULL, err, sizeof err);
+        if (!floor.impl) {
+            fprintf(stderr, "tide bench: the floor: %s\n", err);
+            return 1;
+        }
+    }
     for (int k = 0; k < name_count; k++) {
         bench_target t = {names[k], replay_find_pool(names[k]), NULL, NULL};
         char err[256] = "";
@@ -426,9 +484,18 @@ int tide_bench(int argc, char **argv) {
         }
         bool ok = true;
         uint64_t calls_same = 0, calls_small = 0, calls_random = 0;
-        double same = measure(&t, &size, 1, pairs, runs, &calls_same, &ok);
-        double small = measure(&t, &small_size, 1, pairs, runs, &calls_small, &ok);
-        double random = measure(&t, random_sizes, RANDOM_SIZES, pairs, runs, &calls_random, &ok);
+        double same, small, random;
+        if (k == 0) {
+            same = measure_beside(&t, &floor, &size, 1, pairs, runs, &calls_same, &floor_same, &ratio_same, &ok);
+            small = measure_beside(&t, &floor, &small_size, 1, pairs, runs, &calls_small, &floor_small, &ratio_small,
+                                   &ok);
+            random = measure_beside(&t, &floor, random_sizes, RANDOM_SIZES, pairs, runs, &calls_random, &floor_random,
+                                    &ratio_random, &ok);
+        } else {
+            same = measure(&t, &size, 1, pairs, runs, &calls_same, &ok);
+            small = measure(&t, &small_size, 1, pairs, runs, &calls_small, &ok);
+            random = measure(&t, random_sizes, RANDOM_SIZES, pairs, runs, &calls_random, &ok);
+        }
         if (!ok) {
             fprintf(stderr, "tide bench: %s: an allocation failed\n", names[k]);
             status = 1;
@@ -453,29 +520,11 @@ int tide_bench(int argc, char **argv) {
         tp_device_close(t.device);
     }
 
-    /* The floor, through the same harness on the same sequences. */
-    double floor_same = 0, floor_small = 0, floor_random = 0;
-    {
-        bench_target t = {"floor", &floor_factory, NULL, NULL};
-        char err[256] = "";
-        t.impl = t.factory->create(NULL, NULL, err, sizeof err);
-        bool ok = t.impl != NULL;
-        uint64_t calls = 0;
-        if (ok) {
-            floor_same = measure(&t, &size, 1, pairs, runs, &calls, &ok);
-            floor_small = measure(&t, &small_size, 1, pairs, runs, &calls, &ok);
-            floor_random = measure(&t, random_sizes, RANDOM_SIZES, pairs, runs, &calls, &ok);
-            t.factory->ops->destroy(t.impl);
-        }
-        if (!ok) {
-            fprintf(stderr, "tide bench: the floor failed (sizes up to 1 TiB)\n");
-            status = 1;
-        }
-    }
+    floor.factory->ops->destroy(floor.impl);
 
-    double per_threads[MAX_THREADS] = {0};
+    double per_threads[MAX_THREADS] = {0}, speedup[MAX_THREADS] = {0};
     uint64_t thread_device_calls = 0;
-    if (!measure_threads(device_spec, threads, pairs, runs, per_threads, &thread_device_calls)) status = 1;
+    if (!measure_threads(device_spec, threads, pairs, runs, per_threads, speedup, &thread_device_calls)) status = 1;
 
     char size_text[32];
     tide_bytes(size, size_text, sizeof size_text);
@@ -485,10 +534,11 @@ int tide_bench(int argc, char **argv) {
                "\"floor_ns_per_pair\":{\"same_size\":%.1f,\"same_4k\":%.1f,\"random\":%.1f},"
                "\"floor_ratio\":{\"same_size\":%.2f,\"same_4k\":%.2f,\"random\":%.2f},"
                "\"threads_pairs_per_s\":{",
-               names[0], first_same, first_random, first_small, floor_same, floor_small, floor_random,
-               floor_same > 0 ? first_same / floor_same : 0, floor_small > 0 ? first_small / floor_small : 0,
-               floor_random > 0 ? first_random / floor_random : 0);
+               names[0], first_same, first_random, first_small, floor_same, floor_small, floor_random, ratio_same,
+               ratio_small, ratio_random);
         for (int n = 1; n <= threads; n++) printf("%s\"%d\":%.0f", n > 1 ? "," : "", n, per_threads[n - 1]);
+        printf("},\"threads_speedup\":{");
+        for (int n = 1; n <= threads; n++) printf("%s\"%d\":%.2f", n > 1 ? "," : "", n, speedup[n - 1]);
         printf("},\"threads_pair_bytes\":4096,\"threads_device_calls_while_timed\":%llu}\n",
                (unsigned long long)thread_device_calls);
     } else {
@@ -501,14 +551,16 @@ int tide_bench(int argc, char **argv) {
         snprintf(same_label, sizeof same_label, "same %s", size_text);
         labels[0] = same_label;
         double hit[3] = {first_same, first_small, first_random}, fl[3] = {floor_same, floor_small, floor_random};
+        double ratio[3] = {ratio_same, ratio_small, ratio_random};
         for (int i = 0; i < 3; i++)
-            printf("  %-14s %6.1f ns = %.1fx the floor (%.1f ns)\n", labels[i], hit[i],
-                   fl[i] > 0 ? hit[i] / fl[i] : 0, fl[i]);
-        printf("\nthreads on one %s pool, each on its own stream, %llu 4 KiB pairs each (median of %d runs):\n",
-               names[0], (unsigned long long)pairs, runs);
+            printf("  %-14s %6.1f ns = %.1fx the floor (%.1f ns)\n", labels[i], hit[i], ratio[i], fl[i]);
+        printf("  (each run times the pool, then the floor; the ratio is the median of the runs' ratios)\n");
+        printf("\nthreads on one %s pool, each on its own stream, %llu 4 KiB pairs each (median of %d runs;\n"
+               "each run times 1..%d threads in turn, and the speedup is the median of the runs' ratios):\n",
+               names[0], (unsigned long long)pairs, runs, threads);
         for (int n = 1; n <= threads; n++) {
             printf("  %d thread%s %6.1f M pairs/s", n, n > 1 ? "s:" : ": ", per_threads[n - 1] / 1e6);
-            if (n > 1 && per_threads[0] > 0) printf(" = %.2fx one thread", per_threads[n - 1] / per_threads[0]);
+            if (n > 1) printf(" = %.2fx one thread", speedup[n - 1]);
             printf("\n");
         }
         if (threads < threads_asked) printf("  (--threads %d capped at the %d online CPUs)\n", threads_asked, threads);
