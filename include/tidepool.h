@@ -126,6 +126,9 @@ typedef enum tp_log_level {
  * internal locks held: do not call back into tidepool from it. */
 typedef void (*tp_log_fn)(void *user, tp_log_level level, const char *message);
 
+/* "debug", "info", "warn", "error"; "unknown" for values outside the list. */
+TP_API const char *tp_log_level_name(tp_log_level level);
+
 /* Host memory for bookkeeping. All three or none (zero = libc). */
 typedef struct tp_host_allocator {
     void *(*alloc)(void *user, size_t bytes);

@@ -35,6 +35,16 @@ const char *tp_status_describe(tp_status status) {
     return status_descriptions[status];
 }
 
+const char *tp_log_level_name(tp_log_level level) {
+    switch (level) {
+    case TP_LOG_DEBUG: return "debug";
+    case TP_LOG_INFO: return "info";
+    case TP_LOG_WARN: return "warn";
+    case TP_LOG_ERROR: return "error";
+    }
+    return "unknown";
+}
+
 /* ---------------------------------------------------------------- version */
 
 #define TPI_STRINGIFY_(x) #x

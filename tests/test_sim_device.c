@@ -89,10 +89,15 @@ static void test_granularity_is_a_power_of_two_from_4kib_to_1gib(void) {
     }
 }
 
-static void test_status_names(void) {
+static void test_status_and_log_level_names(void) {
     CHECK_EQ_STR(tp_status_name(TP_OK), "TP_OK");
     CHECK_EQ_STR(tp_status_name(TP_ERR_OUT_OF_MEMORY), "TP_ERR_OUT_OF_MEMORY");
     CHECK_EQ_STR(tp_status_name((tp_status)999), "TP_UNKNOWN_STATUS");
+    CHECK_EQ_STR(tp_log_level_name(TP_LOG_DEBUG), "debug");
+    CHECK_EQ_STR(tp_log_level_name(TP_LOG_INFO), "info");
+    CHECK_EQ_STR(tp_log_level_name(TP_LOG_WARN), "warn");
+    CHECK_EQ_STR(tp_log_level_name(TP_LOG_ERROR), "error");
+    CHECK_EQ_STR(tp_log_level_name((tp_log_level)7), "unknown");
     for (int s = 0; s < TP_STATUS_COUNT_; s++) {
         CHECK(strncmp(tp_status_name((tp_status)s), "TP_", 3) == 0);
         CHECK_GT_U64(strlen(tp_status_describe((tp_status)s)), 3);
@@ -574,7 +579,7 @@ static const test_case tests[] = {
     TEST_CASE(test_spec_capacity_may_be_fractional),
     TEST_CASE(test_bad_specs_are_refused_and_explained),
     TEST_CASE(test_granularity_is_a_power_of_two_from_4kib_to_1gib),
-    TEST_CASE(test_status_names),
+    TEST_CASE(test_status_and_log_level_names),
     TEST_CASE(test_parse_bytes),
     TEST_CASE(test_vmm_memory_map_unmap_and_plain_allocations),
     TEST_CASE(test_vmm_chunks_unmap_only_whole),

@@ -55,13 +55,7 @@ struct config {
 };
 
 const char *level_name(int level) {
-    switch (level) {
-    case TP_LOG_DEBUG: return "debug";
-    case TP_LOG_INFO: return "info";
-    case TP_LOG_WARN: return "warn";
-    case TP_LOG_ERROR: return "error";
-    default: return "off";
-    }
+    return level == kLogOff ? "off" : tp_log_level_name(static_cast<tp_log_level>(level));
 }
 
 const char *kind_name(tp_pool_kind kind) {

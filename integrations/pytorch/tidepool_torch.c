@@ -190,13 +190,7 @@ static bool parse_uint(const char *text, uint64_t max, uint64_t *out) {
 static bool is_pow2(uint64_t v) { return v && !(v & (v - 1)); }
 
 static const char *level_name(int level) {
-    switch (level) {
-    case TP_LOG_DEBUG: return "debug";
-    case TP_LOG_INFO: return "info";
-    case TP_LOG_WARN: return "warn";
-    case TP_LOG_ERROR: return "error";
-    default: return "off";
-    }
+    return level == TPT_LOG_OFF ? "off" : tp_log_level_name((tp_log_level)level);
 }
 
 static const char *kind_name(tp_pool_kind kind) {
