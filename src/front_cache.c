@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * front_cache.c -- the per-stream bins and live maps, the last-freed slot,
- * the stream locks and the stream lookup table; see front_cache.h (the hit
- * path itself is inline there). Everything here but tpi_front_spin_wait
- * runs under the world lock.
+ * the stream locks, the world gate and the stream lookup table; see
+ * front_cache.h (the hit path itself is inline there). Everything here but
+ * tpi_front_spin_wait runs under the world lock (tpi_front_world_enter
+ * with the mutex held: it raises the gate).
  */
 #include "front_cache.h"
 
@@ -16,7 +17,7 @@
 void tpi_front_spin_wait(atomic_int *lock) {
     for (unsigned tries = 0;; tries++) {
         if (!atomic_load_explicit(lock, memory_order_relaxed) &&
-            !atomic_exchange_explicit(lock, 1, memory_order_acquire))
+            !atomic_exchange_explicit(lock, 1, memory_order_seq_cst))
             return;
         if (tries < 64) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -32,14 +33,21 @@ void tpi_front_spin_wait(atomic_int *lock) {
     }
 }
 
-void tpi_front_lock_all(tpi_front *f, const tpi_front_stream *held) {
-    for (size_t slot = 1; slot < f->slot_end; slot++)
-        if (f->streams[slot] && f->streams[slot] != held) tpi_front_stream_lock(f->streams[slot]);
-}
-
-void tpi_front_unlock_all(tpi_front *f) {
-    for (size_t slot = 1; slot < f->slot_end; slot++)
-        if (f->streams[slot]) tpi_front_stream_unlock(f->streams[slot]);
+/* Waits until nobody holds the lock (the world, its gate raised: a hit
+ * that takes the lock from here on lets it go untouched). */
+static void wait_unlocked(atomic_int *lock) {
+    for (unsigned tries = 0; atomic_load_explicit(lock, memory_order_seq_cst); tries++) {
+        if (tries < 64) {
+#if defined(__x86_64__) || defined(__i386__)
+            __builtin_ia32_pause();
+#endif
+        } else if (tries < 256) {
+            sched_yield();
+        } else {
+            struct timespec pause = {0, 20000};
+            nanosleep(&pause, NULL);
+        }
+    }
 }
 
 /* ------------------------------------------------------------ lifecycle */
@@ -47,6 +55,7 @@ void tpi_front_unlock_all(tpi_front *f) {
 tp_status tpi_front_init(tpi_front *f, tpi_core *core, tpi_backing *backing, uint64_t limit_bytes,
                          uint64_t max_block_bytes) {
     memset(f, 0, sizeof *f);
+    atomic_init(&f->world, 0);
     f->core = core;
     f->backing = backing;
     f->limit_bytes = limit_bytes;
@@ -142,7 +151,7 @@ tpi_front_stream *tpi_front_stream_at(tpi_front *f, uint32_t slot, tp_stream han
         void *base = tpi_host_calloc(host, 1, stream_bytes(f));
         if (!base) return NULL;
         fs = (tpi_front_stream *)tpi_align_up((uint64_t)(uintptr_t)base, TPI_CACHE_LINE_BYTES);
-        atomic_init(&fs->lock, 1); /* taken, as every stream lock is under the world lock */
+        atomic_init(&fs->lock, 0); /* (the world's gate keeps hits out until it leaves) */
         fs->base = base;
         fs->slot = slot;
         fs->handle = handle;
@@ -173,35 +182,41 @@ void tpi_front_set_hits(tpi_front *f, uint32_t slot, bool hits) {
         lookup_drop(f, f->streams[slot]->handle);
 }
 
-void tpi_front_fold_stats(tpi_front *f) {
+/* The gate raised; then, one pass over the streams: each waited for (but
+ * held) and its hit statistics' extremes summed. Then the peaks rise by
+ * those sums (pool_stats.h) and the streams with hits fold in: a stream
+ * without hits since the last fold has nothing to add (every field of its
+ * statistics moves only with a hit's alloc or free). */
+void tpi_front_world_enter(tpi_front *f, tpi_front_stream *held) {
+    atomic_store_explicit(&f->world, 1, memory_order_seq_cst);
     uint64_t allocated_rise = 0, allocated_fall = 0, requested_rise = 0;
-    bool any = false;
+    bool any = false, hits = false;
     for (size_t slot = 1; slot < f->slot_end; slot++) {
-        const tpi_stats_local *l = f->streams[slot] ? &f->streams[slot]->stats : NULL;
-        if (!l) continue;
+        tpi_front_stream *fs = f->streams[slot];
+        if (!fs) continue;
+        if (fs != held) wait_unlocked(&fs->lock);
         any = true;
+        const tpi_stats_local *l = &fs->stats;
+        if (!(l->allocs | l->frees)) continue;
+        hits = true;
         allocated_rise += (uint64_t)l->allocated_rise;
         allocated_fall += (uint64_t)(-l->allocated_fall);
         requested_rise += (uint64_t)l->requested_rise;
     }
+    f->world_held = held;
     tpi_stats_fold_extremes(&f->core->stats, allocated_rise, allocated_fall, requested_rise);
-    /* A stream without hits since the last fold has nothing to add (every
-     * field of its statistics moves only with a hit's alloc or free). */
-    for (size_t slot = 1; slot < f->slot_end; slot++) {
+    for (size_t slot = 1; hits && slot < f->slot_end; slot++) {
         tpi_front_stream *fs = f->streams[slot];
         if (fs && (fs->stats.allocs | fs->stats.frees)) tpi_stats_fold(&f->core->stats, &fs->stats);
     }
     if (any) tpi_stats_update_cached(&f->core->stats);
-}
-
-void tpi_front_world_enter(tpi_front *f, const tpi_front_stream *held) {
-    tpi_front_lock_all(f, held);
-    tpi_front_fold_stats(f);
     f->slot_in_place = false; /* the range allocator may change from here on */
 }
 
 void tpi_front_world_leave(tpi_front *f) {
-    tpi_front_unlock_all(f);
+    if (f->world_held) tpi_front_stream_unlock(f->world_held);
+    f->world_held = NULL;
+    atomic_store_explicit(&f->world, 0, memory_order_release);
 }
 
 /* ----------------------------------------------------------- live maps */

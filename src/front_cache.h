@@ -34,19 +34,28 @@
  * pool has a single front stream (whose lock it holds, so no other thread
  * can reach the word), with a plain store.
  *
- * Locks and their order: the pool's mutex, then the stream locks (by slot;
- * pool.c takes them all -- the world lock -- for everything that is not a
- * hit), then the device's own lock. The hit path takes exactly one stream
- * lock and nothing after it but the device's (the hazard checker). One
- * exception: a missed hit may keep its stream lock while it tries (never
- * waits for) the mutex; holding both, it waits for the other stream locks
+ * Locks and their order: the pool's mutex, then the stream locks, then the
+ * device's own lock. The world lock, which pool.c takes for everything
+ * that is not a hit, is the mutex and the world gate: with the mutex held,
+ * tpi_front_world_enter raises the gate (the word `world`) and then waits
+ * until no stream lock is held; a hit takes its stream lock and then reads
+ * the gate, and finding it raised lets the lock go untouched and takes the
+ * locked path. Both sides write one word and then read the other's, all
+ * sequentially consistent (Dekker's rule): either the world sees the
+ * stream lock held and waits for it, or the hit sees the gate. So a hit
+ * never runs beside a locked operation, and the world costs one load per
+ * stream instead of an exchange and a store per stream. Data written only
+ * under the world lock (the range allocator, units, block table, config,
+ * stream order, a stream's own state) may be read on the hit path under
+ * one stream lock. The hit path takes exactly one stream lock and nothing
+ * after it but the device's (the hazard checker). One exception: a missed
+ * hit may keep its stream lock while it tries (never waits for) the mutex;
+ * holding both, it raises the gate and waits for the other stream locks
  * (tpi_front_world_enter's held), whose holders are hits that wait for
- * nothing or missed hits that let go when their try fails. So a hit
- * never runs beside a locked operation: data written only under the world
- * lock (the range allocator, units, block table, config, stream order) may
- * be read on the hit path under one stream lock. A stream lock is a spin
- * lock (one exchange to take it, one store to give it back) that backs off
- * to sched_yield and then to short sleeps when held long.
+ * nothing or missed hits that let go when their try fails. A stream lock
+ * is a spin lock (one exchange to take it, one store to give it back) that
+ * backs off to sched_yield and then to short sleeps when held long; the
+ * world waits for one the same way.
  *
  * Stream lookup without a lock: a 4-way set-associative table from stream
  * handle to tpi_front_stream, written under the world lock, read with
@@ -134,9 +143,13 @@ typedef struct tpi_front {
     size_t stream_capacity;
     uint32_t slot_end;        /* above the highest slot with a front stream */
     uint32_t stream_count;    /* front streams made (never fewer: they stay until the pool goes) */
+    tpi_front_stream *world_held; /* the stream lock the world lock's holder kept (a missed hit's) */
     /* stream handle (+1, 0: empty way) -> its tpi_front_stream */
     _Atomic(uintptr_t) lookup_keys[TPI_FRONT_SETS * TPI_FRONT_WAYS];
     _Atomic(tpi_front_stream *) lookup_streams[TPI_FRONT_SETS * TPI_FRONT_WAYS];
+    /* The world gate: 1 while the world lock is held (in a line of its own:
+     * every hit reads it, the world writes it). */
+    _Alignas(TPI_CACHE_LINE_BYTES) atomic_int world;
     /* The last-freed slot. The fields below the word are written by whoever
      * moved the word from EMPTY (to FILLING, then to the block), read by the
      * stream the word names under its lock, or under the world lock. */
@@ -152,26 +165,24 @@ void tpi_front_destroy(tpi_front *front);
 
 /* ------------------------------------------------------- stream locks */
 
+/* (Sequentially consistent: the world gate's rule, above.) */
 void tpi_front_spin_wait(atomic_int *lock);
 static inline void tpi_front_stream_lock(tpi_front_stream *fs) {
-    if (!atomic_exchange_explicit(&fs->lock, 1, memory_order_acquire)) return;
+    if (!atomic_exchange_explicit(&fs->lock, 1, memory_order_seq_cst)) return;
     tpi_front_spin_wait(&fs->lock);
 }
 static inline void tpi_front_stream_unlock(tpi_front_stream *fs) {
     atomic_store_explicit(&fs->lock, 0, memory_order_release);
 }
-/* Every stream lock but held (NULL, or one the caller holds already), by
- * slot (with the pool's mutex held: the world lock). */
-void tpi_front_lock_all(tpi_front *front, const tpi_front_stream *held);
-void tpi_front_unlock_all(tpi_front *front);
 
 /* ------------------------------------------------ under the world lock */
 
-/* After taking the pool's mutex: every stream lock (but held, which the
- * caller holds already: see the lock order above), hit statistics folded
- * in. Before giving it back: stream locks given back. (The ladder also
- * leaves and enters around reclaim callbacks.) */
-void tpi_front_world_enter(tpi_front *front, const tpi_front_stream *held);
+/* After taking the pool's mutex: the gate raised, every stream lock but
+ * held (which the caller holds already: see the lock order above) seen
+ * free, hit statistics folded in. Before giving the mutex back: held given
+ * back, the gate lowered. (The ladder also leaves and enters around
+ * reclaim callbacks.) */
+void tpi_front_world_enter(tpi_front *front, tpi_front_stream *held);
 void tpi_front_world_leave(tpi_front *front);
 
 /* The slot's front stream, made (and locked, like the others) on its
@@ -180,9 +191,6 @@ tpi_front_stream *tpi_front_stream_at(tpi_front *front, uint32_t slot, tp_stream
 /* A stream forgotten (its slot may go to another handle later) or between
  * capture begin and end: no hits. */
 void tpi_front_set_hits(tpi_front *front, uint32_t slot, bool hits);
-/* Folds every stream's hit statistics into the pool's (peaks first, from
- * the streams' summed extremes: pool_stats.h). */
-void tpi_front_fold_stats(tpi_front *front);
 
 /* Live blocks. tpi_front_live_add returns false without host memory. */
 bool tpi_front_live_add(tpi_front *front, uint32_t slot, uint64_t offset, uint64_t requested, uint64_t size,
@@ -290,7 +298,9 @@ static inline tpi_front_stream *tpi_front_hit_enter(tpi_front *f, tp_stream hand
         tpi_front_stream *fs = atomic_load_explicit(&f->lookup_streams[way], memory_order_acquire);
         if (!fs) return NULL;
         tpi_front_stream_lock(fs);
-        if (fs->hits && fs->handle == handle) return fs;
+        /* The gate before anything of the stream's: under a raised gate the
+         * world may be writing it. */
+        if (!atomic_load_explicit(&f->world, memory_order_seq_cst) && fs->hits && fs->handle == handle) return fs;
         tpi_front_stream_unlock(fs);
         return NULL;
     }

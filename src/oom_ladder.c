@@ -160,7 +160,7 @@ tp_status tpi_ladder_remove_reclaimer_locked(tpi_ladder *l, tp_reclaim_fn fn, vo
     /* A reclaim round that copied the list before the removal may still be
      * calling fn: once this returns, fn is never called again. */
     while (st == TP_OK && l->reclaims_in_flight) {
-        tpi_front_world_leave(l->front); /* the round's own calls may need the stream locks */
+        tpi_front_world_leave(l->front); /* the round's own calls may need the world lock */
         pthread_cond_wait(&l->reclaims_done, l->lock);
         tpi_front_world_enter(l->front, NULL);
     }

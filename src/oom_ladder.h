@@ -19,7 +19,7 @@
  * never releases memory whose last use has not completed.
  *
  * Not thread-safe: called with the pool's world lock held (its mutex and
- * every stream lock, front_cache.h); the world lock is released (and
+ * the world gate, front_cache.h); the world lock is released (and
  * retaken, hits folded in again) only around the reclaim callbacks and
  * while tpi_ladder_remove_reclaimer_locked waits for a round to end.
  */

@@ -41,16 +41,17 @@
  * pinned and freed-pinned bytes equal sums over the blocks;
  * cached = reserved - allocated - freed-pinned; reserved <= limit.
  *
- * Locking. Lock order: the pool's mutex, then every stream lock by slot
- * (front_cache.h), then the device's lock. The world lock is the first two
- * together (tpi_pool_lock): everything but a hit takes it, and with it
- * folds the streams' hit statistics into the pool's, so it sees one
- * consistent pool. A hit takes one stream lock only and never waits for
- * another lock but the device's. A missed hit keeps its stream lock and
- * only tries the mutex (lock_after_miss): holding it, the other stream
- * locks can be waited for (their holders are hits, which wait for nothing,
- * or wait for the mutex themselves); failing, it lets the stream lock go
- * and takes the world lock in order. Helpers that need the world lock held
+ * Locking. Lock order: the pool's mutex, then the stream locks
+ * (front_cache.h), then the device's lock. The world lock is the mutex and
+ * the front cache's world gate (tpi_pool_lock): raised, it keeps hits out
+ * and waits for the stream locks held to be let go. Everything but a hit
+ * takes it, and with it folds the streams' hit statistics into the pool's,
+ * so it sees one consistent pool. A hit takes one stream lock only and
+ * never waits for another lock but the device's. A missed hit keeps its
+ * stream lock and only tries the mutex (lock_after_miss): holding it, the
+ * other stream locks can be waited for (their holders are hits, which wait
+ * for nothing, or wait for the mutex themselves); failing, it lets the
+ * stream lock go and takes the world lock in order. Helpers that need the world lock held
  * end in _locked. Reclaim callbacks run with the world lock released.
  */
 #include "pool_object.h"
@@ -90,8 +91,9 @@ void tpi_pool_lock(tp_pool *pool) {
 /* The world lock after a missed hit, whose stream lock (fs's) is held:
  * the mutex is tried, never waited for, with it held (a stream lock
  * before the mutex would break the lock order, so on failure fs is let go
- * and the mutex taken in order); the other stream locks follow, and fs
- * stays held instead of being given back and taken again. fs NULL (no hit
+ * and the mutex taken in order); the gate follows, with the other stream
+ * locks waited for, and fs stays held instead of being given back and
+ * taken again. fs NULL (no hit
  * was tried): the world lock as usual. */
 static void lock_after_miss(tp_pool *pool, tpi_front_stream *fs) {
     if (!fs) {
@@ -460,7 +462,7 @@ tp_status tp_pool_free(tp_pool *pool, void *ptr, tp_stream stream) {
                                             atomic_load_explicit(&pool->upkeep_due_ns, memory_order_relaxed))
             fs->frees_to_upkeep = TPI_FRONT_UPKEEP_FREES;
         /* (The observer is read under the stream lock and written under
-         * the world lock, which holds every stream lock: no race.) */
+         * the world lock, which no hit runs beside: no race.) */
         bool hit = !pool->core.stats.observer.fn && tpi_front_hit_free(&pool->front, fs, address);
         if (hit) {
             tpi_front_stream_unlock(fs);

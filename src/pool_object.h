@@ -12,7 +12,7 @@
 #include "oom_ladder.h"
 
 struct tp_pool {
-    pthread_mutex_t lock; /* with every stream lock: the world lock (pool.c) */
+    pthread_mutex_t lock; /* with the front cache's world gate: the world lock (pool.c) */
     tpi_core core;
     tpi_backing *backing;
     tpi_front front;
@@ -25,8 +25,8 @@ struct tp_pool {
     _Atomic(uint64_t) upkeep_due_ns;
 };
 
-/* The world lock: the pool's mutex, then every stream lock, the streams'
- * hit statistics folded in; given back with the upkeep's next due time. */
+/* The world lock: the pool's mutex, then the world gate (no hit runs
+ * beside it: front_cache.h), the streams' hit statistics folded in; given back with the upkeep's next due time. */
 void tpi_pool_lock(tp_pool *pool);
 void tpi_pool_unlock(tp_pool *pool);
 /* The slot of a stream (added if new) and its front-cache state. */

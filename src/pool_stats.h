@@ -5,7 +5,7 @@
  * device call or a change of reserved bytes writes here and calls nothing.
  *
  * Two places hold them. tpi_stats is the pool's, written with the pool's
- * lock and every stream lock held (pool.c: "the world lock"). The hit path
+ * mutex and the world gate held (pool.c: "the world lock"). The hit path
  * (front_cache.h) runs under one stream's lock only, so it counts into that
  * stream's tpi_stats_local, which the next world lock folds in; nothing on
  * the hit path is shared and written.

@@ -44,7 +44,7 @@
  * complete, oldest first; last_free_epoch <= next_epoch.
  *
  * Locking: every call here needs the pool's world lock (the pool's mutex
- * and every stream lock, pool.c), so _locked would be on every name and is
+ * and the world gate, pool.c), so _locked would be on every name and is
  * said here once. One exception, the hit path's free (front_cache.h): with
  * only its own stream's lock it reads that stream's next_epoch and writes
  * its last_free_epoch (tpi_order_note_free) -- fields that everything else
