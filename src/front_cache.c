@@ -256,8 +256,19 @@ bool tpi_front_live_add(tpi_front *f, uint32_t slot, uint64_t offset, uint64_t r
 }
 
 tpi_live_entry *tpi_front_live_find(tpi_front *f, uint64_t offset, uint32_t *out_slot) {
+    return tpi_front_live_find_from(f, offset, 0, out_slot);
+}
+
+tpi_live_entry *tpi_front_live_find_from(tpi_front *f, uint64_t offset, uint32_t first_slot, uint32_t *out_slot) {
+    if (first_slot && first_slot < f->slot_end && f->streams[first_slot]) {
+        tpi_live_entry *e = tpi_live_find(&f->streams[first_slot]->live, offset);
+        if (e) {
+            if (out_slot) *out_slot = first_slot;
+            return e;
+        }
+    }
     for (size_t slot = 1; slot < f->slot_end; slot++) {
-        if (!f->streams[slot]) continue;
+        if (!f->streams[slot] || slot == first_slot) continue;
         tpi_live_entry *e = tpi_live_find(&f->streams[slot]->live, offset);
         if (e) {
             if (out_slot) *out_slot = (uint32_t)slot;

@@ -197,6 +197,9 @@ bool tpi_front_live_add(tpi_front *front, uint32_t slot, uint64_t offset, uint64
                         uint32_t node);
 /* The live block starting at offset, on any stream (*out_slot), or NULL. */
 tpi_live_entry *tpi_front_live_find(tpi_front *front, uint64_t offset, uint32_t *out_slot);
+/* ... looking on first_slot's stream first (0: none), where a free most
+ * often finds its block: the others only when it is not there. */
+tpi_live_entry *tpi_front_live_find_from(tpi_front *front, uint64_t offset, uint32_t first_slot, uint32_t *out_slot);
 void tpi_front_live_remove(tpi_front *front, uint32_t slot, uint64_t offset);
 /* Live bytes (allocated and requested) and blocks over every map. */
 void tpi_front_live_sums(const tpi_front *front, uint64_t *out_allocated, uint64_t *out_requested,

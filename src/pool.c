@@ -405,10 +405,13 @@ static void upkeep_locked(tp_pool *pool, tpi_front_stream *fs) {
     }
 }
 
-static tp_status free_locked(tp_pool *pool, uint64_t address, tp_stream stream) {
+/* hint_slot: the slot the free's stream had when its hit was tried (0:
+ * none), where the block most likely is (a slot given to another stream
+ * since then only costs a look). */
+static tp_status free_locked(tp_pool *pool, uint64_t address, tp_stream stream, uint32_t hint_slot) {
     tpi_core *core = &pool->core;
     uint32_t alloc_slot = 0;
-    tpi_live_entry *e = tpi_front_live_find(&pool->front, address, &alloc_slot);
+    tpi_live_entry *e = tpi_front_live_find_from(&pool->front, address, hint_slot, &alloc_slot);
     if (!e) {
         tp_status st = classify_bad_pointer_locked(pool, address);
         tpi_logf(&core->device->logger, TP_LOG_ERROR, "tp_pool_free(0x%llx): %s", (unsigned long long)address,
@@ -470,8 +473,9 @@ tp_status tp_pool_free(tp_pool *pool, void *ptr, tp_stream stream) {
             return TP_OK;
         }
     }
+    uint32_t hint_slot = fs ? fs->slot : 0; /* (read while fs's lock is held) */
     lock_after_miss(pool, fs);
-    tp_status st = free_locked(pool, address, stream);
+    tp_status st = free_locked(pool, address, stream, hint_slot);
     check_invariants_if_asked_locked(pool);
     tpi_pool_unlock(pool);
     return st;
