@@ -298,7 +298,11 @@ typedef struct tp_pool_config {
 
 TP_API tp_status tp_pool_create(tp_device *device, const tp_pool_config *config, tp_pool **out_pool);
 /* Waits for queued work on every stream the pool has seen, then returns all
- * device memory. Blocks still live are released too; their count is logged. */
+ * device memory. Blocks still live are released too; their count is logged.
+ * TP_ERR_CAPTURE, and nothing is destroyed, while a capture the pool was
+ * told of (tp_pool_capture_begin) has not ended: its stream cannot be
+ * waited for. A stream that captures without the pool being told is not
+ * waited for either: the pool is destroyed and TP_ERR_CAPTURE returned. */
 TP_API tp_status tp_pool_destroy(tp_pool *pool);
 
 /* The device the pool was created on. */
