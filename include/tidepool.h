@@ -301,7 +301,11 @@ typedef struct tp_pool_config {
 
 TP_API tp_status tp_pool_create(tp_device *device, const tp_pool_config *config, tp_pool **out_pool);
 /* Waits for queued work on every stream the pool has seen, then returns all
- * device memory. Blocks still live are released too; their count is logged. */
+ * device memory. Blocks still live are released too; their count is logged.
+ * TP_ERR_CAPTURE, and nothing is destroyed, while a capture the pool was
+ * told of (tp_pool_capture_begin) has not ended: its stream cannot be
+ * waited for. A stream that captures without the pool being told is not
+ * waited for either: the pool is destroyed and TP_ERR_CAPTURE returned. */
 TP_API tp_status tp_pool_destroy(tp_pool *pool);
 
 /* The device the pool was created on. */
@@ -311,6 +315,10 @@ TP_API tp_status tp_pool_get_device(tp_pool *pool, tp_device **out_device);
  * pool's limit, however large) *out_ptr is NULL and
  * tp_pool_last_oom_report() says why. */
 TP_API tp_status tp_pool_alloc(tp_pool *pool, size_t bytes, tp_stream stream, void **out_ptr);
+/* ptr NULL: TP_OK, nothing done. A pointer that is not a live block's start
+ * is refused and changes nothing: TP_ERR_NOT_OWNED (not in the pool),
+ * TP_ERR_DOUBLE_FREE (freed already), TP_ERR_NOT_BLOCK_START (inside a
+ * live block); a stream the device does not know: TP_ERR_INVALID_ARGUMENT. */
 TP_API tp_status tp_pool_free(tp_pool *pool, void *ptr, tp_stream stream);
 /* Requested size of a live block (TP_ERR_NOT_OWNED if none starts at ptr). */
 TP_API tp_status tp_pool_block_size(tp_pool *pool, const void *ptr, size_t *out_bytes);
@@ -348,7 +356,13 @@ TP_API tp_status tp_pool_remove_reclaim_callback(tp_pool *pool, tp_reclaim_fn fn
 
 /* Pins keep memory out of reach: a block with pins is not reused, unmapped
  * or returned to the device until every pin is gone, even after it is freed.
- * Pinning [ptr, ptr+bytes) pins every live block that overlaps it. */
+ * Pinning [ptr, ptr+bytes) pins every live block that overlaps it; the
+ * range must lie wholly in blocks (live, or freed but pinned) of the pool:
+ * otherwise, and for bytes 0 or a range that wraps, nothing is pinned and
+ * the call returns TP_ERR_NOT_OWNED (ptr outside the memory the pool
+ * holds) or TP_ERR_INVALID_ARGUMENT. Unpin takes one pin from every block that
+ * overlaps the range, all or nothing: TP_ERR_INVALID_ARGUMENT if one of
+ * them has none. */
 TP_API tp_status tp_pool_pin(tp_pool *pool, const void *ptr, size_t bytes);
 TP_API tp_status tp_pool_unpin(tp_pool *pool, const void *ptr, size_t bytes);
 

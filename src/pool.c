@@ -248,6 +248,15 @@ tp_status tp_pool_destroy(tp_pool *pool) {
     tpi_core *core = &pool->core;
     tp_device *device = core->device;
     tpi_pool_lock(pool);
+    /* A stream the pool was told captures cannot be waited for (that would
+     * invalidate the capture), and work queued on it before the capture
+     * may still use the pool's memory: refused, nothing destroyed, until
+     * the capture ends (returning the memory anyway unmapped it under
+     * running kernels). */
+    if (core->order.captures) {
+        tpi_pool_unlock(pool);
+        return TP_ERR_CAPTURE;
+    }
     tpi_front_flush(&pool->front);
     /* Queued work on any stream the pool has seen may still use its memory. */
     tp_status result = tpi_order_synchronize_all(&core->order);

@@ -198,7 +198,11 @@ static tp_status capture_keep_locked(tp_pool *pool, uint32_t slot, uint64_t addr
             uint32_t kept;
             tp_status st = pool->backing->ops->claim(pool->backing, lo, hi - lo, &kept);
             if (st != TP_OK) return TP_ERR_CORRUPT; /* resources were reserved: only a broken invariant */
-            tpi_ra_node_at(&core->ra, kept)->owner = tpi_order_pending_tag(&core->order, slot);
+            /* The graph's use joins the stream order the range already
+             * carries (work of another stream that freed it there may still
+             * run): merged, never replaced. */
+            tpi_ra_node *k = tpi_ra_node_at(&core->ra, kept);
+            k->owner = tpi_order_merge(&core->order, k->owner, tpi_order_pending_tag(&core->order, slot));
             *tpi_block_at(core, kept) = (tpi_block){.pins = 1, .flags = TPI_BLOCK_FREED_PINNED};
             tpi_map_put(&core->blocks, lo, kept);
             core->stats.zombie_bytes += hi - lo;
