@@ -376,7 +376,10 @@ TP_API tp_status tp_pool_unpin(tp_pool *pool, const void *ptr, size_t bytes);
  * between, blocks allocated on
  * `stream` are recorded; a block freed on it may be reused by later
  * allocations of the same capture (their order is fixed in the graph), but
- * by no other stream and not given back to the device. The pool also asks
+ * by no other stream and not given back to the device. A block of the
+ * capturing stream freed on another stream during the capture stays the
+ * capture's too: no stream gets it before the capture ends, and the
+ * footprint covers it. The pool also asks
  * the device whether a stream captures and never records, queries or waits
  * for an event on a capturing stream (that would invalidate the capture).
  * end returns the graph's footprint: the blocks allocated during the

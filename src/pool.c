@@ -435,6 +435,13 @@ static tp_status free_locked(tp_pool *pool, uint64_t address, tp_stream stream, 
     tpi_front_live_remove(&pool->front, alloc_slot, address);
     tpi_ra_node *n = tpi_ra_node_at(&core->ra, block.node);
     tpi_tag tag = tpi_order_note_free(&core->order, slot);
+    /* A block of a capturing stream freed on another stream: the graph
+     * being captured may use it at every replay, so no other stream may
+     * have it before the capture ends (its footprint then takes it back).
+     * It goes back unparked, tagged as freed on the capturing stream too:
+     * work no stream can wait for before the capture ends. */
+    bool captures_block = alloc_slot != slot && tpi_order_stream(&core->order, alloc_slot)->capturing;
+    if (captures_block) tag = tpi_order_merge(&core->order, tag, tpi_order_note_free(&core->order, alloc_slot));
     tpi_observe(&core->stats, TP_POOL_EVENT_FREE, address, block.requested, stream);
     tp_pool_stats *s = &core->stats.pub;
     s->frees++;
@@ -447,7 +454,7 @@ static tp_status free_locked(tp_pool *pool, uint64_t address, tp_stream stream, 
         n->owner = tag;
         *tpi_block_at(core, block.node) = (tpi_block){.pins = block.pins, .flags = TPI_BLOCK_FREED_PINNED};
         core->stats.zombie_bytes += block.size;
-    } else if (tpi_order_stream(&core->order, slot)->capturing ||
+    } else if (tpi_order_stream(&core->order, slot)->capturing || captures_block ||
                !tpi_front_push(&pool->front, slot, block.node, address, block.size, tag)) {
         /* (A capture's frees are not parked: merged with their neighbours,
          * they serve its later requests of any size, which keeps the
