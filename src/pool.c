@@ -261,8 +261,10 @@ tp_status tp_pool_destroy(tp_pool *pool) {
     /* Queued work on any stream the pool has seen may still use its memory. */
     tp_status result = tpi_order_synchronize_all(&core->order);
     if (core->ra.used_count)
-        tpi_logf(&device->logger, TP_LOG_WARN, "tp_pool_destroy: %llu blocks still live (%llu bytes) are released",
-                (unsigned long long)core->ra.used_count, (unsigned long long)core->stats.pub.allocated_bytes.current);
+        tpi_logf(&device->logger, TP_LOG_WARN,
+                 "tp_pool_destroy: %llu blocks still live or pinned (%llu bytes live, %llu pinned) are released",
+                 (unsigned long long)core->ra.used_count, (unsigned long long)core->stats.pub.allocated_bytes.current,
+                 (unsigned long long)core->stats.pub.pinned_bytes.current);
     tpi_ladder_destroy(&pool->ladder);
     tpi_front_destroy(&pool->front);
     pool->backing->ops->destroy(pool->backing);
