@@ -618,7 +618,10 @@ TP_API tp_status tp_graph_cache_detach_pool(tp_graph_cache *cache, tp_pool *pool
  * TP_ERR_RUN_EAGER: run the work without a graph. pins may be NULL. */
 TP_API tp_status tp_graph_cache_prepare(tp_graph_cache *cache, uint64_t key, tp_graph graph, const tp_graph_pins *pins);
 /* Launches key's executable on stream (TP_ERR_NOT_FOUND if the key has
- * none). */
+ * none). On a stream that captures, the launch is recorded into the capture
+ * and the cache does not track it: the captured graph reads the
+ * executable's pool memory whenever it runs, and keeping that memory (pins)
+ * for it is the caller's part. */
 TP_API tp_status tp_graph_cache_launch(tp_graph_cache *cache, uint64_t key, tp_stream stream);
 /* prepare, then launch (TP_ERR_NOT_FOUND if another thread evicted the key
  * in between). */

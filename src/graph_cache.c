@@ -74,6 +74,11 @@
  *       really is free when it returns.
  *   If an event could not be recorded, completion is unknown and eviction
  *   synchronises the device before unpinning.
+ *   A launch on a stream that captures is recorded into the capture, not
+ *   run: it records no event (querying one recorded in a capture would
+ *   invalidate it) and the event keeps covering the launches that ran. The
+ *   captured graph reads the executable's memory whenever it runs: keeping
+ *   that memory for it is the caller's part, as for any graph.
  *   Ownership of pins passed to prepare: tp_graph_pins with already_pinned
  *   hands the pins to the cache on every return except
  *   TP_ERR_INVALID_ARGUMENT (when prepare fails the pins are released at
@@ -1031,6 +1036,8 @@ tp_status tp_graph_cache_launch(tp_graph_cache *cache, uint64_t key, tp_stream s
     if (e->event_recorded && !e->completion_unknown && e->last_stream != stream &&
         ops->event_query(dev, e->event) != TP_OK && (st = ops->stream_wait_event(dev, stream, e->event)) != TP_OK)
         goto out;
+    bool capturing = false;
+    if (ops->stream_capturing && ops->stream_capturing(dev, stream, &capturing) != TP_OK) capturing = false;
     st = ops->graph_launch(dev, e->exec, stream);
     if (st != TP_OK) {
         tpi_logf(&dev->logger, TP_LOG_WARN, "graph cache: launching key 0x%llx failed: %s", (unsigned long long)key,
@@ -1041,6 +1048,11 @@ tp_status tp_graph_cache_launch(tp_graph_cache *cache, uint64_t key, tp_stream s
     bool reuse = e->launched_since_prepare;
     e->launched_since_prepare = true;
     touch(cache, e, reuse, now_ns(cache));
+    /* Recorded into a capture, not run: an event recorded there would be a
+     * node of the capture, and querying it later (a launch on another
+     * stream, evict, tick) would invalidate the capture. The event keeps
+     * covering the last launch that ran. */
+    if (capturing) goto out;
     e->last_stream = stream;
     tp_status rec = ops->event_record(dev, e->event, stream);
     if (rec == TP_OK) {

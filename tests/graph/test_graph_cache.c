@@ -917,6 +917,58 @@ static void test_byte_model_outlier(void) {
     CHECK_OK(tp_device_close(dev));
 }
 
+/* A cached executable launched on a stream that captures is recorded into
+ * the capture, not run. Its completion event must not be recorded there:
+ * the cache queries that event later (a launch on another stream, evict,
+ * tick), and querying an event recorded in a capture invalidates it. */
+static void test_launch_into_a_capture_leaves_it_valid(void) {
+    test_log log = {0};
+    tp_device *dev = gt_open("sim:1GiB", &log);
+    tp_pool *pool = NULL;
+    CHECK_OK(tp_pool_create(dev, NULL, &pool));
+    tp_graph_cache *cache = make_cache(dev, (tp_graph_cache_config){.idle_evict_ns = TP_NS_NEVER});
+    tp_stream s1, s2;
+    CHECK_OK(tp_stream_create(dev, &s1));
+    CHECK_OK(tp_stream_create(dev, &s2));
+    void *a = alloc_or_die(pool, 4 * TEST_MiB, s1);
+    tp_range ra = {(uint64_t)(uintptr_t)a, 4 * TEST_MiB};
+    tp_graph g = gt_graph_ranges(dev, 10, 1, 100 * MS, &ra, 1);
+    tp_graph_pins pa = {pool, &ra, 1, false};
+    CHECK_OK(tp_graph_cache_run(cache, 1, g, &pa, s1)); /* runs until +100 ms */
+
+    CHECK_OK(tp_sim_capture_begin(dev, s2));
+    CHECK_OK(tp_graph_cache_launch(cache, 1, s2));     /* recorded into the capture */
+    CHECK_OK(tp_graph_cache_launch(cache, 1, s1));     /* runs until +200 ms */
+    CHECK_OK(tp_graph_cache_tick(cache));
+    CHECK_OK(tp_graph_cache_evict(cache, 1));
+    tp_graph captured = NULL;
+    CHECK_OK(tp_sim_capture_end(dev, s2, &captured));
+    CHECK_EQ_U64(gt_counters(dev).captures_invalidated, 0);
+    CHECK(captured != NULL);
+
+    /* the pin still follows the launches that ran */
+    CHECK_OK(tp_pool_free(pool, a, s1));
+    CHECK_OK(tp_sim_advance(dev, 150 * MS));
+    CHECK_OK(tp_graph_cache_tick(cache));
+    CHECK_EQ_U64(gt_pool_stats(pool).pinned_bytes.current, 4 * TEST_MiB);
+    CHECK_OK(tp_sim_advance(dev, 60 * MS));
+    CHECK_OK(tp_graph_cache_tick(cache));
+    CHECK_EQ_U64(gt_pool_stats(pool).pinned_bytes.current, 0);
+    CHECK_EQ_U64(gt_stats(cache).pinned_ranges, 0);
+    CHECK_EQ_U64(gt_counters(dev).hazards, 0);
+    CHECK_CACHE(cache);
+    CHECK_POOL(pool);
+    CHECK_EQ_U64(log.errors, 0);
+
+    CHECK_OK(tp_graph_cache_destroy(cache));
+    if (captured) CHECK_OK(tp_sim_graph_destroy(dev, captured));
+    CHECK_OK(tp_sim_graph_destroy(dev, g));
+    CHECK_OK(tp_pool_destroy(pool));
+    CHECK_OK(tp_stream_destroy(dev, s1));
+    CHECK_OK(tp_stream_destroy(dev, s2));
+    CHECK_OK(tp_device_close(dev));
+}
+
 static const test_case tests[] = {
     TEST_CASE(test_create_refuses_bad_arguments),
     TEST_CASE(test_null_handles_are_refused),
@@ -931,6 +983,7 @@ static const test_case tests[] = {
     TEST_CASE(test_segmented_lru),
     TEST_CASE(test_pins),
     TEST_CASE(test_destroy_with_live_pins),
+    TEST_CASE(test_launch_into_a_capture_leaves_it_valid),
     TEST_CASE(test_faults),
     TEST_CASE(test_fail_at_n),
     TEST_CASE(test_stats_json),
