@@ -72,8 +72,11 @@
  *     - pressure paths (out of memory on instantiate, a pool's reclaim
  *       callback) and destroy: the cache waits for the event, so the memory
  *       really is free when it returns.
- *   If an event could not be recorded, completion is unknown and eviction
- *   synchronises the device before unpinning.
+ *   If an event could not be recorded, launch waits for its stream (a
+ *   stream that does not capture: the next point); if even that fails,
+ *   completion is unknown and eviction synchronises the device before
+ *   unpinning (which would invalidate a capture in progress on any stream:
+ *   a last resort).
  *   A launch on a stream that captures is recorded into the capture, not
  *   run: it records no event (querying one recorded in a capture would
  *   invalidate it) and the event keeps covering the launches that ran. The
@@ -1058,6 +1061,15 @@ tp_status tp_graph_cache_launch(tp_graph_cache *cache, uint64_t key, tp_stream s
     if (rec == TP_OK) {
         e->event_recorded = true;
         e->completion_unknown = false;
+    } else if (ops->stream_synchronize(dev, stream) == TP_OK) {
+        /* Complete without the event: this launch, and every earlier one
+         * it was ordered after (stream order, or the wait above). A device
+         * synchronisation at eviction instead would invalidate whatever
+         * another stream is capturing by then. */
+        e->event_recorded = false;
+        tpi_logf(&dev->logger, TP_LOG_WARN,
+                "graph cache: recording the completion event of key 0x%llx failed (%s); waited for the stream",
+                (unsigned long long)key, tp_status_name(rec));
     } else {
         e->completion_unknown = true;
         tpi_logf(&dev->logger, TP_LOG_WARN,

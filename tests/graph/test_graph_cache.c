@@ -969,6 +969,51 @@ static void test_launch_into_a_capture_leaves_it_valid(void) {
     CHECK_OK(tp_device_close(dev));
 }
 
+/* A launch whose completion event cannot be recorded: the cache waits for
+ * the launch's stream at once. Left for eviction, the wait had to be a
+ * device synchronisation, which invalidates any capture in progress on
+ * another stream, fails, and leaves the executable's pins pinned for good. */
+static void test_failed_event_record_spares_other_captures(void) {
+    test_log log = {0};
+    tp_device *dev = gt_open("sim:1GiB", &log);
+    tp_pool *pool = NULL;
+    CHECK_OK(tp_pool_create(dev, NULL, &pool));
+    tp_graph_cache *cache = make_cache(dev, (tp_graph_cache_config){.idle_evict_ns = TP_NS_NEVER});
+    tp_stream s1, s2;
+    CHECK_OK(tp_stream_create(dev, &s1));
+    CHECK_OK(tp_stream_create(dev, &s2));
+    void *a = alloc_or_die(pool, 4 * TEST_MiB, s1);
+    tp_range ra = {(uint64_t)(uintptr_t)a, 4 * TEST_MiB};
+    tp_graph g = gt_graph_ranges(dev, 10, 1, 100 * MS, &ra, 1);
+    tp_graph_pins pa = {pool, &ra, 1, false};
+    CHECK_OK(tp_graph_cache_prepare(cache, 1, g, &pa));
+    /* the launch creates its event, then fails to record it */
+    CHECK_OK(tp_sim_inject_fault(dev, TP_SIM_OP_EVENT, 1, 1, TP_ERR_DEVICE));
+    CHECK_OK(tp_graph_cache_launch(cache, 1, s1));
+    CHECK_OK(tp_sim_clear_faults(dev));
+    CHECK_OK(tp_pool_free(pool, a, s1));
+
+    CHECK_OK(tp_sim_capture_begin(dev, s2));
+    CHECK_OK(tp_graph_cache_evict(cache, 1));
+    tp_graph captured = NULL;
+    CHECK_OK(tp_sim_capture_end(dev, s2, &captured));
+    CHECK_EQ_U64(gt_counters(dev).captures_invalidated, 0);
+    CHECK_EQ_U64(gt_pool_stats(pool).pinned_bytes.current, 0);
+    CHECK_EQ_U64(gt_stats(cache).pinned_ranges, 0);
+    CHECK_EQ_U64(gt_counters(dev).hazards, 0);
+    CHECK_EQ_U64(log.errors, 0);
+    CHECK_CACHE(cache);
+    CHECK_POOL(pool);
+
+    CHECK_OK(tp_graph_cache_destroy(cache));
+    if (captured) CHECK_OK(tp_sim_graph_destroy(dev, captured));
+    CHECK_OK(tp_sim_graph_destroy(dev, g));
+    CHECK_OK(tp_pool_destroy(pool));
+    CHECK_OK(tp_stream_destroy(dev, s1));
+    CHECK_OK(tp_stream_destroy(dev, s2));
+    CHECK_OK(tp_device_close(dev));
+}
+
 static const test_case tests[] = {
     TEST_CASE(test_create_refuses_bad_arguments),
     TEST_CASE(test_null_handles_are_refused),
@@ -984,6 +1029,7 @@ static const test_case tests[] = {
     TEST_CASE(test_pins),
     TEST_CASE(test_destroy_with_live_pins),
     TEST_CASE(test_launch_into_a_capture_leaves_it_valid),
+    TEST_CASE(test_failed_event_record_spares_other_captures),
     TEST_CASE(test_faults),
     TEST_CASE(test_fail_at_n),
     TEST_CASE(test_stats_json),
