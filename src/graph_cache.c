@@ -43,7 +43,10 @@
  *   no less than the model of exec_bytes_accounted (the highest cost per
  *   node of the last GC_COST_WINDOW measurements, times the node count;
  *   node_bytes_estimate per node before any), because a driver that reuses
- *   the memory of destroyed executables shows no drop for most of them.
+ *   the memory of destroyed executables shows no drop for most of them;
+ *   and never more than the device's memory (nor than a 64-bit sum of
+ *   max_execs + 1 of them allows), so that a huge node_bytes_estimate
+ *   neither wraps the model to a small cost nor the byte sums.
  *
  * Eviction order: segmented LRU
  *   Two recency lists, most recent at the head: probation and protected.
@@ -213,6 +216,9 @@ struct tp_graph_cache {
     unsigned cost_next, cost_count;
     unsigned recent_next;
     uint64_t next_idle_check_ns;
+    /* Most bytes one executable is counted at: the device's memory, and
+     * little enough that max_execs + 1 of them add up without wrapping. */
+    uint64_t exec_bytes_clamp;
 
     gc_retired *retired;
     size_t retired_count, retired_capacity;
@@ -610,11 +616,17 @@ static uint64_t recent_max(const tp_graph_cache *cache) {
  * Before the first measurement: node_bytes_estimate per node. */
 static uint64_t modelled_bytes(const tp_graph_cache *cache, uint64_t nodes) {
     if (!nodes) nodes = 1;
-    if (!cache->cost_count) return cache->config.node_bytes_estimate * nodes;
-    uint64_t per_node = 0;
-    for (unsigned i = 0; i < cache->cost_count; i++)
-        per_node = TPI_MAX(per_node, (cache->cost[i].bytes + cache->cost[i].nodes - 1) / cache->cost[i].nodes);
-    return per_node * nodes;
+    uint64_t per_node = cache->config.node_bytes_estimate;
+    if (cache->cost_count) {
+        per_node = 0;
+        for (unsigned i = 0; i < cache->cost_count; i++)
+            per_node = TPI_MAX(per_node, cache->cost[i].bytes / cache->cost[i].nodes +
+                                             (cache->cost[i].bytes % cache->cost[i].nodes != 0));
+    }
+    /* Saturating: a huge node_bytes_estimate must not wrap to a small cost. */
+    uint64_t bytes;
+    if (__builtin_mul_overflow(per_node, nodes, &bytes)) bytes = UINT64_MAX;
+    return TPI_MIN(bytes, cache->exec_bytes_clamp);
 }
 
 static uint64_t exec_bytes_accounted(tp_graph_cache *cache, uint64_t measured_bytes, uint64_t nodes) {
@@ -623,7 +635,7 @@ static uint64_t exec_bytes_accounted(tp_graph_cache *cache, uint64_t measured_by
         cache->cost_next = (cache->cost_next + 1) % GC_COST_WINDOW;
         if (cache->cost_count < GC_COST_WINDOW) cache->cost_count++;
     }
-    return TPI_MAX(measured_bytes, modelled_bytes(cache, nodes));
+    return TPI_MIN(TPI_MAX(measured_bytes, modelled_bytes(cache, nodes)), cache->exec_bytes_clamp);
 }
 
 /* Instantiates graph (of nodes nodes, 0 if unknown) as a new variant of
@@ -882,6 +894,10 @@ tp_status tp_graph_cache_create(tp_device *device, const tp_graph_cache_config *
     cache->config = c;
     cache->protected_cap = (uint32_t)((uint64_t)c.max_execs * c.protected_percent / 100);
     cache->next_idle_check_ns = UINT64_MAX;
+    uint64_t free_bytes = 0, total_bytes = 0;
+    cache->exec_bytes_clamp = UINT64_MAX / ((uint64_t)c.max_execs + 2);
+    if (device->ops->mem_info(device, &free_bytes, &total_bytes) == TP_OK && total_bytes)
+        cache->exec_bytes_clamp = TPI_MIN(cache->exec_bytes_clamp, total_bytes);
     cache->stats.max_bytes = c.max_bytes;
     cache->stats.max_execs = c.max_execs;
     tpi_map_init(&cache->index, &cache->host->allocator);

@@ -1014,6 +1014,43 @@ static void test_failed_event_record_spares_other_captures(void) {
     CHECK_OK(tp_device_close(dev));
 }
 
+/* node_bytes_estimate is what an executable is counted at when the device
+ * shows no cost (a driver that reuses the memory of destroyed executables).
+ * A huge one must count executables big, not wrap: 2^63 per node times 2
+ * nodes counted 0 bytes, and sums of UINT64_MAX-byte executables wrapped
+ * exec_bytes to a few bytes. */
+static void test_huge_node_estimate_does_not_wrap(void) {
+    test_log log = {0};
+    tp_device *dev = gt_open("sim:1GiB,graphpool", &log);
+    /* another cache leaves the driver's graph pool room for the next ones */
+    tp_graph_cache *warm = make_cache(dev, (tp_graph_cache_config){0});
+    tp_graph big = gt_graph(dev, 64, 99, MS);
+    CHECK_OK(tp_graph_cache_prepare(warm, 1, big, NULL));
+    CHECK_OK(tp_graph_cache_evict(warm, 1));
+    static const uint64_t estimates[] = {1ull << 63, UINT64_MAX};
+    for (size_t i = 0; i < 2; i++) {
+        tp_graph_cache *cache = make_cache(dev, (tp_graph_cache_config){
+            .max_bytes = TP_BYTES_UNLIMITED, .node_bytes_estimate = estimates[i], .idle_evict_ns = TP_NS_NEVER});
+        tp_graph g[3] = {gt_graph(dev, 2, 1, MS), gt_graph(dev, 1, 2, MS), gt_graph(dev, 3, 3, MS)};
+        for (uint64_t k = 0; k < 3; k++) {
+            CHECK_OK(tp_graph_cache_prepare(cache, k, g[k], NULL));
+            tp_graph_cache_stats s = gt_stats(cache);
+            CHECK_EQ_U64(s.execs, k + 1);
+            /* counted at no less than the device holds, at most the device each */
+            CHECK_GE_U64(s.exec_bytes, gt_sim_exec_bytes(dev));
+            CHECK_LE_U64(s.exec_bytes, (k + 1) * TEST_GiB);
+            CHECK_GE_U64(s.exec_bytes_peak, s.exec_bytes);
+        }
+        CHECK_CACHE(cache);
+        CHECK_OK(tp_graph_cache_destroy(cache));
+        for (int k = 0; k < 3; k++) CHECK_OK(tp_sim_graph_destroy(dev, g[k]));
+    }
+    CHECK_OK(tp_graph_cache_destroy(warm));
+    CHECK_OK(tp_sim_graph_destroy(dev, big));
+    CHECK_EQ_U64(log.errors, 0);
+    CHECK_OK(tp_device_close(dev));
+}
+
 static const test_case tests[] = {
     TEST_CASE(test_create_refuses_bad_arguments),
     TEST_CASE(test_null_handles_are_refused),
@@ -1037,6 +1074,7 @@ static const test_case tests[] = {
     TEST_CASE(test_driver_pooled_graph_memory),
     TEST_CASE(test_byte_model_fixed_cost),
     TEST_CASE(test_byte_model_outlier),
+    TEST_CASE(test_huge_node_estimate_does_not_wrap),
 };
 
 int main(int argc, char **argv) { return TEST_MAIN("test_graph_cache", tests, argc, argv); }
