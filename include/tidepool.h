@@ -544,7 +544,9 @@ TP_API tp_status tp_pool_check(tp_pool *pool, char *msg, size_t msg_capacity);
  * when it is evicted, after its last launch has completed.
  *
  * Lifetime: pools attached to a cache, or whose memory it pins, must outlive
- * the cache (or be detached, and the keys pinning them evicted, first).
+ * the cache, or first have the keys pinning them evicted and then be
+ * detached (detach waits for those keys' last launches and releases their
+ * pins).
  * tp_graph_cache_destroy must not race with allocations on attached pools. */
 typedef struct tp_graph_cache tp_graph_cache;
 
@@ -608,7 +610,10 @@ TP_API tp_status tp_graph_cache_destroy(tp_graph_cache *cache);
 /* Registers the cache as a reclaim callback of pool: when the pool runs out
  * of memory it evicts idle executables (releasing their pins) first. */
 TP_API tp_status tp_graph_cache_attach_pool(tp_graph_cache *cache, tp_pool *pool);
-/* TP_ERR_NOT_FOUND if pool is not attached. */
+/* Also waits for the last launches of evicted executables that pinned the
+ * pool's memory and releases those pins, so that the cache keeps nothing of
+ * the pool (executables still cached keep theirs: evict them first).
+ * TP_ERR_NOT_FOUND if pool is not attached (the pins go all the same). */
 TP_API tp_status tp_graph_cache_detach_pool(tp_graph_cache *cache, tp_pool *pool);
 
 /* Makes key's executable match graph: a known key whose executable can be

@@ -107,8 +107,10 @@
  *   pool allocation already past its copy of the callback list could still
  *   call into a destroyed cache, so destroy must not race with allocations
  *   on attached pools (the header already forbids racing destroy with any
- *   call). Pools whose memory the cache pins must outlive the cache (or the
- *   keys pinning them must be evicted and their launches completed first).
+ *   call). Pools whose memory the cache pins must outlive the cache, or the
+ *   keys pinning them must be evicted and the pool then detached: detach
+ *   waits for the retired pins in the pool and releases them, so that no
+ *   later tick reaches into a destroyed pool.
  *
  * Invariants (tp_graph_cache_check): every executable is in exactly one
  * segment list and once in the variant chain its key leads to in the key
@@ -474,6 +476,23 @@ static uint64_t retired_process(tp_graph_cache *cache, bool wait, tp_pool *only)
         *r = cache->retired[--cache->retired_count];
     }
     return freed;
+}
+
+/* Waits for the retired pins in pool and releases them, so that the cache
+ * keeps no reference to the pool (detach, before the pool goes). Pins whose
+ * launch the device cannot vouch for stay pinned (pins_abandon). */
+static void retired_forget_pool_locked(tp_graph_cache *cache, tp_pool *pool) {
+    retired_process(cache, true, pool);
+    for (size_t i = 0; i < cache->retired_count;) {
+        gc_retired *r = &cache->retired[i];
+        if (r->pins.pool != pool) {
+            i++;
+            continue;
+        }
+        pins_abandon(cache, &r->pins);
+        cache->ops->event_destroy(cache->device, r->event);
+        *r = cache->retired[--cache->retired_count];
+    }
 }
 
 /* ---------------------------------------------------------------- eviction */
@@ -1015,6 +1034,11 @@ tp_status tp_graph_cache_detach_pool(tp_graph_cache *cache, tp_pool *pool) {
     pthread_mutex_unlock(&cache->lock);
     /* Waits for a reclaim round in flight, which may need our lock. */
     tp_status st = attached ? tp_pool_remove_reclaim_callback(pool, gc_reclaim, cache) : TP_ERR_NOT_FOUND;
+    /* Evicted keys' pins that wait for their last launch would otherwise be
+     * unpinned by a later tick, in a pool the caller may have destroyed. */
+    pthread_mutex_lock(&cache->lock);
+    retired_forget_pool_locked(cache, pool);
+    pthread_mutex_unlock(&cache->lock);
     pthread_mutex_unlock(&cache->attach_lock);
     return st;
 }

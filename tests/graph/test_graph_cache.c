@@ -1051,6 +1051,42 @@ static void test_huge_node_estimate_does_not_wrap(void) {
     CHECK_OK(tp_device_close(dev));
 }
 
+/* The header's way to let a pool go before the cache: evict the keys that
+ * pin it, detach it, destroy it. An evicted key's pins wait for its last
+ * launch in the cache's retired list; detach must release them (waiting for
+ * that launch), or a later tick unpins them in the destroyed pool. */
+static void test_detach_releases_retired_pins(void) {
+    test_log log = {0};
+    tp_device *dev = gt_open("sim:1GiB", &log);
+    tp_pool *pool = NULL;
+    CHECK_OK(tp_pool_create(dev, NULL, &pool));
+    tp_graph_cache *cache = make_cache(dev, (tp_graph_cache_config){.idle_evict_ns = TP_NS_NEVER});
+    CHECK_OK(tp_graph_cache_attach_pool(cache, pool));
+    tp_stream s;
+    CHECK_OK(tp_stream_create(dev, &s));
+    void *a = alloc_or_die(pool, 4 * TEST_MiB, s);
+    tp_range ra = {(uint64_t)(uintptr_t)a, 4 * TEST_MiB};
+    tp_graph g = gt_graph_ranges(dev, 10, 1, 100 * MS, &ra, 1);
+    tp_graph_pins pa = {pool, &ra, 1, false};
+    CHECK_OK(tp_graph_cache_run(cache, 1, g, &pa, s));
+    CHECK_OK(tp_pool_free(pool, a, s));
+    CHECK_OK(tp_graph_cache_evict(cache, 1)); /* the launch still runs: its pin waits */
+    CHECK_OK(tp_graph_cache_detach_pool(cache, pool));
+    CHECK_EQ_U64(gt_stats(cache).pinned_ranges, 0);
+    CHECK_EQ_U64(gt_pool_stats(pool).pinned_bytes.current, 0);
+    CHECK_OK(tp_pool_forget_stream(pool, s));
+    CHECK_OK(tp_pool_destroy(pool));
+    CHECK_OK(tp_sim_advance(dev, 200 * MS));
+    CHECK_OK(tp_graph_cache_tick(cache)); /* nothing of the pool left to touch */
+    CHECK_CACHE(cache);
+    CHECK_EQ_U64(gt_counters(dev).hazards, 0);
+    CHECK_EQ_U64(log.errors, 0);
+    CHECK_OK(tp_graph_cache_destroy(cache));
+    CHECK_OK(tp_sim_graph_destroy(dev, g));
+    CHECK_OK(tp_stream_destroy(dev, s));
+    CHECK_OK(tp_device_close(dev));
+}
+
 static const test_case tests[] = {
     TEST_CASE(test_create_refuses_bad_arguments),
     TEST_CASE(test_null_handles_are_refused),
@@ -1067,6 +1103,7 @@ static const test_case tests[] = {
     TEST_CASE(test_destroy_with_live_pins),
     TEST_CASE(test_launch_into_a_capture_leaves_it_valid),
     TEST_CASE(test_failed_event_record_spares_other_captures),
+    TEST_CASE(test_detach_releases_retired_pins),
     TEST_CASE(test_faults),
     TEST_CASE(test_fail_at_n),
     TEST_CASE(test_stats_json),

@@ -36,6 +36,7 @@
  * the caches' reclaim callbacks; caches destroyed with executables live and
  * re-created with another configuration (caps of 1, tiny, huge, none; idle
  * eviction of 1 ns or never; protected share 0..100; a background thread);
+ * pools let go before the caches (keys evicted, pool detached, destroyed);
  * device faults on instantiate, update, launch, events and memory.
  *
  * A second test runs threads calling launch/run/evict/tick/stats/check on
@@ -669,6 +670,43 @@ static void step_recreate(fuzz *z) {
     make_cache(z, c);
 }
 
+/* Lets a pool go before the caches, the header's way: evict the keys that
+ * may pin it, detach it from every cache (attached or not), and it must
+ * hold no pin; then destroy it and make another. */
+static void random_pool_config(fuzz *z, int p, tp_pool_config *pc) {
+    *pc = (tp_pool_config){.kind = p == 0 ? TP_POOL_VMM : TP_POOL_SEGMENT};
+    pc->limit_bytes = chance(z, 30) ? 0 : rng_log_uniform(&z->rng, 16 * TEST_MiB, 256 * TEST_MiB);
+    if (chance(z, 30)) pc->idle_release_ns = 1 + rnd(z, 20 * MS);
+}
+
+static void step_replace_pool(fuzz *z) {
+    int p = (int)rnd(z, POOLS);
+    for (int c = 0; c < CACHES; c++) {
+        for (size_t k = 0; k < KEYS; k++) {
+            tp_status st = tp_graph_cache_evict(z->cache[c], keys[k]);
+            EXPECT_IN(z, "evict(pool going)", st, TP_OK, TP_ERR_NOT_FOUND);
+            z->key[c][k] = KEY_ABSENT;
+        }
+        tp_status st = tp_graph_cache_detach_pool(z->cache[c], z->pool[p]);
+        EXPECT_IN(z, "detach(pool going)", st, z->attached[c][p] ? TP_OK : TP_ERR_NOT_FOUND);
+        z->attached[c][p] = false;
+    }
+    tp_pool_stats ps = gt_pool_stats(z->pool[p]);
+    if (ps.pinned_bytes.current)
+        FAIL_AT(z, "pool %d: %" PRIu64 " bytes pinned after its keys were evicted and it was detached", p,
+                ps.pinned_bytes.current);
+    for (int i = 0; i < z->n; i++)
+        if (z->b[i].pool == p) {
+            CHECK_OK(tp_pool_free(z->pool[p], addr(z->b[i].address), z->stream[z->b[i].stream]));
+            z->b[i--] = z->b[--z->n];
+        }
+    EXPECT_IN(z, "pool destroy", tp_pool_destroy(z->pool[p]), TP_OK);
+    tp_pool_config pc;
+    random_pool_config(z, p, &pc);
+    REQUIRE_OK(tp_pool_create(z->f.dev, &pc, &z->pool[p]));
+    TRACE(z, "pool %d replaced", p);
+}
+
 static void step_misc(fuzz *z) {
     int c = (int)rnd(z, CACHES);
     switch (rnd(z, 8)) {
@@ -702,9 +740,8 @@ static void fuzz_run(uint64_t seed, uint64_t steps) {
     z->graphpool = spec == 2;
     fixture_open_device(&z->f, specs[spec]);
     for (int p = 0; p < POOLS; p++) {
-        tp_pool_config pc = {.kind = p == 0 ? TP_POOL_VMM : TP_POOL_SEGMENT};
-        pc.limit_bytes = chance(z, 30) ? 0 : rng_log_uniform(&z->rng, 16 * TEST_MiB, 256 * TEST_MiB);
-        if (chance(z, 30)) pc.idle_release_ns = 1 + rnd(z, 20 * MS);
+        tp_pool_config pc;
+        random_pool_config(z, p, &pc);
         REQUIRE_OK(tp_pool_create(z->f.dev, &pc, &z->pool[p]));
     }
     z->stream[0] = TP_STREAM_DEFAULT;
@@ -723,7 +760,8 @@ static void fuzz_run(uint64_t seed, uint64_t steps) {
         else if (r < 88) step_capture(z);
         else if (r < 90) step_pressure(z);
         else if (r < 91) step_recreate(z);
-        else if (r < 93 && !z->faults_left && z->fault_injection) step_faults(z);
+        else if (r < 92 && !z->faults_left) step_replace_pool(z);
+        else if (r < 94 && !z->faults_left && z->fault_injection) step_faults(z);
         else step_misc(z);
         if (z->faults_left && --z->faults_left == 0) {
             CHECK_OK(tp_sim_clear_faults(z->f.dev));
