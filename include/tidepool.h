@@ -564,8 +564,10 @@ typedef struct tp_graph_cache_config {
 } tp_graph_cache_config;
 
 /* Pool memory an executable uses. If already_pinned, the ranges carry one
- * pin each that the cache takes over (as tp_pool_capture_end returns them);
- * otherwise the cache pins them itself. */
+ * pin each that the cache takes over (as tp_pool_capture_end returns them)
+ * on every return of prepare/run but TP_ERR_INVALID_ARGUMENT (when prepare
+ * fails they are released at once); otherwise the cache pins them itself.
+ * count 0 (ranges and pool may then be NULL): the executable pins nothing. */
 typedef struct tp_graph_pins {
     tp_pool *pool;
     const tp_range *ranges;
@@ -619,8 +621,15 @@ TP_API tp_status tp_graph_cache_detach_pool(tp_graph_cache *cache, tp_pool *pool
 /* Makes key's executable match graph: a known key whose executable can be
  * updated to graph is updated in place; a new key, or a failed update, is
  * instantiated (evicting to stay within the bounds). If instantiation runs
- * out of memory after evicting everything evictable, returns
- * TP_ERR_RUN_EAGER: run the work without a graph. pins may be NULL. */
+ * out of memory after evicting everything evictable, or the executable
+ * alone is larger than max_bytes, returns TP_ERR_RUN_EAGER: run the work
+ * without a graph. pins NULL keeps the pins the executable already has;
+ * pins replace them otherwise (the old ones go once its launches are done).
+ * Refused, nothing prepared: graph NULL, or pins with count > 0 and NULL
+ * pool or ranges, or a range of 0 bytes (TP_ERR_INVALID_ARGUMENT); ranges
+ * the cache is to pin that the pool refuses (tp_pool_pin's status:
+ * TP_ERR_NOT_OWNED, TP_ERR_INVALID_ARGUMENT). A device error of the
+ * instantiation comes back as it is (TP_ERR_DEVICE, ...). */
 TP_API tp_status tp_graph_cache_prepare(tp_graph_cache *cache, uint64_t key, tp_graph graph, const tp_graph_pins *pins);
 /* Launches key's executable on stream (TP_ERR_NOT_FOUND if the key has
  * none). On a stream that captures, the launch is recorded into the capture
