@@ -79,7 +79,8 @@
  *   stream that does not capture: the next point); if even that fails,
  *   completion is unknown and eviction synchronises the device before
  *   unpinning (which would invalidate a capture in progress on any stream:
- *   a last resort).
+ *   a last resort); until then later launches do not make it known, as
+ *   they are not ordered after it.
  *   A launch on a stream that captures is recorded into the capture, not
  *   run: it records no event (querying one recorded in a capture would
  *   invalidate it) and the event keeps covering the launches that ran. The
@@ -1099,8 +1100,9 @@ tp_status tp_graph_cache_launch(tp_graph_cache *cache, uint64_t key, tp_stream s
     e->last_stream = stream;
     tp_status rec = ops->event_record(dev, e->event, stream);
     if (rec == TP_OK) {
+        /* An earlier launch of unknown completion stays unknown: this one was
+         * not made to wait for it, so its event does not cover it. */
         e->event_recorded = true;
-        e->completion_unknown = false;
     } else if (ops->stream_synchronize(dev, stream) == TP_OK) {
         /* Complete without the event: this launch, and every earlier one
          * it was ordered after (stream order, or the wait above). A device

@@ -1087,6 +1087,66 @@ static void test_detach_releases_retired_pins(void) {
     CHECK_OK(tp_device_close(dev));
 }
 
+/* A launch whose completion the cache could not learn (its event not
+ * recorded, its stream not waited for) stays unknown until the cache has
+ * waited for the device: a later launch on another stream is not ordered
+ * after it, so that one's event does not cover it. (It cleared the flag,
+ * and the pins went when the later, shorter launch completed, while the
+ * first still ran.) */
+static void test_unknown_completion_is_not_covered_by_a_later_launch(void) {
+    test_log log = {0};
+    tp_device *dev = gt_open("sim:1GiB", &log);
+    tp_pool *pool = NULL;
+    CHECK_OK(tp_pool_create(dev, NULL, &pool));
+    tp_graph_cache *cache = make_cache(dev, (tp_graph_cache_config){.idle_evict_ns = TP_NS_NEVER});
+    tp_stream s1, s2;
+    CHECK_OK(tp_stream_create(dev, &s1));
+    CHECK_OK(tp_stream_create(dev, &s2));
+    void *a = alloc_or_die(pool, 4 * TEST_MiB, s1);
+    tp_range ra = {(uint64_t)(uintptr_t)a, 4 * TEST_MiB};
+    tp_graph g = gt_graph_ranges(dev, 10, 1, 100 * MS, &ra, 1);
+    tp_graph_pins pa = {pool, &ra, 1, false};
+    CHECK_OK(tp_graph_cache_prepare(cache, 1, g, &pa));
+    uint64_t t0 = gt_now(dev);
+    /* the first launch creates its event, fails to record it, and fails to
+     * wait for its stream: runs until t0 + 100 ms, nobody knows when */
+    CHECK_OK(tp_sim_inject_fault(dev, TP_SIM_OP_EVENT, 1, 1, TP_ERR_DEVICE));
+    CHECK_OK(tp_sim_inject_fault(dev, TP_SIM_OP_SYNC, 0, 1, TP_ERR_DEVICE));
+    CHECK_OK(tp_graph_cache_launch(cache, 1, s1));
+    CHECK_OK(tp_sim_clear_faults(dev));
+    /* a shorter one on another stream (the update makes it 10 ms) */
+    tp_graph g2 = gt_graph_ranges(dev, 10, 1, 10 * MS, &ra, 1);
+    CHECK_OK(tp_graph_cache_prepare(cache, 1, g2, NULL));
+    CHECK_OK(tp_graph_cache_launch(cache, 1, s2));
+    CHECK_OK(tp_pool_free(pool, a, s1));
+    CHECK_OK(tp_graph_cache_evict(cache, 1));
+    for (int i = 0; i < 10 && gt_pool_stats(pool).pinned_bytes.current; i++) {
+        CHECK_OK(tp_sim_advance(dev, 20 * MS));
+        CHECK_OK(tp_graph_cache_tick(cache));
+    }
+    CHECK_EQ_U64(gt_pool_stats(pool).pinned_bytes.current, 0);
+    CHECK_MSG(gt_now(dev) >= t0 + 100 * MS, "pin released at +%llu ms, the first launch runs until +100 ms",
+              (unsigned long long)((gt_now(dev) - t0) / MS));
+    /* the block goes to another stream only once the first launch is done */
+    tp_stream s3;
+    CHECK_OK(tp_stream_create(dev, &s3));
+    void *b = alloc_or_die(pool, 4 * TEST_MiB, s3);
+    CHECK_OK(tp_pool_free(pool, b, s3));
+    CHECK_EQ_U64(gt_counters(dev).hazards, 0);
+    CHECK_CACHE(cache);
+    CHECK_POOL(pool);
+    log.errors = 0; /* the failed waits are logged */
+
+    CHECK_OK(tp_graph_cache_destroy(cache));
+    CHECK_OK(tp_sim_graph_destroy(dev, g));
+    CHECK_OK(tp_sim_graph_destroy(dev, g2));
+    CHECK_OK(tp_pool_destroy(pool));
+    CHECK_OK(tp_stream_destroy(dev, s1));
+    CHECK_OK(tp_stream_destroy(dev, s2));
+    CHECK_OK(tp_stream_destroy(dev, s3));
+    CHECK_OK(tp_device_close(dev));
+}
+
 static const test_case tests[] = {
     TEST_CASE(test_create_refuses_bad_arguments),
     TEST_CASE(test_null_handles_are_refused),
@@ -1104,6 +1164,7 @@ static const test_case tests[] = {
     TEST_CASE(test_launch_into_a_capture_leaves_it_valid),
     TEST_CASE(test_failed_event_record_spares_other_captures),
     TEST_CASE(test_detach_releases_retired_pins),
+    TEST_CASE(test_unknown_completion_is_not_covered_by_a_later_launch),
     TEST_CASE(test_faults),
     TEST_CASE(test_fail_at_n),
     TEST_CASE(test_stats_json),
