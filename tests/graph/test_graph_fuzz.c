@@ -543,8 +543,10 @@ static void step_text(fuzz *z) {
     char *buf = malloc(length + 2);
     REQUIRE(buf);
     size_t caps[] = {1, 2, rnd(z, length) + 1, length, length + 1, length + 2};
-    for (size_t i = 0; i < sizeof caps / sizeof *caps; i++) {
-        size_t cap = caps[i], got = 0;
+    /* now and then every size from 1 up */
+    size_t sizes = chance(z, 5) ? length + 2 : sizeof caps / sizeof *caps;
+    for (size_t i = 0; i < sizes; i++) {
+        size_t cap = sizes == length + 2 ? i + 1 : caps[i], got = 0;
         memset(buf, 'x', length + 2);
         st = json ? tp_graph_cache_stats_json(z->cache[c], buf, cap, &got)
                   : tp_graph_cache_stats_openmetrics(z->cache[c], label, buf, cap, &got);
