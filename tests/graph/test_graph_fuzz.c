@@ -42,7 +42,7 @@
  * A second test runs threads calling launch/run/evict/tick/stats/check on
  * one cache at once (TSan: ctest -R thread).
  *
- *   test_graph_fuzz [filter]     80 seeds of 800 steps (~1 s; ~7 s under ASan)
+ *   test_graph_fuzz [filter]     60 seeds of 800 steps (~1 s; ~6 s under ASan)
  *   TP_FUZZ_SEED=N TP_FUZZ_SEEDS=K TP_FUZZ_STEPS=M   reproduce one seed / run longer
  *   TP_FUZZ_TRACE=1              print every call that changes the model
  *   TP_FUZZ_FAULTS=0             no fault injection
@@ -818,7 +818,7 @@ static void fuzz_run(uint64_t seed, uint64_t steps) {
 }
 
 static void test_random_graph_cache_calls(void) {
-    uint64_t first = env_u64("TP_FUZZ_SEED", 1), seeds = env_u64("TP_FUZZ_SEEDS", getenv("TP_FUZZ_SEED") ? 1 : 80);
+    uint64_t first = env_u64("TP_FUZZ_SEED", 1), seeds = env_u64("TP_FUZZ_SEEDS", getenv("TP_FUZZ_SEED") ? 1 : 60);
     uint64_t steps = env_u64("TP_FUZZ_STEPS", 800);
     g_trace = getenv("TP_FUZZ_TRACE") != NULL;
     for (uint64_t seed = first; seed < first + seeds && check_failures == 0; seed++) fuzz_run(seed, steps);
