@@ -5,7 +5,11 @@
  * LRU protection, pins (taken, replaced, released after completion),
  * destroy with live pins, fault injection on instantiate/update/events
  * (including a fail-at-N loop), statistics and JSON, and the byte-estimate
- * path for devices that do not report an executable's size.
+ * path for devices that do not report an executable's size; and what
+ * test_graph_fuzz found: launches into a capture and failed event records
+ * must not invalidate captures, a launch of unknown completion is not
+ * covered by later ones, detach releases the pins evicted keys still keep,
+ * and a huge node_bytes_estimate does not wrap the byte counts.
  */
 #include "gc_test.h"
 
