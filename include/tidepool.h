@@ -621,8 +621,9 @@ TP_API tp_status tp_graph_cache_detach_pool(tp_graph_cache *cache, tp_pool *pool
 /* Makes key's executable match graph: a known key whose executable can be
  * updated to graph is updated in place; a new key, or a failed update, is
  * instantiated (evicting to stay within the bounds). If instantiation runs
- * out of memory after evicting everything evictable, or the executable
- * alone is larger than max_bytes, returns TP_ERR_RUN_EAGER: run the work
+ * out of memory after evicting everything evictable and having the
+ * attached pools give back their idle memory (tp_pool_trim), or the
+ * executable alone is larger than max_bytes, returns TP_ERR_RUN_EAGER: run the work
  * without a graph. pins NULL keeps the pins the executable already has;
  * pins replace them otherwise (the old ones go once its launches are done).
  * Refused, nothing prepared: graph NULL, or pins with count > 0 and NULL

@@ -34,8 +34,9 @@
  *      of the last GC_RECENT instantiations and of the model below), and
  *      afterwards until the bounds hold. On out of memory it evicts one
  *      victim (executables with no launch in flight first; waiting for the
- *      launch otherwise) and retries, until none is left: then
- *      TP_ERR_RUN_EAGER. An executable larger than max_bytes on its own is
+ *      launch otherwise) and retries, until none is left; then it has the
+ *      attached pools give back their idle memory (tp_pool_trim) and
+ *      retries once more; then TP_ERR_RUN_EAGER. An executable larger than max_bytes on its own is
  *      destroyed: TP_ERR_RUN_EAGER.
  *   Bytes of an executable: what the device reported; if it reported 0, the
  *   drop in the device's free memory across the instantiation (an
@@ -658,6 +659,18 @@ static uint64_t exec_bytes_accounted(tp_graph_cache *cache, uint64_t measured_by
     return TPI_MIN(TPI_MAX(measured_bytes, modelled_bytes(cache, nodes)), cache->exec_bytes_clamp);
 }
 
+/* Every attached pool gives back its idle memory; returns the bytes. The
+ * pools' locks are taken with the cache's held: a pool calls into the cache
+ * only from a reclaim round, with its own lock released (gc_reclaim). */
+static uint64_t trim_pools_locked(tp_graph_cache *cache) {
+    uint64_t released = 0;
+    for (size_t i = 0; i < cache->pool_count; i++) {
+        uint64_t bytes = 0;
+        if (tp_pool_trim(cache->pools[i], 0, &bytes) == TP_OK) released += bytes;
+    }
+    return released;
+}
+
 /* Instantiates graph (of nodes nodes, 0 if unknown) as a new variant of
  * key. newpins (may be NULL) are consumed on every path. */
 static tp_status instantiate_new(tp_graph_cache *cache, uint64_t key, tp_graph graph, uint64_t nodes,
@@ -674,6 +687,7 @@ static tp_status instantiate_new(tp_graph_cache *cache, uint64_t key, tp_graph g
     tpi_graph_exec exec = NULL;
     uint64_t bytes = 0, free_before = 0, free_after = 0, total = 0;
     tp_status st;
+    bool pools_trimmed = false;
     for (;;) {
         bool measured = cache->ops->mem_info(cache->device, &free_before, &total) == TP_OK;
         st = cache->ops->graph_instantiate(cache->device, graph, &exec, &bytes);
@@ -692,6 +706,16 @@ static tp_status instantiate_new(tp_graph_cache *cache, uint64_t key, tp_graph g
         }
         gc_exec *victim = pick_victim(cache, filter_idle, NULL, NULL);
         if (!victim) victim = pick_victim(cache, NULL, NULL, NULL);
+        if (!victim && !pools_trimmed) {
+            pools_trimmed = true;
+            uint64_t released = trim_pools_locked(cache);
+            if (released) {
+                tpi_logf(log, TP_LOG_INFO,
+                        "graph cache: out of device memory instantiating key 0x%llx; the pools gave back %llu idle "
+                        "bytes", (unsigned long long)key, (unsigned long long)released);
+                continue;
+            }
+        }
         if (!victim) {
             cache->stats.eager_fallbacks++;
             tpi_logf(log, TP_LOG_WARN,

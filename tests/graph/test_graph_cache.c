@@ -1151,6 +1151,46 @@ static void test_unknown_completion_is_not_covered_by_a_later_launch(void) {
     CHECK_OK(tp_device_close(dev));
 }
 
+/* Instantiation out of device memory while an attached pool holds idle
+ * memory: the cache has nothing of its own to evict, so it has the pools
+ * give their idle memory back and tries again, instead of answering "run
+ * it eagerly" until that memory ages out (found by test_graph_fuzz's
+ * author: one seed ran eagerly for every request). */
+static void instantiate_trims_idle_pool_memory(tp_pool_kind kind) {
+    test_log log = {0};
+    tp_device *dev = gt_open("sim:256MiB,graph_node_bytes=1MiB", &log);
+    tp_pool_config pc = {.kind = kind};
+    tp_pool *pool = NULL;
+    REQUIRE(tp_pool_create(dev, &pc, &pool) == TP_OK);
+    tp_graph_cache *cache = make_cache(dev, (tp_graph_cache_config){.max_execs = 4});
+    CHECK_OK(tp_graph_cache_attach_pool(cache, pool));
+    tp_stream s;
+    CHECK_OK(tp_stream_create(dev, &s));
+    void *big = alloc_or_die(pool, 200 * TEST_MiB, s);
+    CHECK_OK(tp_pool_free(pool, big, s));
+    uint64_t idle_held = gt_pool_stats(pool).reserved_bytes.current;
+    CHECK(idle_held >= 200 * TEST_MiB); /* kept, idle: nothing has aged yet */
+    tp_graph g = gt_graph(dev, 100, 1, MS); /* 100 MiB: more than the device has free */
+    CHECK_OK(tp_graph_cache_run(cache, 1, g, NULL, s));
+    CHECK_EQ_U64(gt_stats(cache).execs, 1);
+    CHECK(gt_pool_stats(pool).reserved_bytes.current < idle_held);
+    void *again = alloc_or_die(pool, 64 * TEST_MiB, s); /* the pool still works */
+    CHECK_OK(tp_pool_free(pool, again, s));
+    CHECK_CACHE(cache);
+    CHECK_POOL(pool);
+    CHECK_EQ_U64(gt_counters(dev).hazards, 0);
+    log.errors = 0;
+    CHECK_OK(tp_graph_cache_destroy(cache));
+    CHECK_OK(tp_sim_graph_destroy(dev, g));
+    CHECK_OK(tp_pool_destroy(pool));
+    CHECK_OK(tp_stream_destroy(dev, s));
+    CHECK_OK(tp_device_close(dev));
+}
+static void test_instantiate_trims_idle_pool_memory_vmm(void) { instantiate_trims_idle_pool_memory(TP_POOL_VMM); }
+static void test_instantiate_trims_idle_pool_memory_segment(void) {
+    instantiate_trims_idle_pool_memory(TP_POOL_SEGMENT);
+}
+
 static const test_case tests[] = {
     TEST_CASE(test_create_refuses_bad_arguments),
     TEST_CASE(test_null_handles_are_refused),
@@ -1177,6 +1217,8 @@ static const test_case tests[] = {
     TEST_CASE(test_byte_model_fixed_cost),
     TEST_CASE(test_byte_model_outlier),
     TEST_CASE(test_huge_node_estimate_does_not_wrap),
+    TEST_CASE(test_instantiate_trims_idle_pool_memory_vmm),
+    TEST_CASE(test_instantiate_trims_idle_pool_memory_segment),
 };
 
 int main(int argc, char **argv) { return TEST_MAIN("test_graph_cache", tests, argc, argv); }
