@@ -634,7 +634,9 @@ TP_API tp_status tp_graph_cache_detach_pool(tp_graph_cache *cache, tp_pool *pool
 TP_API tp_status tp_graph_cache_prepare(tp_graph_cache *cache, uint64_t key, tp_graph graph, const tp_graph_pins *pins);
 /* Launches key's executable on stream (TP_ERR_NOT_FOUND if the key has
  * none). On a stream that captures, the launch is recorded into the capture
- * and the cache does not track it: the captured graph reads the
+ * and the cache does not track it (nor makes the stream wait for the
+ * executable's last launch elsewhere: a capturing stream may not wait on an
+ * event recorded outside the capture): the captured graph reads the
  * executable's pool memory whenever it runs, and keeping that memory (pins)
  * for it is the caller's part. */
 TP_API tp_status tp_graph_cache_launch(tp_graph_cache *cache, uint64_t key, tp_stream stream);

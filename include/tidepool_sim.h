@@ -102,13 +102,16 @@ TP_API tp_status tp_sim_graph_destroy(tp_device *device, tp_graph graph);
  * While a stream captures, kernels launched on it (tp_sim_launch) and graph
  * executables launched on it are recorded, not run: they take no virtual
  * time, do not move the stream's tail and are not queued work for the hazard
- * checker. Recording an event on it and making it wait on an event are
- * legal (the wait is not replayed when the graph runs). Illegal, as on
- * CUDA, and they INVALIDATE the capture and return TP_ERR_CAPTURE:
- * synchronising the stream or the device, querying or synchronising an
- * event recorded on the stream during the capture, and another stream
- * waiting on such an event (CUDA would pull that stream into the capture;
- * the simulator does not model joined streams). Once invalidated, every op
+ * checker. Recording an event on it and making it wait on an event
+ * recorded in the same capture are legal (the wait is not replayed when
+ * the graph runs). Illegal, as on CUDA, and they INVALIDATE the capture
+ * and return TP_ERR_CAPTURE: synchronising the stream or the device,
+ * querying or synchronising an event recorded on the stream during the
+ * capture, another stream waiting on such an event (CUDA would pull that
+ * stream into the capture; the simulator does not model joined streams),
+ * and the capturing stream waiting on an event recorded outside the
+ * capture (CUDA accepts that only with cudaEventWaitExternal, which
+ * tidepool does not pass). Once invalidated, every op
  * on the stream returns TP_ERR_CAPTURE until tp_sim_capture_end.
  *
  * begin: TP_ERR_CAPTURE if the stream already captures or is the default

@@ -84,9 +84,12 @@
  *   they are not ordered after it.
  *   A launch on a stream that captures is recorded into the capture, not
  *   run: it records no event (querying one recorded in a capture would
- *   invalidate it) and the event keeps covering the launches that ran. The
- *   captured graph reads the executable's memory whenever it runs: keeping
- *   that memory for it is the caller's part, as for any graph.
+ *   invalidate it) and the event keeps covering the launches that ran; nor
+ *   does the stream wait for the last launch elsewhere (a capturing stream
+ *   may not wait on an event recorded outside the capture). The captured
+ *   graph reads the executable's memory whenever it runs: keeping that
+ *   memory for it, and ordering its runs, is the caller's part, as for any
+ *   graph.
  *   Ownership of pins passed to prepare: tp_graph_pins with already_pinned
  *   hands the pins to the cache on every return except
  *   TP_ERR_INVALID_ARGUMENT (when prepare fails the pins are released at
@@ -1099,13 +1102,17 @@ tp_status tp_graph_cache_launch(tp_graph_cache *cache, uint64_t key, tp_stream s
         e->event = NULL;
         goto out;
     }
-    /* Launches of one executable run one after another (as on CUDA), so the
-     * event of the last covers all of them. */
-    if (e->event_recorded && !e->completion_unknown && e->last_stream != stream &&
-        ops->event_query(dev, e->event) != TP_OK && (st = ops->stream_wait_event(dev, stream, e->event)) != TP_OK)
-        goto out;
     bool capturing = false;
     if (ops->stream_capturing && ops->stream_capturing(dev, stream, &capturing) != TP_OK) capturing = false;
+    /* Launches of one executable run one after another (as on CUDA), so the
+     * event of the last covers all of them. Not into a capture: a capturing
+     * stream may not wait on an event recorded outside it (CUDA refuses
+     * without the external-event flag, and the capture is invalidated), and
+     * the captured launch runs only when its graph does, which orders
+     * nothing here. */
+    if (!capturing && e->event_recorded && !e->completion_unknown && e->last_stream != stream &&
+        ops->event_query(dev, e->event) != TP_OK && (st = ops->stream_wait_event(dev, stream, e->event)) != TP_OK)
+        goto out;
     st = ops->graph_launch(dev, e->exec, stream);
     if (st != TP_OK) {
         tpi_logf(&dev->logger, TP_LOG_WARN, "graph cache: launching key 0x%llx failed: %s", (unsigned long long)key,

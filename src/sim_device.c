@@ -45,7 +45,9 @@
  * is launched. An event recorded on a capturing stream is marked with the
  * capture's id and keeps its last real record. Synchronising the stream or
  * the device, querying or synchronising a marked event of an open capture,
- * or another stream waiting on one, invalidates the capture (counted,
+ * another stream waiting on one, or the capturing stream waiting on an
+ * event recorded outside the capture (CUDA allows that only with the
+ * external-event flag), invalidates the capture (counted,
  * logged) and fails with TP_ERR_CAPTURE; every later op on that stream
  * fails the same way until tp_sim_capture_end, which always leaves capture
  * mode.
@@ -665,6 +667,12 @@ static tp_status sim_stream_wait_event(tp_device *device, tp_stream stream, tp_e
              * merge two captures; neither is modelled: both fail. */
             capture_invalidate(sim, (uint32_t)from, "another stream waiting on an event recorded in it");
             capture_invalidate(sim, s, "waiting on an event of another capture");
+            st = TP_ERR_CAPTURE;
+        } else if (st == TP_OK && from < 0 && e->recorded && state == TP_SIM_CAPTURE_ACTIVE) {
+            /* CUDA refuses a wait on an event recorded outside the capture
+             * (without the external-event flag, which this interface does
+             * not pass), and the error invalidates the capture. */
+            capture_invalidate(sim, s, "waiting on an event recorded outside the capture");
             st = TP_ERR_CAPTURE;
         } else if (st == TP_OK && state == TP_SIM_CAPTURE_NONE) {
             if (e->recorded) {

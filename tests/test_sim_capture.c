@@ -206,7 +206,6 @@ static void test_record_and_wait_event_during_capture_are_legal(void) {
     CHECK_OK(tp_sim_launch(dev, other, 100, &r, 1));
     CHECK_OK(tp_event_record(dev, outside, other));
     CHECK_OK(tp_sim_capture_begin(dev, cs));
-    CHECK_OK(tp_stream_wait_event(dev, cs, outside)); /* an event from before the capture */
     CHECK_OK(tp_sim_launch(dev, cs, 50, &r, 1));
     CHECK_OK(tp_event_record(dev, inside, cs));
     CHECK_OK(tp_stream_wait_event(dev, cs, inside)); /* its own capture's event */
@@ -232,7 +231,15 @@ static void test_record_and_wait_event_during_capture_are_legal(void) {
 }
 
 /* What each illegal call does to an active capture on cs. */
-typedef enum { BY_STREAM_SYNC, BY_DEVICE_SYNC, BY_EVENT_QUERY, BY_EVENT_SYNC, BY_OTHER_STREAM_WAIT, BY_DESTROY } by;
+typedef enum {
+    BY_STREAM_SYNC,
+    BY_DEVICE_SYNC,
+    BY_EVENT_QUERY,
+    BY_EVENT_SYNC,
+    BY_OTHER_STREAM_WAIT,
+    BY_WAIT_ON_OUTSIDE_EVENT, /* CUDA: invalid without cudaEventWaitExternal */
+    BY_DESTROY
+} by;
 
 static void invalidate_by(by how) {
     test_log log = {0};
@@ -243,8 +250,11 @@ static void invalidate_by(by how) {
     uint64_t buf;
     CHECK_OK(dev->ops->mem_alloc(dev, 4096, &buf));
     tp_range r = {buf, 4096};
-    tp_event e;
+    tp_event e, outside;
     CHECK_OK(tp_event_create(dev, &e));
+    CHECK_OK(tp_event_create(dev, &outside));
+    CHECK_OK(tp_sim_launch(dev, other, 100, &r, 1));
+    CHECK_OK(tp_event_record(dev, outside, other));
     CHECK_OK(tp_sim_capture_begin(dev, cs));
     CHECK_OK(tp_sim_launch(dev, cs, 100, &r, 1));
     CHECK_OK(tp_event_record(dev, e, cs));
@@ -255,6 +265,7 @@ static void invalidate_by(by how) {
     case BY_EVENT_QUERY: CHECK_STATUS(tp_event_query(dev, e), TP_ERR_CAPTURE); break;
     case BY_EVENT_SYNC: CHECK_STATUS(tp_event_synchronize(dev, e), TP_ERR_CAPTURE); break;
     case BY_OTHER_STREAM_WAIT: CHECK_STATUS(tp_stream_wait_event(dev, other, e), TP_ERR_CAPTURE); break;
+    case BY_WAIT_ON_OUTSIDE_EVENT: CHECK_STATUS(tp_stream_wait_event(dev, cs, outside), TP_ERR_CAPTURE); break;
     case BY_DESTROY: CHECK_OK(tp_stream_destroy(dev, cs)); break;
     }
     CHECK_EQ_U64(counters(dev).captures_invalidated, 1);
@@ -281,6 +292,7 @@ static void invalidate_by(by how) {
     }
     CHECK_OK(tp_device_synchronize(dev));
     CHECK_OK(tp_event_destroy(dev, e));
+    CHECK_OK(tp_event_destroy(dev, outside));
     CHECK_OK(dev->ops->mem_free(dev, buf, 4096));
     CHECK_OK(tp_stream_destroy(dev, other));
     CHECK_EQ_U64(counters(dev).hazards, 0);
@@ -292,6 +304,7 @@ static void test_device_sync_invalidates(void) { invalidate_by(BY_DEVICE_SYNC); 
 static void test_event_query_invalidates(void) { invalidate_by(BY_EVENT_QUERY); }
 static void test_event_sync_invalidates(void) { invalidate_by(BY_EVENT_SYNC); }
 static void test_other_stream_waiting_invalidates(void) { invalidate_by(BY_OTHER_STREAM_WAIT); }
+static void test_waiting_on_an_outside_event_invalidates(void) { invalidate_by(BY_WAIT_ON_OUTSIDE_EVENT); }
 static void test_destroying_the_stream_invalidates(void) { invalidate_by(BY_DESTROY); }
 
 static void test_begin_end_misuse(void) {
@@ -379,6 +392,7 @@ static const test_case tests[] = {
     TEST_CASE(test_event_query_invalidates),
     TEST_CASE(test_event_sync_invalidates),
     TEST_CASE(test_other_stream_waiting_invalidates),
+    TEST_CASE(test_waiting_on_an_outside_event_invalidates),
     TEST_CASE(test_destroying_the_stream_invalidates),
     TEST_CASE(test_begin_end_misuse),
     KIND_CASES(capture_with_pool),
