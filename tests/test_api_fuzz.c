@@ -36,6 +36,7 @@
  *   TP_FUZZ_FAULTS=0            no fault injection
  */
 #include "fixture.h"
+#include "fuzz_common.h"
 
 #include <inttypes.h>
 #include <stdint.h>
@@ -83,46 +84,6 @@ typedef struct fuzz {
 
 /* ---------------------------------------------------------------- helpers */
 
-#define FAIL_AT(z, ...)                                                                               \
-    do {                                                                                              \
-        check_count_failure_();                                                                       \
-        fprintf(stderr, "%s:%d: seed %llu step %llu: ", __FILE__, __LINE__, (unsigned long long)(z)->seed, \
-                (unsigned long long)(z)->step);                                                       \
-        fprintf(stderr, __VA_ARGS__);                                                                 \
-        fputc('\n', stderr);                                                                          \
-    } while (0)
-
-/* The status must be one of the list (terminated by TP_STATUS_COUNT_). */
-static bool status_in(tp_status st, const tp_status *allowed) {
-    for (; *allowed != TP_STATUS_COUNT_; allowed++)
-        if (st == *allowed) return true;
-    return false;
-}
-
-/* (st is evaluated once: it is often the call itself) */
-#define EXPECT_IN(z, call, st, ...)                                                                     \
-    do {                                                                                                \
-        const tp_status allowed_[] = {__VA_ARGS__, TP_STATUS_COUNT_};                                   \
-        tp_status got_ = (st);                                                                          \
-        bool injected_ = (z)->faults_left && (got_ == TP_ERR_DEVICE || got_ == TP_ERR_OUT_OF_MEMORY);      \
-        if (!injected_ && !status_in(got_, allowed_)) FAIL_AT(z, "%s returned %s (not allowed)", call, tp_status_name(got_)); \
-        if (got_ == TP_OK) (z)->ok_calls++;                                                             \
-        else (z)->refused_calls++, (z)->f.log.errors = 0; /* refusals are logged at ERROR on purpose */ \
-    } while (0)
-
-/* TP_FUZZ_TRACE=1: every call that changes the model, for reproducing. */
-static bool g_trace;
-#define TRACE(z, ...)                                                     \
-    do {                                                                  \
-        if (g_trace) {                                                    \
-            fprintf(stderr, "[%llu] ", (unsigned long long)(z)->step);    \
-            fprintf(stderr, __VA_ARGS__);                                 \
-            fputc('\n', stderr);                                          \
-        }                                                                 \
-    } while (0)
-
-static uint64_t rnd(fuzz *z, uint64_t n) { return rng_below(&z->rng, n); }
-static bool chance(fuzz *z, unsigned percent) { return rnd(z, 100) < percent; }
 
 static int find_block(fuzz *z, int pool, uint64_t address, bool live_only) {
     for (int i = 0; i < z->n; i++)
@@ -813,10 +774,6 @@ static void random_pool_config(fuzz *z, int p) {
     z->config[p] = c;
 }
 
-static uint64_t env_u64(const char *name, uint64_t fallback) {
-    const char *v = getenv(name);
-    return v && *v ? strtoull(v, NULL, 0) : fallback;
-}
 
 static void fuzz_run(uint64_t seed, uint64_t steps) {
     fuzz *z = calloc(1, sizeof *z);
@@ -928,10 +885,7 @@ static void fuzz_run(uint64_t seed, uint64_t steps) {
 
 
 static void test_random_call_sequences(void) {
-    uint64_t first = env_u64("TP_FUZZ_SEED", 1), seeds = env_u64("TP_FUZZ_SEEDS", getenv("TP_FUZZ_SEED") ? 1 : 60);
-    uint64_t steps = env_u64("TP_FUZZ_STEPS", 1500);
-    g_trace = getenv("TP_FUZZ_TRACE") != NULL;
-    for (uint64_t seed = first; seed < first + seeds && check_failures == 0; seed++) fuzz_run(seed, steps);
+    fuzz_seeds(fuzz_run, 1500);
 }
 
 /* Pool configurations with odd values: each is refused with
@@ -957,7 +911,7 @@ static void test_odd_pool_configs(void) {
         tp_status st = tp_pool_create(f.dev, &c, &pool);
         const tp_status allowed[] = {TP_OK, TP_ERR_INVALID_ARGUMENT, TP_ERR_UNSUPPORTED, TP_ERR_OUT_OF_MEMORY,
                                      TP_STATUS_COUNT_};
-        CHECK_MSG(status_in(st, allowed), "round %d: create: %s", round, tp_status_name(st));
+        CHECK_MSG(fuzz_status_in(st, allowed), "round %d: create: %s", round, tp_status_name(st));
         f.log.errors = 0; /* refusals are logged */
         if (st != TP_OK) {
             CHECK_MSG(pool == NULL, "round %d: failed create left *out_pool", round);

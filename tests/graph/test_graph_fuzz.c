@@ -48,6 +48,7 @@
  *   TP_FUZZ_FAULTS=0             no fault injection
  */
 #include "gc_test.h"
+#include "fuzz_common.h"
 
 #include <inttypes.h>
 #include <pthread.h>
@@ -94,50 +95,7 @@ typedef struct fuzz {
 
 /* ---------------------------------------------------------------- helpers */
 
-#define FAIL_AT(z, ...)                                                                                    \
-    do {                                                                                                   \
-        check_count_failure_();                                                                            \
-        fprintf(stderr, "%s:%d: seed %llu step %llu: ", __FILE__, __LINE__, (unsigned long long)(z)->seed, \
-                (unsigned long long)(z)->step);                                                            \
-        fprintf(stderr, __VA_ARGS__);                                                                      \
-        fputc('\n', stderr);                                                                               \
-    } while (0)
 
-static bool status_in(tp_status st, const tp_status *allowed) {
-    for (; *allowed != TP_STATUS_COUNT_; allowed++)
-        if (st == *allowed) return true;
-    return false;
-}
-
-/* The status must be one of the list; while faults are injected, the
- * injected statuses too. (st is evaluated once: it is often the call.) */
-#define EXPECT_IN(z, call, st, ...)                                                                          \
-    do {                                                                                                     \
-        const tp_status allowed_[] = {__VA_ARGS__, TP_STATUS_COUNT_};                                        \
-        tp_status got_ = (st);                                                                               \
-        bool injected_ = (z)->faults_left && (got_ == TP_ERR_DEVICE || got_ == TP_ERR_OUT_OF_MEMORY);       \
-        if (!injected_ && !status_in(got_, allowed_)) FAIL_AT(z, "%s returned %s (not allowed)", call, tp_status_name(got_)); \
-        if (got_ == TP_OK) (z)->ok_calls++;                                                                  \
-        else (z)->refused_calls++, (z)->f.log.errors = 0; /* refusals are logged at ERROR on purpose */      \
-    } while (0)
-
-static bool g_trace;
-#define TRACE(z, ...)                                                  \
-    do {                                                               \
-        if (g_trace) {                                                 \
-            fprintf(stderr, "[%llu] ", (unsigned long long)(z)->step); \
-            fprintf(stderr, __VA_ARGS__);                              \
-            fputc('\n', stderr);                                       \
-        }                                                              \
-    } while (0)
-
-static uint64_t rnd(fuzz *z, uint64_t n) { return rng_below(&z->rng, n); }
-static bool chance(fuzz *z, unsigned percent) { return rnd(z, 100) < percent; }
-
-static uint64_t env_u64(const char *name, uint64_t fallback) {
-    const char *v = getenv(name);
-    return v && *v ? strtoull(v, NULL, 0) : fallback;
-}
 
 /* A stream handle nobody has. */
 static tp_stream bogus_stream(fuzz *z) {
@@ -823,10 +781,7 @@ static void fuzz_run(uint64_t seed, uint64_t steps) {
 }
 
 static void test_random_graph_cache_calls(void) {
-    uint64_t first = env_u64("TP_FUZZ_SEED", 1), seeds = env_u64("TP_FUZZ_SEEDS", getenv("TP_FUZZ_SEED") ? 1 : 60);
-    uint64_t steps = env_u64("TP_FUZZ_STEPS", 800);
-    g_trace = getenv("TP_FUZZ_TRACE") != NULL;
-    for (uint64_t seed = first; seed < first + seeds && check_failures == 0; seed++) fuzz_run(seed, steps);
+    fuzz_seeds(fuzz_run, 800);
 }
 
 /* ------------------------------------------------------------- threads */
