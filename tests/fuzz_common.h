@@ -16,6 +16,7 @@
 
 #include "tidepool.h"
 
+#include <inttypes.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -59,6 +60,21 @@ static bool g_trace;
             fprintf(stderr, __VA_ARGS__);                              \
             fputc('\n', stderr);                                       \
         }                                                              \
+    } while (0)
+
+/* What the simulated device counted must be clean: no capture
+ * invalidated, no hazard, no invalid access, nothing logged at ERROR
+ * (ctr: its tp_sim_counters). */
+#define FUZZ_CHECK_DEVICE(z, ctr)                                                                                  \
+    do {                                                                                                           \
+        if ((ctr).captures_invalidated) FAIL_AT(z, "%" PRIu64 " captures invalidated", (ctr).captures_invalidated); \
+        if ((ctr).hazards || (ctr).invalid_accesses)                                                                \
+            FAIL_AT(z,                                                                                             \
+                    "device: %" PRIu64 " hazards (handout %" PRIu64 " unmap %" PRIu64 " free %" PRIu64 "), %" PRIu64  \
+                    " invalid accesses",                                                                           \
+                    (ctr).hazards, (ctr).hazards_handout, (ctr).hazards_unmap, (ctr).hazards_free,                 \
+                    (ctr).invalid_accesses);                                                                       \
+        if ((z)->f.log.errors) FAIL_AT(z, "%d error(s) logged", (z)->f.log.errors);                                  \
     } while (0)
 
 #define rnd(z, n) rng_below(&(z)->rng, (n))

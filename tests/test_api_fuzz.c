@@ -201,12 +201,7 @@ static void check_no_overlap(fuzz *z) {
 static void check_device(fuzz *z) {
     tp_sim_counters c;
     CHECK_OK(tp_sim_get_counters(z->f.dev, &c));
-    if (c.captures_invalidated) FAIL_AT(z, "%" PRIu64 " captures invalidated", c.captures_invalidated);
-    if (c.hazards || c.invalid_accesses)
-        FAIL_AT(z, "device: %" PRIu64 " hazards (handout %" PRIu64 " unmap %" PRIu64 " free %" PRIu64 "), %" PRIu64
-                   " invalid accesses",
-                c.hazards, c.hazards_handout, c.hazards_unmap, c.hazards_free, c.invalid_accesses);
-    if (z->f.log.errors) FAIL_AT(z, "%d error(s) logged", z->f.log.errors);
+    FUZZ_CHECK_DEVICE(z, c);
 }
 
 /* Reads "address":"0x..","bytes":N,"state":"S" entries from the memory map

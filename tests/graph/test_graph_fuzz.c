@@ -177,12 +177,7 @@ static void check_caches(fuzz *z) {
         tp_status st = tp_pool_check(z->pool[p], msg, sizeof msg);
         if (st != TP_OK) FAIL_AT(z, "pool %d check: %s: %s", p, tp_status_name(st), msg);
     }
-    if (ctr.captures_invalidated) FAIL_AT(z, "%" PRIu64 " captures invalidated", ctr.captures_invalidated);
-    if (ctr.hazards || ctr.invalid_accesses)
-        FAIL_AT(z, "device: %" PRIu64 " hazards (handout %" PRIu64 " unmap %" PRIu64 " free %" PRIu64 "), %" PRIu64
-                   " invalid accesses",
-                ctr.hazards, ctr.hazards_handout, ctr.hazards_unmap, ctr.hazards_free, ctr.invalid_accesses);
-    if (z->f.log.errors) FAIL_AT(z, "%d error(s) logged", z->f.log.errors);
+    FUZZ_CHECK_DEVICE(z, ctr);
 }
 
 /* Evicts every key of cache c, waits for the device and ticks: the cache
