@@ -80,6 +80,22 @@ static bool g_trace;
 #define rnd(z, n) rng_below(&(z)->rng, (n))
 #define chance(z, percent) (rnd((z), 100) < (unsigned)(percent))
 
+/* A stream handle nobody has: the simulator's streams are small indexes,
+ * so one beyond its table, or all ones, or one just destroyed (the next
+ * create may reuse it, but none comes before the call). */
+static inline tp_stream fuzz_bogus_stream(test_rng *rng, tp_device *dev) {
+    switch (rng_below(rng, 3)) {
+    case 0: return (tp_stream)(uintptr_t)UINTPTR_MAX;
+    case 1: return (tp_stream)(uintptr_t)(1000 + rng_below(rng, 1000));
+    default: {
+        tp_stream s;
+        if (tp_stream_create(dev, &s) != TP_OK) return (tp_stream)(uintptr_t)0xdead0;
+        CHECK_OK(tp_stream_destroy(dev, s));
+        return s;
+    }
+    }
+}
+
 static inline uint64_t env_u64(const char *name, uint64_t fallback) {
     const char *v = getenv(name);
     return v && *v ? strtoull(v, NULL, 0) : fallback;

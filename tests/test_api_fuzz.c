@@ -130,21 +130,7 @@ static void observe(void *user, const tp_pool_event *event) {
     if (event->kind == TP_POOL_EVENT_FREE) z->observed_frees++;
 }
 
-/* A stream handle nobody has: the simulator's streams are small indexes,
- * so one beyond its table, or all ones, or one just destroyed (if not
- * reused). */
-static tp_stream bogus_stream(fuzz *z) {
-    switch (rnd(z, 3)) {
-    case 0: return (tp_stream)(uintptr_t)UINTPTR_MAX;
-    case 1: return (tp_stream)(uintptr_t)(1000 + rnd(z, 1000));
-    default: {
-        tp_stream s;
-        if (tp_stream_create(z->f.dev, &s) != TP_OK) return (tp_stream)(uintptr_t)0xdead0;
-        CHECK_OK(tp_stream_destroy(z->f.dev, s));
-        return s; /* destroyed; the next create may reuse it, but none comes before the call */
-    }
-    }
-}
+
 
 /* ---------------------------------------------------------------- checks */
 
@@ -290,7 +276,7 @@ static size_t random_size(fuzz *z) {
 static void step_alloc(fuzz *z) {
     int p = (int)rnd(z, POOLS), s = (int)rnd(z, STREAMS);
     bool bogus = chance(z, 5);
-    tp_stream stream = bogus ? bogus_stream(z) : z->stream[s];
+    tp_stream stream = bogus ? fuzz_bogus_stream(&z->rng, z->f.dev) : z->stream[s];
     size_t bytes = random_size(z);
     if (z->n >= MAX_BLOCKS - 8) bytes = 0;
     uint64_t before = allocated_now(z, p);
@@ -349,7 +335,7 @@ static void step_free_live(fuzz *z) {
     /* (a capturing stream cannot be waited for: its blocks go back on it) */
     if (b->use_stream >= 0 && z->device_capturing[b->use_stream]) s = b->use_stream;
     if (chance(z, 5)) { /* unknown stream: refused, the block stays */
-        tp_status st = tp_pool_free(z->pool[p], (void *)(uintptr_t)b->address, bogus_stream(z));
+        tp_status st = tp_pool_free(z->pool[p], (void *)(uintptr_t)b->address, fuzz_bogus_stream(&z->rng, z->f.dev));
         EXPECT_IN(z, "free(unknown stream)", st, TP_ERR_INVALID_ARGUMENT);
         return;
     }
@@ -480,7 +466,7 @@ static void step_capture(fuzz *z) {
     int p = (int)rnd(z, POOLS), s = (int)rnd(z, STREAMS);
     bool begin = chance(z, 50);
     if (chance(z, 5)) {
-        tp_stream bad = bogus_stream(z);
+        tp_stream bad = fuzz_bogus_stream(&z->rng, z->f.dev);
         if (begin) {
             EXPECT_IN(z, "capture_begin(unknown stream)", tp_pool_capture_begin(z->pool[p], bad), TP_ERR_INVALID_ARGUMENT);
         } else {
@@ -654,7 +640,7 @@ static void step_replace_stream(fuzz *z) {
         if (z->b[j].use_stream == s) z->b[j].use_stream = -1; /* its work is done */
     REQUIRE_OK(tp_stream_create(z->f.dev, &z->stream[s]));
     /* forgetting an unknown stream is no error */
-    EXPECT_IN(z, "forget_stream(unknown)", tp_pool_forget_stream(z->pool[rnd(z, POOLS)], bogus_stream(z)), TP_OK);
+    EXPECT_IN(z, "forget_stream(unknown)", tp_pool_forget_stream(z->pool[rnd(z, POOLS)], fuzz_bogus_stream(&z->rng, z->f.dev)), TP_OK);
 }
 
 static uint64_t reclaim_nothing(void *user, tp_pool *pool, uint64_t bytes_needed) {

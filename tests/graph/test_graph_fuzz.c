@@ -96,21 +96,6 @@ typedef struct fuzz {
 /* ---------------------------------------------------------------- helpers */
 
 
-
-/* A stream handle nobody has. */
-static tp_stream bogus_stream(fuzz *z) {
-    switch (rnd(z, 3)) {
-    case 0: return (tp_stream)(uintptr_t)UINTPTR_MAX;
-    case 1: return (tp_stream)(uintptr_t)(1000 + rnd(z, 1000));
-    default: {
-        tp_stream s;
-        if (tp_stream_create(z->f.dev, &s) != TP_OK) return (tp_stream)(uintptr_t)0xdead0;
-        CHECK_OK(tp_stream_destroy(z->f.dev, s));
-        return s;
-    }
-    }
-}
-
 static void *addr(uint64_t a) { return (void *)(uintptr_t)a; }
 
 /* A key prepared or evicted without certainty (faults, eviction by the
@@ -424,7 +409,7 @@ static void step_launch(fuzz *z) {
     int c = (int)rnd(z, CACHES);
     size_t k = rnd(z, KEYS);
     bool bogus = chance(z, 5);
-    tp_stream s = bogus ? bogus_stream(z) : z->stream[rnd(z, STREAMS)];
+    tp_stream s = bogus ? fuzz_bogus_stream(&z->rng, z->f.dev) : z->stream[rnd(z, STREAMS)];
     tp_status st = tp_graph_cache_launch(z->cache[c], keys[k], s);
     if (bogus) {
         EXPECT_IN(z, "launch(unknown stream)", st, TP_ERR_INVALID_ARGUMENT, TP_ERR_NOT_FOUND);
