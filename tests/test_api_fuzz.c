@@ -755,7 +755,6 @@ static void random_pool_config(fuzz *z, int p) {
     z->config[p] = c;
 }
 
-
 static void fuzz_run(uint64_t seed, uint64_t steps) {
     fuzz *z = calloc(1, sizeof *z);
     REQUIRE(z);
