@@ -257,6 +257,40 @@ static int gen_cross_stream(gen *g, const scenario_params *p) {
     return 0;
 }
 
+/* ------------------------------------------------------ mixed lifetimes */
+
+/* Long-lived blocks made while a large temporary is live (not a failure
+ * mode of docs/failure-modes.md: an adversarial shape, found against the
+ * segment pool). Per step: a temporary of 64..512 MiB (uniform in MiB);
+ * while it is live, three blocks of 1..30 MiB (on stream 0 or 1) that live
+ * for the next 50 steps; then the temporary is freed, and so are the blocks
+ * whose 50 steps are up. A millisecond a step. */
+#define MIXED_LIFETIME_STEPS 50
+static int gen_mixed_lifetimes(gen *g, const scenario_params *p) {
+    enum { PER_STEP = 3, RING = (MIXED_LIFETIME_STEPS + 1) * PER_STEP };
+    block ring[RING];
+    memset(ring, 0, sizeof ring);
+    for (uint64_t step = 0; step < p->steps && !g->stopped; step++) {
+        gen_mark(g, step + 1);
+        block temporary = gen_alloc(g, gen_between(g, 64, 512) * TIDE_MiB, 0);
+        gen_wait(g, MS / 10);
+        for (size_t i = 0; i < PER_STEP; i++) {
+            block *slot = &ring[(step % (MIXED_LIFETIME_STEPS + 1)) * PER_STEP + i];
+            *slot = gen_alloc(g, gen_between(g, 1, 30) * TIDE_MiB, (uint32_t)(gen_random(g) % 2));
+            gen_wait(g, MS / 10);
+        }
+        gen_free(g, &temporary);
+        gen_wait(g, MS / 10);
+        if (step >= MIXED_LIFETIME_STEPS) { /* the blocks made MIXED_LIFETIME_STEPS steps ago */
+            uint64_t old = (step - MIXED_LIFETIME_STEPS) % (MIXED_LIFETIME_STEPS + 1);
+            for (size_t i = 0; i < PER_STEP; i++) gen_free(g, &ring[old * PER_STEP + i]);
+        }
+        gen_wait(g, MS - 5 * (MS / 10));
+    }
+    for (size_t i = 0; i < RING; i++) gen_free(g, &ring[i]);
+    return 0;
+}
+
 /* ---------------------------------------------------- image requests */
 
 /* A vision-language server (background of docs/failure-modes.md): a 4B-class text model
@@ -427,6 +461,7 @@ GENERATOR(high_water)
 GENERATOR(out_of_order)
 GENERATOR(cross_stream)
 GENERATOR(image_requests)
+GENERATOR(mixed_lifetimes)
 
 static const scenario scenarios[] = {
     {"fa-decode", "flash-attention decode, memory growing with the context (failure mode 1)",
@@ -464,6 +499,11 @@ static const scenario scenarios[] = {
          SCENARIO_USES(SCENARIO_PARAM_SEED),
      {.requests = 100, .context_tokens = 16384, .seed = 1}, "sim:6GiB,novmm", 3 * TIDE_GiB, check_image_requests,
      generate_image_requests, NULL},
+    {"mixed-lifetimes", "long-lived blocks made beside large temporaries (adversarial, not a failure mode)",
+     "every step a temporary of 64..512 MiB; while it is live, 3 blocks of 1..30 MiB (stream 0 or\n"
+     "1) that live 50 steps; a step a millisecond",
+     "step", SCENARIO_USES(SCENARIO_PARAM_STEPS) | SCENARIO_USES(SCENARIO_PARAM_SEED), {.steps = 3000, .seed = 1},
+     NULL, 0, NULL, generate_mixed_lifetimes, NULL},
     {"graph-churn", "a graph cache under new graph topologies at every request (failure mode 7)",
      "each request runs a graph of a new topology (50..250 nodes) under a new key through the graph\n"
      "cache, then 3 of --hot steady keys; once with the byte cap, once without, on fresh devices.\n"
