@@ -96,17 +96,8 @@ static double time_pairs(bench_target *t, const uint64_t *sizes, size_t size_cou
     return (double)(end - start) / (double)pairs;
 }
 
-/* Median over runs of the timed passes, after one warm-up pass. Sets
- * *device_calls_in_timed to the device calls the timed passes made. */
-static double measure(bench_target *t, const uint64_t *sizes, size_t size_count, uint64_t pairs, int runs,
-                      uint64_t *device_calls_in_timed, bool *ok) {
-    double samples[64];
-    time_pairs(t, sizes, size_count, size_count * 4 > pairs ? pairs : size_count * 4, ok);
-    replay_counters before = {0}, after = {0};
-    t->factory->ops->counters(t->impl, &before);
-    for (int r = 0; r < runs && *ok; r++) samples[r] = time_pairs(t, sizes, size_count, pairs, ok);
-    t->factory->ops->counters(t->impl, &after);
-    *device_calls_in_timed = after.device_calls - before.device_calls;
+/* Sorts the runs' samples; returns their median. */
+static double median_of(double *samples, int runs) {
     qsort(samples, (size_t)runs, sizeof *samples, compare_double);
     return samples[runs / 2];
 }
@@ -115,35 +106,36 @@ static double measure(bench_target *t, const uint64_t *sizes, size_t size_count,
 static double median_ratio(const double *a, const double *b, int runs) {
     double ratios[64];
     for (int r = 0; r < runs; r++) ratios[r] = b[r] > 0 ? a[r] / b[r] : 0;
-    qsort(ratios, (size_t)runs, sizeof *ratios, compare_double);
-    return ratios[runs / 2];
+    return median_of(ratios, runs);
 }
 
-/* measure() for t and the floor side by side: each run times t's pass and
- * then the floor's, so a host whose speed drifts between runs moves both.
- * *out_floor: the floor's median; *out_ratio: the median of the per-run
- * ratios t / floor (what the ratio targets are about). */
-static double measure_beside(bench_target *t, bench_target *floor, const uint64_t *sizes, size_t size_count,
-                             uint64_t pairs, int runs, uint64_t *device_calls_in_timed, double *out_floor,
-                             double *out_ratio, bool *ok) {
-    double samples[64], floor_samples[64];
+/* Median over runs of t's timed passes, after one warm-up pass; sets
+ * *device_calls_in_timed to the device calls t's timed passes made. With
+ * beside (the floor; NULL: none) each run times t's pass and then beside's,
+ * so a host whose speed drifts between runs moves both: *out_beside is
+ * beside's median, *out_ratio the median of the per-run ratios t / beside
+ * (what the ratio targets are about). 0 when a pass failed (*ok false). */
+static double measure(bench_target *t, bench_target *beside, const uint64_t *sizes, size_t size_count,
+                      uint64_t pairs, int runs, uint64_t *device_calls_in_timed, double *out_beside, double *out_ratio,
+                      bool *ok) {
+    double samples[64], beside_samples[64];
     uint64_t warm = size_count * 4 > pairs ? pairs : size_count * 4;
     time_pairs(t, sizes, size_count, warm, ok);
-    time_pairs(floor, sizes, size_count, warm, ok);
+    if (beside) time_pairs(beside, sizes, size_count, warm, ok);
     replay_counters before = {0}, after = {0};
     t->factory->ops->counters(t->impl, &before);
     for (int r = 0; r < runs && *ok; r++) {
         samples[r] = time_pairs(t, sizes, size_count, pairs, ok);
-        floor_samples[r] = time_pairs(floor, sizes, size_count, pairs, ok);
+        if (beside) beside_samples[r] = time_pairs(beside, sizes, size_count, pairs, ok);
     }
     t->factory->ops->counters(t->impl, &after);
     *device_calls_in_timed = after.device_calls - before.device_calls;
     if (!*ok) return 0;
-    *out_ratio = median_ratio(samples, floor_samples, runs);
-    qsort(samples, (size_t)runs, sizeof *samples, compare_double);
-    qsort(floor_samples, (size_t)runs, sizeof *floor_samples, compare_double);
-    *out_floor = floor_samples[runs / 2];
-    return samples[runs / 2];
+    if (beside) {
+        *out_ratio = median_ratio(samples, beside_samples, runs);
+        *out_beside = median_of(beside_samples, runs);
+    }
+    return median_of(samples, runs);
 }
 
 /* ------------------------------------------------------------- the floor */
@@ -352,11 +344,10 @@ static bool measure_threads(const char *device_spec, int max_threads, uint64_t p
     }
     tp_pool_get_stats(pool, &after);
     *device_calls = after.device_calls - before.device_calls;
-    for (int n = 1; n <= max_threads; n++) {
-        speedup[n - 1] = median_ratio(samples[n - 1], samples[0], runs);
-        qsort(samples[n - 1], (size_t)runs, sizeof *samples[n - 1], compare_double);
-        out[n - 1] = samples[n - 1][runs / 2];
-    }
+    /* Every ratio first, from the runs as they came: sorting one thread's
+     * samples would unpair them from the runs they were measured in. */
+    for (int n = 1; n <= max_threads; n++) speedup[n - 1] = median_ratio(samples[n - 1], samples[0], runs);
+    for (int n = 1; n <= max_threads; n++) out[n - 1] = median_of(samples[n - 1], runs);
     ok = true;
 out:
     for (int i = 0; i < stream_count; i++) {
@@ -484,18 +475,12 @@ int tide_bench(int argc, char **argv) {
         }
         bool ok = true;
         uint64_t calls_same = 0, calls_small = 0, calls_random = 0;
-        double same, small, random;
-        if (k == 0) {
-            same = measure_beside(&t, &floor, &size, 1, pairs, runs, &calls_same, &floor_same, &ratio_same, &ok);
-            small = measure_beside(&t, &floor, &small_size, 1, pairs, runs, &calls_small, &floor_small, &ratio_small,
-                                   &ok);
-            random = measure_beside(&t, &floor, random_sizes, RANDOM_SIZES, pairs, runs, &calls_random, &floor_random,
-                                    &ratio_random, &ok);
-        } else {
-            same = measure(&t, &size, 1, pairs, runs, &calls_same, &ok);
-            small = measure(&t, &small_size, 1, pairs, runs, &calls_small, &ok);
-            random = measure(&t, random_sizes, RANDOM_SIZES, pairs, runs, &calls_random, &ok);
-        }
+        bench_target *beside = k == 0 ? &floor : NULL; /* the floor runs beside the default pool */
+        double same = measure(&t, beside, &size, 1, pairs, runs, &calls_same, &floor_same, &ratio_same, &ok);
+        double small =
+            measure(&t, beside, &small_size, 1, pairs, runs, &calls_small, &floor_small, &ratio_small, &ok);
+        double random = measure(&t, beside, random_sizes, RANDOM_SIZES, pairs, runs, &calls_random, &floor_random,
+                                &ratio_random, &ok);
         if (!ok) {
             fprintf(stderr, "tide bench: %s: an allocation failed\n", names[k]);
             status = 1;
