@@ -14,40 +14,35 @@
 
 /* ------------------------------------------------------------ the locks */
 
+/* One wait for a lock held by someone else, the tries-th: spin briefly,
+ * then yield, then sleep in short steps (held long: a locked operation
+ * waiting on the device). */
+static void back_off(unsigned tries) {
+    if (tries < 64) {
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#endif
+    } else if (tries < 256) {
+        sched_yield();
+    } else {
+        struct timespec pause = {0, 20000};
+        nanosleep(&pause, NULL);
+    }
+}
+
 void tpi_front_spin_wait(atomic_int *lock) {
     for (unsigned tries = 0;; tries++) {
         if (!atomic_load_explicit(lock, memory_order_relaxed) &&
             !atomic_exchange_explicit(lock, 1, memory_order_seq_cst))
             return;
-        if (tries < 64) {
-#if defined(__x86_64__) || defined(__i386__)
-            __builtin_ia32_pause();
-#endif
-        } else if (tries < 256) {
-            sched_yield();
-        } else {
-            /* Held long: a locked operation waiting on the device. */
-            struct timespec pause = {0, 20000};
-            nanosleep(&pause, NULL);
-        }
+        back_off(tries);
     }
 }
 
 /* Waits until nobody holds the lock (the world, its gate raised: a hit
  * that takes the lock from here on lets it go untouched). */
 static void wait_unlocked(atomic_int *lock) {
-    for (unsigned tries = 0; atomic_load_explicit(lock, memory_order_seq_cst); tries++) {
-        if (tries < 64) {
-#if defined(__x86_64__) || defined(__i386__)
-            __builtin_ia32_pause();
-#endif
-        } else if (tries < 256) {
-            sched_yield();
-        } else {
-            struct timespec pause = {0, 20000};
-            nanosleep(&pause, NULL);
-        }
-    }
+    for (unsigned tries = 0; atomic_load_explicit(lock, memory_order_seq_cst); tries++) back_off(tries);
 }
 
 /* ------------------------------------------------------------ lifecycle */

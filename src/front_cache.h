@@ -185,8 +185,9 @@ static inline void tpi_front_stream_unlock(tpi_front_stream *fs) {
 void tpi_front_world_enter(tpi_front *front, tpi_front_stream *held);
 void tpi_front_world_leave(tpi_front *front);
 
-/* The slot's front stream, made (and locked, like the others) on its
- * first use; NULL without host memory. Puts it in the lookup table. */
+/* The slot's front stream, made on its first use (unlocked: the raised
+ * gate keeps hits off it until the world lock goes); NULL without host
+ * memory. Puts it in the lookup table. */
 tpi_front_stream *tpi_front_stream_at(tpi_front *front, uint32_t slot, tp_stream handle);
 /* A stream forgotten (its slot may go to another handle later) or between
  * capture begin and end: no hits. */

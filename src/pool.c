@@ -491,7 +491,7 @@ tp_status tp_pool_free(tp_pool *pool, void *ptr, tp_stream stream) {
             return TP_OK;
         }
     }
-    uint32_t hint_slot = fs ? fs->slot : 0; /* (read while fs's lock is held) */
+    uint32_t hint_slot = fs ? fs->slot : 0; /* (a front stream's slot never changes) */
     lock_after_miss(pool, fs);
     tp_status st = free_locked(pool, address, stream, hint_slot);
     check_invariants_if_asked_locked(pool);
