@@ -28,8 +28,11 @@
  * (tp_stream_create, on the simulated device and on CUDA alike), each doing
  * --pairs 4 KiB alloc+free pairs after a warm-up; pairs/s over all threads
  * from the common start to the last thread's end, median of --runs runs.
- * Each run times 1, 2, ..., N threads in turn; the speedup of n threads is
- * the median of the runs' (n threads / one thread) ratios.
+ * Beside it, the same threads on a default pool each: nothing of tidepool
+ * is shared, so its speedup is what the host allows (cores, shared caches,
+ * clock boost that drops as more cores run), the ceiling for the shared
+ * pool's. Each run times 1, 2, ..., N threads in turn, one pool and then a
+ * pool each; every speedup or ratio is the median of the runs' own ratios.
  */
 #include "replay.h"
 #include "tide.h"
@@ -62,14 +65,15 @@ static void bench_usage(FILE *out) {
             "Measures cached alloc+free pairs on one stream (the hit path) for tidepool's pools and for a\n"
             "model of ggml's legacy CUDA pool, in the same run, against the floor (a per-size-class LIFO\n"
             "free list: the simplest cache for the same sequence), and pairs/s with several threads on\n"
-            "one pool. Figures are medians of several runs.\n\n"
+            "one pool beside the same threads on a pool each (what the host allows with nothing shared).\n"
+            "Figures are medians of several runs.\n\n"
             "options:\n"
             "  --device SPEC   device (default sim:64GiB,nocheck; cuda:0 on a GPU)\n"
             "  --size SIZE     the same-size request (default 1MiB)\n"
             "  --pairs N       pairs per timed run (default 1000000)\n"
             "  --runs N        timed runs; the median is reported (default 7)\n"
-            "  --threads N     also 1..N threads on one default pool, 4 KiB pairs, a stream each\n"
-            "                  (default 2; at most the number of online CPUs)\n"
+            "  --threads N     also 1..N threads on one default pool and on a pool each, 4 KiB\n"
+            "                  pairs, a stream each (default 2; at most the number of online CPUs)\n"
             "  --json          one JSON object\n"
             "  -h, --help      this text\n");
 }
@@ -229,7 +233,6 @@ static const replay_pool_factory floor_factory = {"floor", false, floor_create, 
 /* ----------------------------------------------------------- the threads */
 
 typedef struct thread_shared {
-    tp_pool *pool;
     uint64_t pairs;
     atomic_int ready;
     atomic_int go;
@@ -241,6 +244,7 @@ typedef struct thread_shared {
  * threads wait on each other, not on the pool. */
 typedef struct thread_worker {
     _Alignas(64) thread_shared *sh;
+    tp_pool *pool;
     tp_stream stream;
     uint64_t end_ns;
     uint64_t sum;
@@ -248,7 +252,7 @@ typedef struct thread_worker {
 } thread_worker;
 
 static bool thread_pairs(thread_worker *w, uint64_t pairs) {
-    tp_pool *pool = w->sh->pool;
+    tp_pool *pool = w->pool;
     tp_stream stream = w->stream;
     uint64_t sum = 0;
     bool ok = true;
@@ -273,16 +277,17 @@ static void *thread_main(void *arg) {
     return NULL;
 }
 
-/* Pairs per second over n threads, one run; 0 on failure. */
-static double threads_run(tp_pool *pool, const tp_stream *streams, int n, uint64_t pairs) {
-    thread_shared sh = {.pool = pool, .pairs = pairs};
+/* Pairs per second over n threads, one run, thread i on pools[i] (all the
+ * same pool, or one each) and streams[i]; 0 on failure. */
+static double threads_run(tp_pool *const *pools, const tp_stream *streams, int n, uint64_t pairs) {
+    thread_shared sh = {.pairs = pairs};
     atomic_init(&sh.ready, 0);
     atomic_init(&sh.go, 0);
     atomic_init(&sh.errors, 0);
     thread_worker workers[MAX_THREADS];
     int started = 0;
     for (; started < n; started++) {
-        workers[started] = (thread_worker){.sh = &sh, .stream = streams[started]};
+        workers[started] = (thread_worker){.sh = &sh, .pool = pools[started], .stream = streams[started]};
         if (pthread_create(&workers[started].thread, NULL, thread_main, &workers[started]) != 0) break;
     }
     if (started < n) atomic_fetch_add(&sh.errors, 1);
@@ -298,63 +303,97 @@ static double threads_run(tp_pool *pool, const tp_stream *streams, int n, uint64
     return (double)n * (double)pairs * 1e9 / (double)(end - start);
 }
 
-/* Fills out[0..max_threads-1] with the median pairs/s for 1..max_threads
- * threads on one pool of the default kind, and speedup[n-1] with the
- * median over runs of n threads' pairs/s divided by one thread's in the
- * same round: each round runs 1, 2, ..., max_threads threads in turn, so a
- * host whose speed drifts between rounds moves all of them. False (message
- * printed) on failure. *device_calls: device calls the pool made in the
- * timed runs. */
-static bool measure_threads(const char *device_spec, int max_threads, uint64_t pairs, int runs, double *out,
-                            double *speedup, uint64_t *device_calls) {
+/* What measure_threads found: for 1..max_threads threads ([n - 1]), the
+ * median pairs/s with every thread on one shared pool and with a pool per
+ * thread, and the medians of the runs' ratios: n threads / one thread (for
+ * each), and shared / own. */
+typedef struct threads_figures {
+    double shared[MAX_THREADS], own[MAX_THREADS];
+    double speedup_shared[MAX_THREADS], speedup_own[MAX_THREADS], shared_over_own[MAX_THREADS];
+    uint64_t device_calls; /* device calls the pools made in the timed runs */
+} threads_figures;
+
+/* Threads on pools of the default kind, each thread on its own stream.
+ * Each round runs, for n = 1, 2, ..., max_threads in turn, n threads on
+ * ONE pool and then n threads on a pool each (nothing of tidepool shared:
+ * what the host itself allows), so a host whose speed drifts between
+ * rounds moves all of them alike. False (message printed) on failure. */
+static bool measure_threads(const char *device_spec, int max_threads, uint64_t pairs, int runs,
+                            threads_figures *out) {
     tp_device *device = NULL;
-    tp_pool *pool = NULL;
+    tp_pool *shared_pool = NULL, *own_pools[MAX_THREADS] = {0}, *shared_row[MAX_THREADS];
     tp_stream streams[MAX_THREADS] = {0};
-    int stream_count = 0;
+    int stream_count = 0, own_count = 0;
     bool ok = false;
     if (tp_device_open(device_spec, NULL, &device) != TP_OK) {
         fprintf(stderr, "tide bench: cannot open device '%s'\n", device_spec);
         return false;
     }
     tp_pool_config pc = {0}; /* TP_POOL_AUTO: the default pool */
-    tp_status st = tp_pool_create(device, &pc, &pool);
+    tp_status st = tp_pool_create(device, &pc, &shared_pool);
+    for (; st == TP_OK && own_count < max_threads; own_count++) {
+        st = tp_pool_create(device, &pc, &own_pools[own_count]);
+        if (st != TP_OK) break;
+    }
     if (st != TP_OK) {
-        fprintf(stderr, "tide bench: threads: creating the pool failed: %s\n", tp_status_name(st));
+        fprintf(stderr, "tide bench: threads: creating a pool failed: %s\n", tp_status_name(st));
         goto out;
     }
     for (; stream_count < max_threads; stream_count++) {
+        shared_row[stream_count] = shared_pool;
         st = tp_stream_create(device, &streams[stream_count]);
         if (st != TP_OK) {
             fprintf(stderr, "tide bench: threads: creating a stream failed: %s\n", tp_status_name(st));
             goto out;
         }
     }
-    static double samples[MAX_THREADS][64]; /* [threads - 1][run] */
-    for (int n = 1; n <= max_threads; n++) threads_run(pool, streams, n, pairs < 10000 ? pairs : 10000); /* warm-up */
-    tp_pool_stats before, after;
-    tp_pool_get_stats(pool, &before);
+    static double shared[MAX_THREADS][64], own[MAX_THREADS][64]; /* [threads - 1][run] */
+    uint64_t warm_pairs = pairs < 10000 ? pairs : 10000;
+    for (int n = 1; n <= max_threads; n++) {
+        threads_run(shared_row, streams, n, warm_pairs);
+        threads_run(own_pools, streams, n, warm_pairs);
+    }
+    uint64_t calls_before = 0, calls_after = 0;
+    tp_pool_stats stats;
+    for (int i = 0; i <= max_threads; i++) {
+        tp_pool_get_stats(i ? own_pools[i - 1] : shared_pool, &stats);
+        calls_before += stats.device_calls;
+    }
     for (int r = 0; r < runs; r++) {
         for (int n = 1; n <= max_threads; n++) {
-            samples[n - 1][r] = threads_run(pool, streams, n, pairs);
-            if (samples[n - 1][r] <= 0) {
+            shared[n - 1][r] = threads_run(shared_row, streams, n, pairs);
+            own[n - 1][r] = threads_run(own_pools, streams, n, pairs);
+            if (shared[n - 1][r] <= 0 || own[n - 1][r] <= 0) {
                 fprintf(stderr, "tide bench: threads: an allocation or a thread failed with %d threads\n", n);
                 goto out;
             }
         }
     }
-    tp_pool_get_stats(pool, &after);
-    *device_calls = after.device_calls - before.device_calls;
+    for (int i = 0; i <= max_threads; i++) {
+        tp_pool_get_stats(i ? own_pools[i - 1] : shared_pool, &stats);
+        calls_after += stats.device_calls;
+    }
+    out->device_calls = calls_after - calls_before;
     /* Every ratio first, from the runs as they came: sorting one thread's
      * samples would unpair them from the runs they were measured in. */
-    for (int n = 1; n <= max_threads; n++) speedup[n - 1] = median_ratio(samples[n - 1], samples[0], runs);
-    for (int n = 1; n <= max_threads; n++) out[n - 1] = median_of(samples[n - 1], runs);
+    for (int n = 1; n <= max_threads; n++) {
+        out->speedup_shared[n - 1] = median_ratio(shared[n - 1], shared[0], runs);
+        out->speedup_own[n - 1] = median_ratio(own[n - 1], own[0], runs);
+        out->shared_over_own[n - 1] = median_ratio(shared[n - 1], own[n - 1], runs);
+    }
+    for (int n = 1; n <= max_threads; n++) {
+        out->shared[n - 1] = median_of(shared[n - 1], runs);
+        out->own[n - 1] = median_of(own[n - 1], runs);
+    }
     ok = true;
 out:
     for (int i = 0; i < stream_count; i++) {
-        if (pool) tp_pool_forget_stream(pool, streams[i]);
+        if (shared_pool) tp_pool_forget_stream(shared_pool, streams[i]);
+        if (own_pools[i]) tp_pool_forget_stream(own_pools[i], streams[i]);
         tp_stream_destroy(device, streams[i]);
     }
-    if (pool) tp_pool_destroy(pool);
+    if (shared_pool) tp_pool_destroy(shared_pool);
+    for (int i = 0; i < own_count; i++) tp_pool_destroy(own_pools[i]);
     tp_device_close(device);
     return ok;
 }
@@ -507,9 +546,8 @@ int tide_bench(int argc, char **argv) {
 
     floor.factory->ops->destroy(floor.impl);
 
-    double per_threads[MAX_THREADS] = {0}, speedup[MAX_THREADS] = {0};
-    uint64_t thread_device_calls = 0;
-    if (!measure_threads(device_spec, threads, pairs, runs, per_threads, speedup, &thread_device_calls)) status = 1;
+    static threads_figures tf;
+    if (!measure_threads(device_spec, threads, pairs, runs, &tf)) status = 1;
 
     char size_text[32];
     tide_bytes(size, size_text, sizeof size_text);
@@ -521,11 +559,17 @@ int tide_bench(int argc, char **argv) {
                "\"threads_pairs_per_s\":{",
                names[0], first_same, first_random, first_small, floor_same, floor_small, floor_random, ratio_same,
                ratio_small, ratio_random);
-        for (int n = 1; n <= threads; n++) printf("%s\"%d\":%.0f", n > 1 ? "," : "", n, per_threads[n - 1]);
+        for (int n = 1; n <= threads; n++) printf("%s\"%d\":%.0f", n > 1 ? "," : "", n, tf.shared[n - 1]);
         printf("},\"threads_speedup\":{");
-        for (int n = 1; n <= threads; n++) printf("%s\"%d\":%.2f", n > 1 ? "," : "", n, speedup[n - 1]);
+        for (int n = 1; n <= threads; n++) printf("%s\"%d\":%.2f", n > 1 ? "," : "", n, tf.speedup_shared[n - 1]);
+        printf("},\"threads_own_pools_pairs_per_s\":{");
+        for (int n = 1; n <= threads; n++) printf("%s\"%d\":%.0f", n > 1 ? "," : "", n, tf.own[n - 1]);
+        printf("},\"threads_own_pools_speedup\":{");
+        for (int n = 1; n <= threads; n++) printf("%s\"%d\":%.2f", n > 1 ? "," : "", n, tf.speedup_own[n - 1]);
+        printf("},\"threads_shared_over_own\":{");
+        for (int n = 1; n <= threads; n++) printf("%s\"%d\":%.2f", n > 1 ? "," : "", n, tf.shared_over_own[n - 1]);
         printf("},\"threads_pair_bytes\":4096,\"threads_device_calls_while_timed\":%llu}\n",
-               (unsigned long long)thread_device_calls);
+               (unsigned long long)tf.device_calls);
     } else {
         printf("\nsame size = %s; the first row is the device's default pool.\n", size_text);
         printf("\n%s against the floor (a LIFO free list per size class, no streams, no statistics, no lock;\n"
@@ -540,18 +584,20 @@ int tide_bench(int argc, char **argv) {
         for (int i = 0; i < 3; i++)
             printf("  %-14s %6.1f ns = %.1fx the floor (%.1f ns)\n", labels[i], hit[i], ratio[i], fl[i]);
         printf("  (each run times the pool, then the floor; the ratio is the median of the runs' ratios)\n");
-        printf("\nthreads on one %s pool, each on its own stream, %llu 4 KiB pairs each (median of %d runs;\n"
-               "each run times 1..%d threads in turn, and the speedup is the median of the runs' ratios):\n",
-               names[0], (unsigned long long)pairs, runs, threads);
+        printf("\nthreads, each on its own stream, %llu 4 KiB pairs each, on ONE %s pool and, beside it, on a\n"
+               "pool each (nothing of tidepool shared: what this host allows); median of %d runs, each\n"
+               "timing 1..%d threads in turn; the ratios are medians of the runs' own ratios:\n"
+               "  threads   one pool                 a pool each              one pool / a pool each\n",
+               (unsigned long long)pairs, names[0], runs, threads);
         for (int n = 1; n <= threads; n++) {
-            printf("  %d thread%s %6.1f M pairs/s", n, n > 1 ? "s:" : ": ", per_threads[n - 1] / 1e6);
-            if (n > 1) printf(" = %.2fx one thread", speedup[n - 1]);
-            printf("\n");
+            printf("  %7d   %6.1f M pairs/s %5.2fx   %6.1f M pairs/s %5.2fx   %.2f\n", n, tf.shared[n - 1] / 1e6,
+                   tf.speedup_shared[n - 1], tf.own[n - 1] / 1e6, tf.speedup_own[n - 1], tf.shared_over_own[n - 1]);
         }
+        printf("  (threads: pairs/s over all threads; x: n threads / one thread)\n");
         if (threads < threads_asked) printf("  (--threads %d capped at the %d online CPUs)\n", threads_asked, threads);
-        if (thread_device_calls)
+        if (tf.device_calls)
             printf("  (%llu device calls during the timed runs: not all pairs were cache hits)\n",
-                   (unsigned long long)thread_device_calls);
+                   (unsigned long long)tf.device_calls);
     }
     return status;
 }

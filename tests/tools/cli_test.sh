@@ -94,8 +94,10 @@ usage)
     for n in 1 $([ "$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1)" -ge 2 ] && echo 2); do
         sed -n "s/.*\"threads_pairs_per_s\":{[^}]*\"$n\":\([0-9.]*\).*/\1/p" "$out" | grep -Eq '^0*[1-9]' ||
             fail "tide bench --json: threads_pairs_per_s.\"$n\" is not a positive number"
-        sed -n "s/.*\"threads_speedup\":{[^}]*\"$n\":\([0-9.]*\).*/\1/p" "$out" | grep -Eq '^0*[1-9]|^0*\.0*[1-9]' ||
-            fail "tide bench --json: threads_speedup.\"$n\" is not a positive number"
+        for key in threads_speedup threads_own_pools_pairs_per_s threads_own_pools_speedup threads_shared_over_own; do
+            sed -n "s/.*\"$key\":{[^}]*\"$n\":\([0-9.]*\).*/\1/p" "$out" | grep -Eq '^0*[1-9]|^0*\.0*[1-9]' ||
+                fail "tide bench --json: $key.\"$n\" is not a positive number"
+        done
     done
     for key in same_size same_4k random; do
         sed -n "s/.*\"floor_ratio\":{[^}]*\"$key\":\([0-9.]*\).*/\1/p" "$out" | grep -Eq '^0*[1-9]|^0*\.0*[1-9]' ||
