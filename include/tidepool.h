@@ -551,7 +551,8 @@ TP_API tp_status tp_pool_check(tp_pool *pool, char *msg, size_t msg_capacity);
 typedef struct tp_graph_cache tp_graph_cache;
 
 typedef struct tp_graph_cache_config {
-    uint32_t max_execs;         /* 0: 64 */
+    uint32_t max_execs;         /* 0: 64; at most 16,777,216 (2^24: larger
+                                   values, UINT32_MAX included, mean that) */
     uint64_t max_bytes;         /* device bytes of all executables; 0: 256 MiB;
                                    TP_BYTES_UNLIMITED: no cap */
     uint64_t idle_evict_ns;     /* 0: 10 s; TP_NS_NEVER: no idle eviction */

@@ -46,8 +46,9 @@
  *   node_bytes_estimate per node before any), because a driver that reuses
  *   the memory of destroyed executables shows no drop for most of them;
  *   and never more than the device's memory (nor than a 64-bit sum of
- *   max_execs + 1 of them allows), so that a huge node_bytes_estimate
- *   neither wraps the model to a small cost nor the byte sums.
+ *   max_execs + 1 of them allows: 1 TiB at the highest count cap,
+ *   GC_MAX_EXECS), so that a huge node_bytes_estimate neither wraps the
+ *   model to a small cost nor the byte sums.
  *
  * Eviction order: segmented LRU
  *   Two recency lists, most recent at the head: probation and protected.
@@ -151,6 +152,11 @@ typedef struct gc_cost {
     uint64_t bytes, nodes;
 } gc_cost;
 #define GC_DEFAULT_MAX_EXECS 64u
+/* The highest count cap: more executables than this cannot live in a
+ * host's memory, and a cap this low leaves each executable up to 1 TiB in
+ * the 64-bit byte sums (a higher cap would shrink that bound: see
+ * exec_bytes_clamp). Larger max_execs, UINT32_MAX included, mean this. */
+#define GC_MAX_EXECS (1u << 24)
 #define GC_DEFAULT_MAX_BYTES (256 * TPI_MiB)
 #define GC_DEFAULT_IDLE_NS 10000000000ull
 #define GC_DEFAULT_PROTECTED 80u
@@ -923,6 +929,7 @@ tp_status tp_graph_cache_create(tp_device *device, const tp_graph_cache_config *
     if (!device) return TP_ERR_INVALID_ARGUMENT;
     tp_graph_cache_config c = config ? *config : (tp_graph_cache_config){0};
     if (!c.max_execs) c.max_execs = GC_DEFAULT_MAX_EXECS;
+    if (c.max_execs > GC_MAX_EXECS) c.max_execs = GC_MAX_EXECS;
     if (!c.max_bytes) c.max_bytes = GC_DEFAULT_MAX_BYTES;
     if (!c.idle_evict_ns) c.idle_evict_ns = GC_DEFAULT_IDLE_NS;
     if (!c.protected_percent) c.protected_percent = GC_DEFAULT_PROTECTED;

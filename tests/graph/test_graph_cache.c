@@ -9,7 +9,8 @@
  * test_graph_fuzz found: launches into a capture and failed event records
  * must not invalidate captures, a launch of unknown completion is not
  * covered by later ones, detach releases the pins evicted keys still keep,
- * and a huge node_bytes_estimate does not wrap the byte counts.
+ * and a huge node_bytes_estimate does not wrap the byte counts; the highest
+ * count cap still counts an executable of more than 4 GiB whole.
  */
 #include "gc_test.h"
 
@@ -1055,6 +1056,35 @@ static void test_huge_node_estimate_does_not_wrap(void) {
     CHECK_OK(tp_device_close(dev));
 }
 
+/* A count cap as high as the type allows (UINT32_MAX, "no count cap" to a
+ * caller) must not shrink what one executable is counted at: the byte
+ * sums' guard against wrapping used to divide by max_execs + 2, which with
+ * UINT32_MAX counted every executable at no more than 4 GiB, so max_bytes
+ * let through executables the device could not hold. */
+static void test_highest_count_cap_counts_large_executables(void) {
+    test_log log = {0};
+    tp_device *dev = gt_open("sim:64GiB,graph_node_bytes=6GiB", &log); /* 6 GiB per node, reported */
+    tp_graph_cache *cache = make_cache(dev, (tp_graph_cache_config){
+        .max_execs = UINT32_MAX, .max_bytes = 16 * TEST_GiB, .idle_evict_ns = TP_NS_NEVER});
+    tp_graph_cache_stats s = gt_stats(cache);
+    CHECK_EQ_U64(s.max_execs, 1u << 24); /* the highest cap the header names */
+    tp_graph g[3] = {gt_graph(dev, 1, 1, MS), gt_graph(dev, 1, 2, MS), gt_graph(dev, 1, 3, MS)};
+    CHECK_OK(tp_graph_cache_prepare(cache, 0, g[0], NULL));
+    CHECK_EQ_U64(gt_stats(cache).exec_bytes, 6 * TEST_GiB);
+    CHECK_OK(tp_graph_cache_prepare(cache, 1, g[1], NULL));
+    CHECK_EQ_U64(gt_stats(cache).exec_bytes, 12 * TEST_GiB);
+    /* a third would pass max_bytes: the least recent goes */
+    CHECK_OK(tp_graph_cache_prepare(cache, 2, g[2], NULL));
+    s = gt_stats(cache);
+    CHECK_EQ_U64(s.execs, 2);
+    CHECK_EQ_U64(s.exec_bytes, 12 * TEST_GiB);
+    CHECK_CACHE(cache);
+    CHECK_OK(tp_graph_cache_destroy(cache));
+    for (int k = 0; k < 3; k++) CHECK_OK(tp_sim_graph_destroy(dev, g[k]));
+    CHECK_EQ_U64(log.errors, 0);
+    CHECK_OK(tp_device_close(dev));
+}
+
 /* The header's way to let a pool go before the cache: evict the keys that
  * pin it, detach it, destroy it. An evicted key's pins wait for its last
  * launch in the cache's retired list; detach must release them (waiting for
@@ -1217,6 +1247,7 @@ static const test_case tests[] = {
     TEST_CASE(test_byte_model_fixed_cost),
     TEST_CASE(test_byte_model_outlier),
     TEST_CASE(test_huge_node_estimate_does_not_wrap),
+    TEST_CASE(test_highest_count_cap_counts_large_executables),
     TEST_CASE(test_instantiate_trims_idle_pool_memory_vmm),
     TEST_CASE(test_instantiate_trims_idle_pool_memory_segment),
 };
