@@ -458,8 +458,12 @@ TP_API tp_status tp_pool_stats_json(tp_pool *pool, char *buf, size_t capacity, s
  * tidepool_pool_<field>_total (counters); byte figures as
  * tidepool_pool_<field> (current), _peak and _total. Every sample carries
  * labels device="sim:0" or "cuda:N" and kind="vmm" or "segment", then
- * `labels` if given (more label pairs, e.g. `pool="kv"`, written as they
- * are). Same buffer contract as tp_pool_stats_json. */
+ * `labels` if given: up to 64 more label pairs, e.g. `pool="kv",host="a"`,
+ * written as they are, so they must be valid there -- names
+ * [a-zA-Z_][a-zA-Z0-9_]* not starting with "__", none twice nor device or
+ * kind; values in double quotes with \\, \" and \n the only escapes and no
+ * raw newline; commas between pairs, no spaces -- or the call returns
+ * TP_ERR_INVALID_ARGUMENT. Same buffer contract as tp_pool_stats_json. */
 TP_API tp_status tp_pool_stats_openmetrics(tp_pool *pool, const char *labels, char *buf, size_t capacity,
                                            size_t *out_length);
 
@@ -651,7 +655,8 @@ TP_API tp_status tp_graph_cache_evict(tp_graph_cache *cache, uint64_t key);
 TP_API tp_status tp_graph_cache_tick(tp_graph_cache *cache);
 TP_API tp_status tp_graph_cache_get_stats(tp_graph_cache *cache, tp_graph_cache_stats *out_stats);
 /* JSON and Prometheus text, same contracts as tp_pool_stats_json and
- * tp_pool_stats_openmetrics (metric names tidepool_graph_cache_...). */
+ * tp_pool_stats_openmetrics (metric names tidepool_graph_cache_...; the
+ * samples' own label is device only, so kind may be the caller's). */
 TP_API tp_status tp_graph_cache_stats_json(tp_graph_cache *cache, char *buf, size_t capacity, size_t *out_length);
 TP_API tp_status tp_graph_cache_stats_openmetrics(tp_graph_cache *cache, const char *labels, char *buf, size_t capacity,
                                                   size_t *out_length);

@@ -2,7 +2,8 @@
 /* Watching a live pool: the observer's events (a recording replays to the
  * same peak), the memory map (every byte the pool holds, once, in the
  * right state) and the Prometheus text (well-formed; one HELP and TYPE per
- * metric; counters end in _total).
+ * metric; counters end in _total; a caller's labels checked, long ones
+ * taken).
  *   test_observe [DIR]   also writes DIR/pool.prom and DIR/cache.prom for
  *                        a real parser to read (tests/check_openmetrics.py) */
 #include "fixture.h"
@@ -201,7 +202,7 @@ static int check_prometheus_text(const char *text, const char *must_label) {
         CHECK(end != NULL); /* every line ends with a newline */
         if (!end) break;
         size_t n = (size_t)(end - line);
-        char buf[1024];
+        static char buf[1 << 14]; /* lines with long caller labels */
         if (n >= sizeof buf) n = sizeof buf - 1;
         memcpy(buf, line, n);
         buf[n] = '\0';
@@ -271,10 +272,61 @@ static void test_prometheus_text_is_well_formed(void) {
     fixture_close(&f);
 }
 
+/* The caller's labels go into every sample as written, so they must be
+ * label pairs the format reads as such: anything else is refused with
+ * TP_ERR_INVALID_ARGUMENT (a newline would let a caller's string add
+ * samples; a quote left open breaks the scrape). Long label values are
+ * fine: they used to be refused past about 480 characters. */
+static void test_prometheus_labels_are_checked(void) {
+    fixture f;
+    fixture_open(&f, "sim:1GiB", TP_POOL_SEGMENT, NULL);
+    tp_graph_cache *cache;
+    REQUIRE_OK(tp_graph_cache_create(f.dev, NULL, &cache));
+    static char text[1 << 18];
+    static const char *const bad[] = {
+        "pool",          "pool=kv",        "pool=\"kv",          "pool=\"kv\"x",  "=\"kv\"",
+        "1pool=\"kv\"",  "po-ol=\"kv\"",   "pool=\"kv\",",        ",pool=\"kv\"", "pool=\"a\nb\"",
+        "pool=\"kv\"}\nevil_metric{a=\"1\"", "pool=\"a\\q\"", "pool=\"a\\\"", "__name__=\"x\"",
+        "device=\"cuda:7\"", "a=\"1\",a=\"2\"", "pool = \"kv\""};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        size_t length = 12345;
+        CHECK_MSG(tp_pool_stats_openmetrics(f.pool, bad[i], text, sizeof text, &length) == TP_ERR_INVALID_ARGUMENT,
+                  "pool labels '%s' were taken", bad[i]);
+        CHECK_MSG(tp_graph_cache_stats_openmetrics(cache, bad[i], text, sizeof text, &length) ==
+                      TP_ERR_INVALID_ARGUMENT,
+                  "graph cache labels '%s' were taken", bad[i]);
+    }
+    /* ours: kind is the pool's, a graph cache has none */
+    CHECK_STATUS(tp_pool_stats_openmetrics(f.pool, "kind=\"x\"", text, sizeof text, NULL), TP_ERR_INVALID_ARGUMENT);
+    CHECK_OK(tp_graph_cache_stats_openmetrics(cache, "kind=\"x\"", text, sizeof text, NULL));
+    /* escapes, empty values, many pairs, long values */
+    CHECK_OK(tp_pool_stats_openmetrics(f.pool, "a=\"\",b=\"q\\\"uote\",c=\"back\\\\slash\\n\",_d9=\"x\"", text,
+                                       sizeof text, NULL));
+    CHECK_CONTAINS(text, "tidepool_pool_allocs_total{device=\"sim:0\",kind=\"segment\",a=\"\",b=\"q\\\"uote\",c=\"back\\\\slash\\n\",_d9=\"x\"} 0\n");
+    static char labels[4096];
+    size_t used = 0;
+    for (int i = 0; i < 64; i++) used += (size_t)snprintf(labels + used, sizeof labels - used, "%sl%d=\"%d\"", i ? "," : "", i, i);
+    CHECK_OK(tp_pool_stats_openmetrics(f.pool, labels, text, sizeof text, NULL));
+    CHECK_CONTAINS(text, ",l63=\"63\"} ");
+    snprintf(labels + used, sizeof labels - used, ",l64=\"64\""); /* one pair too many */
+    CHECK_STATUS(tp_pool_stats_openmetrics(f.pool, labels, text, sizeof text, NULL), TP_ERR_INVALID_ARGUMENT);
+    memset(labels, 'v', sizeof labels);
+    memcpy(labels, "host=\"", 6);
+    memcpy(labels + sizeof labels - 2, "\"", 2); /* a 4088-character value */
+    CHECK_OK(tp_pool_stats_openmetrics(f.pool, labels, text, sizeof text, NULL));
+    CHECK_CONTAINS(text, labels);
+    CHECK_EQ_U64(check_prometheus_text(text, "device=\"sim:0\""), 5 * 3 + 18 + 1);
+    CHECK_OK(tp_graph_cache_stats_openmetrics(cache, labels, text, sizeof text, NULL));
+    CHECK_CONTAINS(text, labels);
+    CHECK_OK(tp_graph_cache_destroy(cache));
+    fixture_close(&f);
+}
+
 static const test_case tests[] = {
     KIND_CASES(observer_events_add_up_to_the_statistics),
     KIND_CASES(memory_map_covers_every_byte_once),
     TEST_CASE(test_prometheus_text_is_well_formed),
+    TEST_CASE(test_prometheus_labels_are_checked),
 };
 
 int main(int argc, char **argv) {
