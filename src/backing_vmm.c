@@ -39,24 +39,13 @@ typedef struct vmm_backing {
 static const tpi_backing_ops vmm_ops;
 
 static void ref_pages(tpi_units *units, uint64_t offset, uint64_t size) {
-    for (uint64_t p = tpi_page_of(units, offset), last = tpi_page_of(units, offset + size - 1); p <= last; p++) {
-        tpi_unit *unit = &units->units[p];
-        if (unit->live++ == 0 && unit->state == TPI_UNIT_IDLE) tpi_units_became_busy(units, (uint32_t)p);
-    }
+    tpi_units_pages_ref(units, tpi_page_of(units, offset), tpi_page_of(units, offset + size - 1));
 }
 
-/* (Pages left idle by one release share one "now": the clock is read
- * once, at the first.) */
 static void unref_pages(tpi_core *core, uint64_t offset, uint64_t size, tpi_tag tag, uint64_t idle_since_ns) {
     tpi_units *units = &core->units;
-    for (uint64_t p = tpi_page_of(units, offset), last = tpi_page_of(units, offset + size - 1); p <= last; p++) {
-        tpi_unit *unit = &units->units[p];
-        if (unit->state != TPI_UNIT_UNUSED) unit->tag = tpi_order_merge(&core->order, unit->tag, tag);
-        if (--unit->live == 0 && unit->state == TPI_UNIT_BUSY) {
-            if (!idle_since_ns) idle_since_ns = tpi_units_now(units);
-            tpi_units_became_idle(units, (uint32_t)p, idle_since_ns);
-        }
-    }
+    tpi_units_pages_unref(units, tpi_page_of(units, offset), tpi_page_of(units, offset + size - 1), tag,
+                          idle_since_ns);
 }
 
 static void vmm_release_block(tpi_backing *b, uint32_t node, uint64_t idle_since_ns) {

@@ -157,6 +157,77 @@ static inline void tpi_units_became_busy(tpi_units *u, uint32_t id) {
     u->units[id].state = TPI_UNIT_BUSY;
 }
 
+/* Pages [first, last], a block's, take one more live block each (the
+ * block placed on them): the idle ones among them leave the list and are
+ * busy. Exactly tpi_units_became_busy page by page; one pass over the run
+ * with the list's ends and idle bytes held in locals, where a store into a
+ * page's entry could otherwise be the list's end for all the compiler
+ * knows (the VMM backing calls this for every block it hands out). */
+static inline void tpi_units_pages_ref(tpi_units *u, uint64_t first, uint64_t last) {
+    tpi_unit *units = u->units;
+    uint32_t head = u->lru_head, tail = u->lru_tail;
+    uint64_t idle_bytes = u->idle_bytes;
+    for (uint64_t p = first; p <= last; p++) {
+        tpi_unit *unit = &units[p];
+        if (unit->live++ != 0 || unit->state != TPI_UNIT_IDLE) continue;
+        uint32_t prev = unit->lru_prev, next = unit->lru_next;
+        if (prev != TPI_UNIT_NONE) units[prev].lru_next = next;
+        else head = next;
+        if (next != TPI_UNIT_NONE) units[next].lru_prev = prev;
+        else tail = prev;
+        unit->lru_prev = unit->lru_next = TPI_UNIT_NONE;
+        idle_bytes -= unit->bytes;
+        unit->state = TPI_UNIT_BUSY;
+    }
+    u->lru_head = head;
+    u->lru_tail = tail;
+    u->idle_bytes = idle_bytes;
+}
+
+/* Pages [first, last], a block's, lose that live block, freed with tag:
+ * every mapped one merges tag into its own, and those left with no live
+ * block become idle at since_ns (0: now, the clock read once, at the
+ * first), appended to the list in page order. Exactly the merge and
+ * tpi_units_became_idle page by page, in one pass as above; the merge is
+ * done once per distinct tag met (a block's pages mostly carry the same
+ * one). */
+static inline void tpi_units_pages_unref(tpi_units *u, uint64_t first, uint64_t last, tpi_tag tag,
+                                         uint64_t since_ns) {
+    tpi_unit *units = u->units;
+    uint32_t head = u->lru_head, tail = u->lru_tail;
+    uint64_t idle_bytes = u->idle_bytes;
+    bool since_known = false;
+    tpi_tag merged_from = tag, merged = tag; /* merge(tag, tag) == tag */
+    for (uint64_t p = first; p <= last; p++) {
+        tpi_unit *unit = &units[p];
+        if (unit->state != TPI_UNIT_UNUSED) {
+            if (unit->tag != merged_from) {
+                merged_from = unit->tag;
+                merged = tpi_order_merge(u->order, merged_from, tag);
+            }
+            unit->tag = merged;
+        }
+        if (--unit->live != 0 || unit->state != TPI_UNIT_BUSY) continue;
+        if (!since_known) {
+            if (!since_ns) since_ns = tpi_units_now(u);
+            /* keep the list in idle order */
+            if (tail != TPI_UNIT_NONE && units[tail].idle_since_ns > since_ns) since_ns = units[tail].idle_since_ns;
+            since_known = true;
+        }
+        unit->state = TPI_UNIT_IDLE;
+        unit->idle_since_ns = since_ns;
+        unit->lru_prev = tail;
+        unit->lru_next = TPI_UNIT_NONE;
+        if (tail != TPI_UNIT_NONE) units[tail].lru_next = (uint32_t)p;
+        else head = (uint32_t)p;
+        tail = (uint32_t)p;
+        idle_bytes += unit->bytes;
+    }
+    u->lru_head = head;
+    u->lru_tail = tail;
+    u->idle_bytes = idle_bytes;
+}
+
 /* Releases idle units, oldest first, until want_bytes are released or idle
  * bytes are down to keep_bytes; blocking waits for their last use.
  * min_idle_ns > 0 skips units idle for less. Returns the bytes released. */
