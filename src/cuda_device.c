@@ -28,6 +28,17 @@
  * asks cuStreamIsCapturing (optional: without it, nothing captures); an
  * active or an invalidated capture both read as capturing.
  *
+ * Stream capture modes: every op's driver calls but the capture query run
+ * with the calling thread's capture mode relaxed
+ * (cuThreadExchangeStreamCaptureMode, restored after the op; see
+ * ctx_enter_relaxed). Under the default (global) mode, while any thread
+ * captures a stream in global mode, a call capture counts as unsafe
+ * (allocating, freeing, mapping, synchronising, querying an event, ...)
+ * fails and invalidates that capture: a pool growing for its own capture,
+ * or a tick or another stream's allocation on any other thread, would
+ * break a PyTorch graph capture (test_gpu_capture: without this, the
+ * capture is invalidated and the pool's allocations fail).
+ *
  * VMM: map(va, bytes, chunk_bytes) backs each chunk of the run (chunk_bytes
  * from va, the last one shorter; 0: one page of the device's granularity)
  * with its own physical allocation (cuMemCreate, pinned device memory),
@@ -127,6 +138,7 @@ enum { CU_MEM_ALLOC_GRANULARITY_MINIMUM = 0x0 };
 enum { CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED = 0x2 };
 /* CUstreamCaptureStatus */
 enum { CU_STREAM_CAPTURE_STATUS_NONE = 0, CU_STREAM_CAPTURE_STATUS_ACTIVE = 1, CU_STREAM_CAPTURE_STATUS_INVALIDATED = 2 };
+enum { CU_STREAM_CAPTURE_MODE_RELAXED = 2 }; /* CUstreamCaptureMode */
 
 /* Layouts as in cuda.h (CUmemLocation_v1, CUmemAllocationProp_v1,
  * CUmemAccessDesc_v1, CUgraphExecUpdateResultInfo_v1); enums are int-sized. */
@@ -194,6 +206,7 @@ typedef struct cu_api {
     CUresult (*EventQuery)(CUevent event);
     CUresult (*EventSynchronize)(CUevent event);
     CUresult (*StreamIsCapturing)(CUstream stream, int *status); /* optional; status: CUstreamCaptureStatus */
+    CUresult (*ThreadExchangeStreamCaptureMode)(int *mode);      /* optional; mode: CUstreamCaptureMode */
     /* VMM */
     CUresult (*MemAddressReserve)(CUdeviceptr *ptr, size_t bytes, size_t alignment, CUdeviceptr addr,
                                   unsigned long long flags);
@@ -254,6 +267,7 @@ static const cu_symbol cu_symbols[] = {
     CU_SYM(EventQuery, SYM_REQUIRED, "cuEventQuery"),
     CU_SYM(EventSynchronize, SYM_REQUIRED, "cuEventSynchronize"),
     CU_SYM(StreamIsCapturing, SYM_OPTIONAL, "cuStreamIsCapturing"),
+    CU_SYM(ThreadExchangeStreamCaptureMode, SYM_OPTIONAL, "cuThreadExchangeStreamCaptureMode"),
     CU_SYM(MemAddressReserve, SYM_VMM, "cuMemAddressReserve"),
     CU_SYM(MemAddressFree, SYM_VMM, "cuMemAddressFree"),
     CU_SYM(MemCreate, SYM_VMM, "cuMemCreate"),
@@ -355,12 +369,15 @@ static tp_status cu_check(cuda_device *cu, CUresult r, const char *call) {
 typedef struct ctx_scope {
     CUcontext saved;
     bool switched;
+    bool relaxed;    /* the thread's capture mode was switched to relaxed */
+    int saved_mode;  /* ... and was this before */
 } ctx_scope;
 
 /* Makes the device's primary context current on this thread for the call. */
 static tp_status ctx_enter(cuda_device *cu, ctx_scope *scope) {
     scope->saved = NULL;
     scope->switched = false;
+    scope->relaxed = false;
     tp_status st = cu_check(cu, cu->api.CtxGetCurrent(&scope->saved), "cuCtxGetCurrent");
     if (st != TP_OK || scope->saved == cu->ctx) return st;
     st = cu_check(cu, cu->api.CtxSetCurrent(cu->ctx), "cuCtxSetCurrent");
@@ -368,25 +385,57 @@ static tp_status ctx_enter(cuda_device *cu, ctx_scope *scope) {
     return st;
 }
 
-/* Gives the thread back the context it had before ctx_enter. */
+/* ctx_enter, and the thread's stream-capture mode relaxed for the call.
+ * Under the default (global) mode a call that stream capture counts as
+ * potentially unsafe (allocating, freeing, mapping, synchronising,
+ * instantiating, querying or recording an event, ...) fails, and
+ * invalidates the capture, while any thread captures a stream in global
+ * mode -- and in any mode on a thread that is capturing itself. The pool
+ * makes such calls on purpose while streams capture (growing for a
+ * capture's own requests; a tick or another stream's allocations on other
+ * threads) and never gives back memory a capture may use, which is the
+ * caution the modes exist for; PyTorch's allocator relaxes its cudaMalloc
+ * in a capture the same way. Relaxed still refuses what necessarily
+ * conflicts with a capture (querying an event recorded inside one), which
+ * the callers never do. A driver without the entry point (before CUDA
+ * 10.1) has no modes: nothing to do. */
+static tp_status ctx_enter_relaxed(cuda_device *cu, ctx_scope *scope) {
+    tp_status st = ctx_enter(cu, scope);
+    if (st != TP_OK || !cu->api.ThreadExchangeStreamCaptureMode) return st;
+    scope->saved_mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    scope->relaxed = cu->api.ThreadExchangeStreamCaptureMode(&scope->saved_mode) == CUDA_SUCCESS;
+    return st;
+}
+
+/* Gives the thread back the context (and capture mode) it had before
+ * ctx_enter (or ctx_enter_relaxed). */
 static void ctx_exit(cuda_device *cu, const ctx_scope *scope) {
+    if (scope->relaxed) {
+        int mode = scope->saved_mode;
+        cu_check(cu, cu->api.ThreadExchangeStreamCaptureMode(&mode),
+                 "cuThreadExchangeStreamCaptureMode (restoring the caller's mode)");
+    }
     if (scope->switched)
         cu_check(cu, cu->api.CtxSetCurrent(scope->saved), "cuCtxSetCurrent (restoring the caller's context)");
 }
 
-/* Runs one driver call with the context current: ctx_enter, expr, ctx_exit,
- * then cu_check of expr's result under call_name. st gets the status (that
- * of ctx_enter when it failed: expr is not evaluated then). */
-#define CU_DO(cu, call_name, expr, st)                    \
+/* Runs one driver call with the context current: enter (ctx_enter or
+ * ctx_enter_relaxed), expr, ctx_exit, then cu_check of expr's result under
+ * call_name. st gets the status (that of the enter when it failed: expr is
+ * not evaluated then). */
+#define CU_DO_WITH(enter, cu, call_name, expr, st)        \
     do {                                                  \
         ctx_scope scope_;                                 \
-        (st) = ctx_enter((cu), &scope_);                  \
+        (st) = enter((cu), &scope_);                      \
         if ((st) == TP_OK) {                              \
             CUresult result_ = (expr);                    \
             ctx_exit((cu), &scope_);                      \
             (st) = cu_check((cu), result_, (call_name));  \
         }                                                 \
     } while (0)
+#define CU_DO(cu, call_name, expr, st) CU_DO_WITH(ctx_enter, cu, call_name, expr, st)
+/* ... for the potentially unsafe calls (ctx_enter_relaxed). */
+#define CU_DO_RELAXED(cu, call_name, expr, st) CU_DO_WITH(ctx_enter_relaxed, cu, call_name, expr, st)
 
 /* ------------------------------------------------------------ page table */
 
@@ -441,7 +490,7 @@ static tp_status cuda_mem_info(tp_device *device, uint64_t *out_free, uint64_t *
     cuda_device *cu = cu_of(device);
     size_t free_bytes = 0, total_bytes = 0;
     tp_status st;
-    CU_DO(cu, "cuMemGetInfo_v2", cu->api.MemGetInfo(&free_bytes, &total_bytes), st);
+    CU_DO_RELAXED(cu, "cuMemGetInfo_v2", cu->api.MemGetInfo(&free_bytes, &total_bytes), st);
     if (st == TP_OK) {
         *out_free = free_bytes;
         *out_total = total_bytes;
@@ -455,7 +504,7 @@ static tp_status cuda_mem_alloc(tp_device *device, uint64_t bytes, uint64_t *out
     CUdeviceptr ptr = 0;
     tp_status st;
     pthread_rwlock_rdlock(&cu->measure_lock);
-    CU_DO(cu, "cuMemAlloc_v2", cu->api.MemAlloc(&ptr, (size_t)bytes), st);
+    CU_DO_RELAXED(cu, "cuMemAlloc_v2", cu->api.MemAlloc(&ptr, (size_t)bytes), st);
     pthread_rwlock_unlock(&cu->measure_lock);
     if (st == TP_OK) *out_address = ptr;
     return st;
@@ -467,7 +516,7 @@ static tp_status cuda_mem_free(tp_device *device, uint64_t address, uint64_t byt
     if (!address) return TP_ERR_INVALID_ARGUMENT;
     tp_status st;
     pthread_rwlock_rdlock(&cu->measure_lock);
-    CU_DO(cu, "cuMemFree_v2", cu->api.MemFree((CUdeviceptr)address), st);
+    CU_DO_RELAXED(cu, "cuMemFree_v2", cu->api.MemFree((CUdeviceptr)address), st);
     pthread_rwlock_unlock(&cu->measure_lock);
     return st;
 }
@@ -476,7 +525,7 @@ static tp_status cuda_stream_create(tp_device *device, tp_stream *out_stream) {
     cuda_device *cu = cu_of(device);
     CUstream stream = NULL;
     tp_status st;
-    CU_DO(cu, "cuStreamCreate", cu->api.StreamCreate(&stream, CU_STREAM_NON_BLOCKING), st);
+    CU_DO_RELAXED(cu, "cuStreamCreate", cu->api.StreamCreate(&stream, CU_STREAM_NON_BLOCKING), st);
     if (st == TP_OK) *out_stream = (tp_stream)stream;
     return st;
 }
@@ -484,21 +533,21 @@ static tp_status cuda_stream_create(tp_device *device, tp_stream *out_stream) {
 static tp_status cuda_stream_destroy(tp_device *device, tp_stream stream) {
     cuda_device *cu = cu_of(device);
     tp_status st;
-    CU_DO(cu, "cuStreamDestroy_v2", cu->api.StreamDestroy((CUstream)stream), st);
+    CU_DO_RELAXED(cu, "cuStreamDestroy_v2", cu->api.StreamDestroy((CUstream)stream), st);
     return st;
 }
 
 static tp_status cuda_stream_synchronize(tp_device *device, tp_stream stream) {
     cuda_device *cu = cu_of(device);
     tp_status st;
-    CU_DO(cu, "cuStreamSynchronize", cu->api.StreamSynchronize((CUstream)stream), st);
+    CU_DO_RELAXED(cu, "cuStreamSynchronize", cu->api.StreamSynchronize((CUstream)stream), st);
     return st;
 }
 
 static tp_status cuda_stream_wait_event(tp_device *device, tp_stream stream, tp_event event) {
     cuda_device *cu = cu_of(device);
     tp_status st;
-    CU_DO(cu, "cuStreamWaitEvent", cu->api.StreamWaitEvent((CUstream)stream, (CUevent)event, 0), st);
+    CU_DO_RELAXED(cu, "cuStreamWaitEvent", cu->api.StreamWaitEvent((CUstream)stream, (CUevent)event, 0), st);
     return st;
 }
 
@@ -532,7 +581,7 @@ static tp_status cuda_event_create(tp_device *device, tp_event *out_event) {
     cuda_device *cu = cu_of(device);
     CUevent event = NULL;
     tp_status st;
-    CU_DO(cu, "cuEventCreate", cu->api.EventCreate(&event, CU_EVENT_DISABLE_TIMING), st);
+    CU_DO_RELAXED(cu, "cuEventCreate", cu->api.EventCreate(&event, CU_EVENT_DISABLE_TIMING), st);
     if (st == TP_OK) *out_event = (tp_event)event;
     return st;
 }
@@ -540,35 +589,35 @@ static tp_status cuda_event_create(tp_device *device, tp_event *out_event) {
 static tp_status cuda_event_destroy(tp_device *device, tp_event event) {
     cuda_device *cu = cu_of(device);
     tp_status st;
-    CU_DO(cu, "cuEventDestroy_v2", cu->api.EventDestroy((CUevent)event), st);
+    CU_DO_RELAXED(cu, "cuEventDestroy_v2", cu->api.EventDestroy((CUevent)event), st);
     return st;
 }
 
 static tp_status cuda_event_record(tp_device *device, tp_event event, tp_stream stream) {
     cuda_device *cu = cu_of(device);
     tp_status st;
-    CU_DO(cu, "cuEventRecord", cu->api.EventRecord((CUevent)event, (CUstream)stream), st);
+    CU_DO_RELAXED(cu, "cuEventRecord", cu->api.EventRecord((CUevent)event, (CUstream)stream), st);
     return st;
 }
 
 static tp_status cuda_event_query(tp_device *device, tp_event event) {
     cuda_device *cu = cu_of(device);
     tp_status st;
-    CU_DO(cu, "cuEventQuery", cu->api.EventQuery((CUevent)event), st);
+    CU_DO_RELAXED(cu, "cuEventQuery", cu->api.EventQuery((CUevent)event), st);
     return st;
 }
 
 static tp_status cuda_event_synchronize(tp_device *device, tp_event event) {
     cuda_device *cu = cu_of(device);
     tp_status st;
-    CU_DO(cu, "cuEventSynchronize", cu->api.EventSynchronize((CUevent)event), st);
+    CU_DO_RELAXED(cu, "cuEventSynchronize", cu->api.EventSynchronize((CUevent)event), st);
     return st;
 }
 
 static tp_status cuda_device_synchronize(tp_device *device) {
     cuda_device *cu = cu_of(device);
     tp_status st;
-    CU_DO(cu, "cuCtxSynchronize", cu->api.CtxSynchronize(), st);
+    CU_DO_RELAXED(cu, "cuCtxSynchronize", cu->api.CtxSynchronize(), st);
     return st;
 }
 
@@ -595,7 +644,7 @@ static tp_status cuda_va_reserve(tp_device *device, uint64_t bytes, uint64_t ali
     if (bytes == 0 || bytes % cu->page_bytes || bytes > SIZE_MAX || !tpi_is_pow2(align)) return TP_ERR_INVALID_ARGUMENT;
     CUdeviceptr va = 0;
     ctx_scope scope;
-    tp_status st = ctx_enter(cu, &scope);
+    tp_status st = ctx_enter_relaxed(cu, &scope);
     if (st != TP_OK) return st;
     st = cu_check(cu, cu->api.MemAddressReserve(&va, (size_t)bytes, (size_t)align, 0, 0), "cuMemAddressReserve");
     if (st == TP_OK) {
@@ -629,7 +678,7 @@ static tp_status cuda_va_release(tp_device *device, uint64_t va, uint64_t bytes)
             break;
         }
         ctx_scope scope;
-        st = ctx_enter(cu, &scope);
+        st = ctx_enter_relaxed(cu, &scope);
         if (st != TP_OK) break;
         st = cu_check(cu, cu->api.MemAddressFree((CUdeviceptr)va, (size_t)bytes), "cuMemAddressFree");
         ctx_exit(cu, &scope);
@@ -720,7 +769,7 @@ static tp_status cuda_map(tp_device *device, uint64_t va, uint64_t bytes, uint64
 
     pthread_rwlock_rdlock(&cu->measure_lock);
     ctx_scope scope;
-    tp_status st = ctx_enter(cu, &scope);
+    tp_status st = ctx_enter_relaxed(cu, &scope);
     if (st == TP_OK) {
         /* One physical allocation per chunk, mapped whole; every page of
          * the chunk records its handle. */
@@ -785,7 +834,7 @@ static tp_status cuda_unmap(tp_device *device, uint64_t va, uint64_t bytes) {
 
     pthread_rwlock_rdlock(&cu->measure_lock);
     ctx_scope scope;
-    tp_status st = ctx_enter(cu, &scope);
+    tp_status st = ctx_enter_relaxed(cu, &scope);
     size_t unmapped = 0; /* pages */
     if (st == TP_OK) {
         while (unmapped < pages) {
@@ -868,7 +917,7 @@ static tp_status cuda_graph_instantiate(tp_device *device, tp_graph graph, tpi_g
     uint64_t bytes = 0;
     tp_status st;
     pthread_rwlock_wrlock(&cu->measure_lock);
-    CU_DO(cu, cu->api.GraphInstantiateWithFlags ? "cuGraphInstantiateWithFlags" : "cuGraphInstantiate_v2",
+    CU_DO_RELAXED(cu, cu->api.GraphInstantiateWithFlags ? "cuGraphInstantiateWithFlags" : "cuGraphInstantiate_v2",
           instantiate_measured(cu, (CUgraph)graph, &exec, &bytes), st);
     pthread_rwlock_unlock(&cu->measure_lock);
     if (st != TP_OK) return st;
@@ -911,7 +960,7 @@ static tp_status cuda_graph_update(tp_device *device, tpi_graph_exec exec, tp_gr
     bool refused = false;
     tp_status st;
     pthread_rwlock_rdlock(&cu->measure_lock);
-    CU_DO(cu, "cuGraphExecUpdate", exec_update(cu, (CUgraphExec)exec, (CUgraph)graph, &refused, &result), st);
+    CU_DO_RELAXED(cu, "cuGraphExecUpdate", exec_update(cu, (CUgraphExec)exec, (CUgraph)graph, &refused, &result), st);
     if (st == TP_OK && refused) {
         tpi_logf(&device->logger, result == CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED ? TP_LOG_DEBUG : TP_LOG_INFO,
                 "cuda:%d: graph update refused (%s): a new executable is needed", cu->ordinal, update_reason(result));
@@ -925,7 +974,7 @@ static tp_status cuda_graph_launch(tp_device *device, tpi_graph_exec exec, tp_st
     cuda_device *cu = cu_of(device);
     if (!cu->graphs) return TP_ERR_UNSUPPORTED;
     tp_status st;
-    CU_DO(cu, "cuGraphLaunch", cu->api.GraphLaunch((CUgraphExec)exec, (CUstream)stream), st);
+    CU_DO_RELAXED(cu, "cuGraphLaunch", cu->api.GraphLaunch((CUgraphExec)exec, (CUstream)stream), st);
     return st;
 }
 
@@ -943,7 +992,7 @@ static tp_status cuda_graph_destroy(tp_device *device, tpi_graph_exec exec) {
     if (!cu->graphs) return TP_ERR_UNSUPPORTED;
     tp_status st;
     pthread_rwlock_rdlock(&cu->measure_lock);
-    CU_DO(cu, "cuGraphExecDestroy", cu->api.GraphExecDestroy((CUgraphExec)exec), st);
+    CU_DO_RELAXED(cu, "cuGraphExecDestroy", cu->api.GraphExecDestroy((CUgraphExec)exec), st);
     pthread_rwlock_unlock(&cu->measure_lock);
     return st;
 }
@@ -962,7 +1011,7 @@ static void cuda_free_state(tp_device *device, cuda_device *cu) {
 static void cuda_close(tp_device *device) {
     cuda_device *cu = cu_of(device);
     ctx_scope scope;
-    bool current = ctx_enter(cu, &scope) == TP_OK;
+    bool current = ctx_enter_relaxed(cu, &scope) == TP_OK;
     /* Pools unmap and release everything; anything left is a leak, freed here. */
     if (cu->pages.count || cu->reservation_count)
         tpi_logf(&device->logger, TP_LOG_WARN, "cuda:%d: close with %zu pages still mapped in %zu reservations",

@@ -13,8 +13,19 @@
  *     1.3x (segment: separate segments cannot merge); with the eager
  *     traffic, whose pending frees share pages and segments with the
  *     capture's, within 3x (figures printed);
- *   - the eager stream's blocks never overlap the graph's footprint. */
+ *   - the eager stream's blocks never overlap the graph's footprint;
+ * the same in GLOBAL mode, PyTorch's default (torch.cuda.graph), where the
+ * pool's growth during the capture (new physical memory, mapped; or new
+ * segments), and the eager stream's trims, are calls capture counts as
+ * unsafe: the backend makes them in relaxed mode, or the capture is
+ * invalidated. And a capture in GLOBAL mode on another thread must survive
+ * a pool's growth, trims and ticks on this one (a server's other requests,
+ * the PyTorch shim's tick thread). */
 #include "gpu_common.h"
+
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 
 typedef struct gpu_exec_st *gpu_graph_exec;
 
@@ -30,6 +41,7 @@ static struct {
     gpu_result (*GraphDestroy)(gpu_graph);
 } cap;
 
+#define CAPTURE_MODE_GLOBAL 0
 #define CAPTURE_MODE_RELAXED 2
 #define CAPTURE_STATUS_ACTIVE 1
 
@@ -54,7 +66,7 @@ static bool overlaps(uint64_t a, uint64_t a_bytes, const tp_range *r) {
     return a < r->address + r->bytes && r->address < a + a_bytes;
 }
 
-static void capture_alloc_memset_free(bool vmm, bool traffic) {
+static void capture_alloc_memset_free(bool vmm, bool traffic, int mode) {
     test_log log = {0};
     char spec[64];
     snprintf(spec, sizeof spec, "%s%s", gpu_spec(), vmm ? "" : ",novmm");
@@ -73,7 +85,7 @@ static void capture_alloc_memset_free(bool vmm, bool traffic) {
     GPU_OK(gpu.MemsetD8Async(gpu_addr(warm), 1, 64 * TEST_MiB, cs));
 
     REQUIRE_OK(tp_pool_capture_begin(pool, tcs)); /* before the stream captures: the contract */
-    GPU_OK(cap.BeginCapture(cs, CAPTURE_MODE_RELAXED));
+    GPU_OK(cap.BeginCapture(cs, mode));
     CHECK_OK(tp_pool_free(pool, warm, tcs));
     void *pending[3];
     tp_range captured[48];
@@ -122,9 +134,12 @@ static void capture_alloc_memset_free(bool vmm, bool traffic) {
     tp_pool_stats s;
     CHECK_OK(tp_pool_get_stats(pool, &s));
     double ratio = (double)s.pinned_bytes.current / (double)peak;
-    printf("  %s capture%s: %.0f MiB of temporaries, peak %.0f MiB live, %.1f MiB pinned in %zu ranges (%.3fx)\n",
-           vmm ? "vmm" : "segment", traffic ? " with eager traffic" : "", sum / (double)TEST_MiB,
-           peak / (double)TEST_MiB, s.pinned_bytes.current / (double)TEST_MiB, count, ratio);
+    printf("  %s %s capture%s: %.0f MiB of temporaries, peak %.0f MiB live, %.1f MiB pinned in %zu ranges (%.3fx), "
+           "%llu device calls\n",
+           vmm ? "vmm" : "segment", mode == CAPTURE_MODE_GLOBAL ? "global" : "relaxed",
+           traffic ? " with eager traffic" : "", sum / (double)TEST_MiB,
+           peak / (double)TEST_MiB, s.pinned_bytes.current / (double)TEST_MiB, count, ratio,
+           (unsigned long long)s.device_calls);
     CHECK_MSG(ratio <= (traffic ? 3.0 : vmm ? 1.1 : 1.3), "pinned %.3fx the peak", ratio);
 
     /* The graph runs, twice, and its last step's writes are there. */
@@ -158,16 +173,111 @@ static void capture_alloc_memset_free(bool vmm, bool traffic) {
     CHECK_OK(tp_device_close(dev));
 }
 
-static void capture_vmm(void) { capture_alloc_memset_free(true, false); }
-static void capture_vmm_with_traffic(void) { capture_alloc_memset_free(true, true); }
-static void capture_segment(void) { capture_alloc_memset_free(false, false); }
-static void capture_segment_with_traffic(void) { capture_alloc_memset_free(false, true); }
+/* Another thread captures a stream of its own in GLOBAL mode (what
+ * torch.cuda.graph does by default) while this thread's pool grows, frees,
+ * trims and ticks on its stream: the other capture must stay valid. */
+typedef struct other_capture {
+    gpu_ptr buffer;
+    atomic_int stage; /* 1: capturing; 2: the pool is done; 3: checked */
+    int status_at_end;
+    gpu_result end_result;
+} other_capture;
+
+static void *capture_on_other_thread(void *arg) {
+    other_capture *oc = arg;
+    gpu_bind_thread();
+    gpu_stream s = NULL;
+    GPU_OK(cap.StreamCreate(&s, 1));
+    GPU_OK(cap.BeginCapture(s, CAPTURE_MODE_GLOBAL));
+    GPU_OK(gpu.MemsetD8Async(oc->buffer, 0x5a, TEST_MiB, s));
+    atomic_store(&oc->stage, 1);
+    while (atomic_load(&oc->stage) != 2) sched_yield();
+    GPU_OK(cap.IsCapturing(s, &oc->status_at_end));
+    gpu_graph graph = NULL;
+    oc->end_result = cap.EndCapture(s, &graph);
+    if (graph) GPU_OK(cap.GraphDestroy(graph));
+    GPU_OK(cap.StreamDestroy(s));
+    atomic_store(&oc->stage, 3);
+    return NULL;
+}
+
+static void pool_work_beside_a_global_capture(bool vmm) {
+    test_log log = {0};
+    char spec[64];
+    snprintf(spec, sizeof spec, "%s%s", gpu_spec(), vmm ? "" : ",novmm");
+    tp_device *dev = gpu_open(spec, &log);
+    tp_pool_config pc = {.kind = vmm ? TP_POOL_VMM : TP_POOL_SEGMENT};
+    tp_pool *pool;
+    REQUIRE_OK(tp_pool_create(dev, &pc, &pool));
+    gpu_stream ps = NULL;
+    GPU_OK(cap.StreamCreate(&ps, 1));
+    tp_stream tps = (tp_stream)ps;
+    other_capture oc = {0};
+    atomic_init(&oc.stage, 0);
+    GPU_OK(gpu.MemAlloc(&oc.buffer, TEST_MiB));
+    pthread_t t;
+    REQUIRE(pthread_create(&t, NULL, capture_on_other_thread, &oc) == 0);
+    while (atomic_load(&oc.stage) != 1) sched_yield();
+    /* Growth (every size new to the empty pool), frees, trims, ticks. */
+    int failed = 0;
+    for (int round = 0; round < 4; round++) {
+        void *p[6] = {0};
+        for (int i = 0; i < 6; i++) {
+            uint64_t bytes = (uint64_t)(1 + 7 * i + 3 * round) * TEST_MiB;
+            tp_status st = tp_pool_alloc(pool, bytes, tps, &p[i]);
+            if (st != TP_OK) {
+                failed++;
+                fprintf(stderr, "  round %d: alloc of %llu MiB: %s\n", round, (unsigned long long)(bytes / TEST_MiB),
+                        tp_status_name(st));
+                continue;
+            }
+            GPU_OK(gpu.MemsetD8Async(gpu_addr(p[i]), 0x22, bytes, ps));
+        }
+        for (int i = 0; i < 6; i++)
+            if (p[i]) CHECK_OK(tp_pool_free(pool, p[i], tps));
+        uint64_t released = 0;
+        CHECK_OK(tp_pool_trim(pool, 0, &released));
+        CHECK_OK(tp_pool_tick(pool));
+    }
+    CHECK_EQ_U64(failed, 0);
+    tp_pool_stats s;
+    CHECK_OK(tp_pool_get_stats(pool, &s));
+    atomic_store(&oc.stage, 2);
+    pthread_join(t, NULL);
+    printf("  %s pool beside another thread's global capture: %llu device calls; that capture %s at its end, "
+           "cuStreamEndCapture %s\n",
+           vmm ? "vmm" : "segment", (unsigned long long)s.device_calls,
+           oc.status_at_end == CAPTURE_STATUS_ACTIVE ? "active" : "NOT active", gpu_error_name(oc.end_result));
+    CHECK(s.device_calls > 0); /* the pool did call the driver during the capture */
+    CHECK_EQ_U64(oc.status_at_end, CAPTURE_STATUS_ACTIVE);
+    CHECK_EQ_U64(oc.end_result, 0);
+    GPU_OK(gpu.StreamSynchronize(ps));
+    GPU_OK(gpu.MemFree(oc.buffer));
+    CHECK_OK(tp_pool_forget_stream(pool, tps));
+    CHECK_OK(tp_pool_destroy(pool));
+    GPU_OK(cap.StreamDestroy(ps));
+    CHECK_EQ_U64(log.errors, 0);
+    CHECK_OK(tp_device_close(dev));
+}
+
+static void capture_vmm(void) { capture_alloc_memset_free(true, false, CAPTURE_MODE_RELAXED); }
+static void capture_vmm_with_traffic(void) { capture_alloc_memset_free(true, true, CAPTURE_MODE_RELAXED); }
+static void capture_segment(void) { capture_alloc_memset_free(false, false, CAPTURE_MODE_RELAXED); }
+static void capture_segment_with_traffic(void) { capture_alloc_memset_free(false, true, CAPTURE_MODE_RELAXED); }
+static void capture_vmm_global(void) { capture_alloc_memset_free(true, true, CAPTURE_MODE_GLOBAL); }
+static void capture_segment_global(void) { capture_alloc_memset_free(false, true, CAPTURE_MODE_GLOBAL); }
+static void vmm_beside_a_global_capture(void) { pool_work_beside_a_global_capture(true); }
+static void segment_beside_a_global_capture(void) { pool_work_beside_a_global_capture(false); }
 
 static const test_case tests[] = {
     TEST_CASE(capture_vmm),
     TEST_CASE(capture_vmm_with_traffic),
     TEST_CASE(capture_segment),
     TEST_CASE(capture_segment_with_traffic),
+    TEST_CASE(capture_vmm_global),
+    TEST_CASE(capture_segment_global),
+    TEST_CASE(vmm_beside_a_global_capture),
+    TEST_CASE(segment_beside_a_global_capture),
 };
 
 int main(int argc, char **argv) {
