@@ -66,14 +66,21 @@ static bool overlaps(uint64_t a, uint64_t a_bytes, const tp_range *r) {
     return a < r->address + r->bytes && r->address < a + a_bytes;
 }
 
-static void capture_alloc_memset_free(bool vmm, bool traffic, int mode) {
-    test_log log = {0};
+/* The device (VMM on or off) and a pool of that kind on it. */
+static tp_pool *open_pool(bool vmm, test_log *log, tp_device **out_dev) {
     char spec[64];
     snprintf(spec, sizeof spec, "%s%s", gpu_spec(), vmm ? "" : ",novmm");
-    tp_device *dev = gpu_open(spec, &log);
+    *out_dev = gpu_open(spec, log);
     tp_pool_config pc = {.kind = vmm ? TP_POOL_VMM : TP_POOL_SEGMENT};
-    tp_pool *pool;
-    REQUIRE_OK(tp_pool_create(dev, &pc, &pool));
+    tp_pool *pool = NULL;
+    REQUIRE_OK(tp_pool_create(*out_dev, &pc, &pool));
+    return pool;
+}
+
+static void capture_alloc_memset_free(bool vmm, bool traffic, int mode) {
+    test_log log = {0};
+    tp_device *dev = NULL;
+    tp_pool *pool = open_pool(vmm, &log, &dev);
     gpu_stream cs = NULL, eager = NULL;
     GPU_OK(cap.StreamCreate(&cs, 1 /* non-blocking */));
     GPU_OK(cap.StreamCreate(&eager, 1));
@@ -203,12 +210,8 @@ static void *capture_on_other_thread(void *arg) {
 
 static void pool_work_beside_a_global_capture(bool vmm) {
     test_log log = {0};
-    char spec[64];
-    snprintf(spec, sizeof spec, "%s%s", gpu_spec(), vmm ? "" : ",novmm");
-    tp_device *dev = gpu_open(spec, &log);
-    tp_pool_config pc = {.kind = vmm ? TP_POOL_VMM : TP_POOL_SEGMENT};
-    tp_pool *pool;
-    REQUIRE_OK(tp_pool_create(dev, &pc, &pool));
+    tp_device *dev = NULL;
+    tp_pool *pool = open_pool(vmm, &log, &dev);
     gpu_stream ps = NULL;
     GPU_OK(cap.StreamCreate(&ps, 1));
     tp_stream tps = (tp_stream)ps;
