@@ -278,8 +278,9 @@ typedef struct tp_pool_config {
      * ones keep page granularity. A chunk goes back to the device only
      * whole, once all of its pages are idle. */
     uint64_t max_chunk_bytes;
-    /* VMM: address space reserved once at creation. 0: twice the smaller of
-     * the limit and the device's capacity. */
+    /* VMM: address space reserved once at creation. 0: four times the
+     * smaller of the limit and the device's capacity (address space costs
+     * no device memory; blocks never move, so it fragments first). */
     uint64_t va_reserve_bytes;
     /* Segment pool: segment sizes. Requests up to 1 MiB come from segments
      * of small_segment_bytes (0: 2 MiB, or the alignment if larger), up to

@@ -158,10 +158,19 @@ static tp_status resolve_config(tp_device *device, const tp_pool_config *in, tp_
     out->max_chunk_bytes = TPI_MIN(tpi_align_up(TPI_MAX(out->max_chunk_bytes, out->page_bytes), out->page_bytes),
                                    out->max_map_bytes);
     if (out->kind == TP_POOL_VMM) {
-        /* The reservation: twice what the pool can hold, which is never
-         * more than the device (an unlimited pool included). */
+        /* The reservation: four times what the pool can hold, which is
+         * never more than the device (an unlimited pool included). Blocks
+         * never move, so the address space fragments where physical memory
+         * does not (unmapped pages cost nothing): a buffer reallocated
+         * larger every step moves through about three times its size, and
+         * long-lived small blocks made meanwhile stay scattered over that
+         * range. With twice, such a pool ran out of address space -- out of
+         * memory with its live bytes at 40-75% of the device -- while four
+         * times held (tests/test_pool_adversarial.c,
+         * test_vmm_address_space_outlasts_a_moving_buffer). Address space
+         * costs no device memory; the host keeps a small entry per page. */
         uint64_t holdable = TPI_MIN(out->limit_bytes, info->capacity_bytes);
-        if (!out->va_reserve_bytes) out->va_reserve_bytes = holdable > UINT64_MAX / 4 ? holdable : 2 * holdable;
+        if (!out->va_reserve_bytes) out->va_reserve_bytes = holdable > UINT64_MAX / 8 ? holdable : 4 * holdable;
         uint64_t va_granule = TPI_MAX(out->page_bytes, out->alignment_bytes);
         uint64_t va = TPI_MAX(out->va_reserve_bytes, holdable);
         if (va > UINT64_MAX / 2) return TP_ERR_INVALID_ARGUMENT;

@@ -9,7 +9,7 @@
  * Each seed draws its own configuration:
  *   - pool kind (VMM on "sim:SIZE", segment on "sim:SIZE,novmm", half the
  *     time with ",adjacent": segments end to end); for VMM the
- *     address reservation is the default (2 x limit) or exactly the limit (a
+ *     address reservation is the default (4 x limit) or exactly the limit (a
  *     tight reservation forces address reuse); page size 2 MiB, 1 MiB or
  *     512 KiB;
  *   - a limit of 16-64 MiB, a device that may be smaller or larger than it,

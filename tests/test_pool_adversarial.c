@@ -689,6 +689,53 @@ static void destroy_during_a_told_capture_is_refused(tp_pool_kind kind) {
 }
 KIND_TEST(destroy_during_a_told_capture_is_refused)
 
+/* A buffer reallocated a little larger every step (a KV cache grown by
+ * 128 KiB a token: the new one allocated, the old one freed; a new
+ * conversation every 2000 tokens) while a 256 KiB block made every 7th step
+ * lives 2000 steps, on a 1536 MiB device: under 40% of it live at once.
+ * Blocks never move, so the buffer wanders through address space and the
+ * small blocks made meanwhile stay scattered over it. With a reservation of
+ * twice the device this pool ran out of address space (42 failed
+ * allocations, in use 0.6 GiB); the default reservation must leave the
+ * physical memory, not the addresses, as what can run out. */
+static void test_vmm_address_space_outlasts_a_moving_buffer(void) {
+    enum { STEPS = 6000, TOKENS = 2000, LIFE = 2000, EVERY = 7, SMALLS = STEPS / EVERY + 1 };
+    const uint64_t small_bytes = 256 * 1024;
+    fixture f;
+    fixture_open_with(&f, "sim:1536MiB", TP_POOL_VMM, NULL, false);
+    void *buffer = NULL, *small[SMALLS] = {0};
+    uint64_t buffer_bytes = 0, smalls_live = 0, peak_live = 0, ooms = 0;
+    for (int step = 0; step < STEPS; step++) {
+        uint64_t bytes = 8 * TEST_MiB + (uint64_t)(step % TOKENS + 1) * 128 * 1024;
+        void *grown = NULL;
+        if (tp_pool_alloc(f.pool, bytes, TP_STREAM_DEFAULT, &grown) != TP_OK) ooms++;
+        if (buffer_bytes + bytes + smalls_live * small_bytes > peak_live)
+            peak_live = buffer_bytes + bytes + smalls_live * small_bytes;
+        if (buffer) CHECK_OK(tp_pool_free(f.pool, buffer, TP_STREAM_DEFAULT));
+        buffer = grown;
+        buffer_bytes = grown ? bytes : 0;
+        if (step % EVERY == 0) {
+            if (tp_pool_alloc(f.pool, small_bytes, TP_STREAM_DEFAULT, &small[step / EVERY]) == TP_OK)
+                smalls_live++;
+            else
+                ooms++;
+        }
+        int old = step - LIFE;
+        if (old >= 0 && old % EVERY == 0 && small[old / EVERY]) {
+            CHECK_OK(tp_pool_free(f.pool, small[old / EVERY], TP_STREAM_DEFAULT));
+            small[old / EVERY] = NULL;
+            smalls_live--;
+        }
+        CHECK_OK(tp_sim_advance(f.dev, 20 * MS));
+    }
+    CHECK(peak_live < 1536 * TEST_MiB * 2 / 5); /* under 40% of the device live */
+    CHECK_EQ_U64(ooms, 0);
+    if (buffer) CHECK_OK(tp_pool_free(f.pool, buffer, TP_STREAM_DEFAULT));
+    for (int i = 0; i < SMALLS; i++)
+        if (small[i]) CHECK_OK(tp_pool_free(f.pool, small[i], TP_STREAM_DEFAULT));
+    fixture_close(&f);
+}
+
 static const test_case tests[] = {
     TEST_CASE(test_vmm_window_waits_for_every_blocking_stream),
     TEST_CASE(test_detach_during_a_reclaim_round_does_not_deadlock),
@@ -707,6 +754,7 @@ static const test_case tests[] = {
     KIND_CASES(capture_footprint_keeps_other_streams_pending_work),
     KIND_CASES(capture_block_freed_on_another_stream_stays_the_captures),
     KIND_CASES(destroy_during_a_told_capture_is_refused),
+    TEST_CASE(test_vmm_address_space_outlasts_a_moving_buffer),
 };
 
 int main(int argc, char **argv) { return TEST_MAIN("test_pool_adversarial", tests, argc, argv); }
