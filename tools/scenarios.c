@@ -291,6 +291,40 @@ static int gen_mixed_lifetimes(gen *g, const scenario_params *p) {
     return 0;
 }
 
+/* ---------------------------------------------------------- kv realloc */
+
+/* A KV cache reallocated a little larger every token (not a failure mode
+ * of docs/failure-modes.md: an adversarial shape). At token t of a
+ * conversation a buffer of 8 MiB + (t + 1) x 128 KiB is allocated, then
+ * the previous one is freed; every 7th token a 256 KiB block is made that
+ * lives 2000 tokens (a request's state, a cache entry); a new conversation
+ * starts every --context tokens. 20 ms a token. Blocks never move, so the
+ * buffer wanders through the address space (three positions: the hole it
+ * leaves is always one step too small) and the small blocks land in what it
+ * left behind. */
+#define KV_REALLOC_EVERY 7
+#define KV_REALLOC_LIFE 2000
+static int gen_kv_realloc(gen *g, const scenario_params *p) {
+    enum { RING = KV_REALLOC_LIFE / KV_REALLOC_EVERY + 3 };
+    block ring[RING];
+    memset(ring, 0, sizeof ring);
+    block buffer = {0, 0, 0};
+    for (uint64_t step = 0; step < p->steps && !g->stopped; step++) {
+        gen_mark(g, step + 1);
+        uint64_t token = step % p->context_tokens;
+        block grown = gen_alloc(g, 8 * TIDE_MiB + (token + 1) * 128 * TIDE_KiB, 0);
+        gen_free(g, &buffer);
+        buffer = grown;
+        if (step % KV_REALLOC_EVERY == 0) ring[(step / KV_REALLOC_EVERY) % RING] = gen_alloc(g, 256 * TIDE_KiB, 0);
+        if (step >= KV_REALLOC_LIFE && (step - KV_REALLOC_LIFE) % KV_REALLOC_EVERY == 0)
+            gen_free(g, &ring[((step - KV_REALLOC_LIFE) / KV_REALLOC_EVERY) % RING]);
+        gen_wait(g, 20 * MS);
+    }
+    gen_free(g, &buffer);
+    for (size_t i = 0; i < RING; i++) gen_free(g, &ring[i]);
+    return 0;
+}
+
 /* ---------------------------------------------------- image requests */
 
 /* A vision-language server (background of docs/failure-modes.md): a 4B-class text model
@@ -462,6 +496,7 @@ GENERATOR(out_of_order)
 GENERATOR(cross_stream)
 GENERATOR(image_requests)
 GENERATOR(mixed_lifetimes)
+GENERATOR(kv_realloc)
 
 static const scenario scenarios[] = {
     {"fa-decode", "flash-attention decode, memory growing with the context (failure mode 1)",
@@ -504,6 +539,12 @@ static const scenario scenarios[] = {
      "1) that live 50 steps; a step a millisecond",
      "step", SCENARIO_USES(SCENARIO_PARAM_STEPS) | SCENARIO_USES(SCENARIO_PARAM_SEED), {.steps = 3000, .seed = 1},
      NULL, 0, NULL, generate_mixed_lifetimes, NULL},
+    {"kv-realloc", "a KV cache reallocated larger every token (adversarial, not a failure mode)",
+     "every token a buffer of 8 MiB + 128 KiB x (tokens into the conversation) is allocated, then the\n"
+     "previous one freed; every 7th token a 256 KiB block that lives 2000 tokens; a new conversation\n"
+     "every --context tokens; 20 ms a token",
+     "token", SCENARIO_USES(SCENARIO_PARAM_STEPS) | SCENARIO_USES(SCENARIO_PARAM_CONTEXT),
+     {.steps = 6000, .context_tokens = 2000}, NULL, 0, NULL, generate_kv_realloc, NULL},
     {"graph-churn", "a graph cache under new graph topologies at every request (failure mode 7)",
      "each request runs a graph of a new topology (50..250 nodes) under a new key through the graph\n"
      "cache, then 3 of --hot steady keys; once with the byte cap, once without, on fresh devices.\n"

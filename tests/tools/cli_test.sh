@@ -78,7 +78,7 @@ usage)
     expect 0 "usage: tide demo" "$tide" demo --help
     # --help lists every scenario with its parameters
     expect 0 "usage: tide scenario" "$tide" scenario --help
-    for name in fa-decode size-rotation oom-reclaim high-water out-of-order cross-stream image-requests mixed-lifetimes; do
+    for name in fa-decode size-rotation oom-reclaim high-water out-of-order cross-stream image-requests mixed-lifetimes kv-realloc; do
         grep -q "^  $name " "$out" || fail "tide scenario --help does not list $name"
     done
     for param in --context --requests --steps --rounds --minutes --seed; do
