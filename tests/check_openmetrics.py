@@ -24,5 +24,8 @@ for path in sys.argv[1:]:
         assert family.name.startswith("tidepool_"), (path, family.name)
         for sample in family.samples:
             assert "device" in sample.labels, (path, sample)
+            # the caller's label test_observe adds, escapes decoded
+            if "note" in sample.labels:
+                assert sample.labels["note"] == 'a "quoted" back\\slash\nline', (path, sample.labels)
             samples += 1
 print(f"{samples} samples in {len(sys.argv) - 1} files parse with prometheus_client")

@@ -250,11 +250,16 @@ static void test_prometheus_text_is_well_formed(void) {
     REQUIRE_OK(tp_pool_alloc(f.pool, 3 * TEST_MiB, TP_STREAM_DEFAULT, &p));
     static char text[1 << 16];
     size_t length = 0;
-    CHECK_STATUS(tp_pool_stats_openmetrics(f.pool, "pool=\"kv\"", text, 64, &length), TP_ERR_BUFFER_TOO_SMALL);
-    CHECK_OK(tp_pool_stats_openmetrics(f.pool, "pool=\"kv\"", text, sizeof text, NULL));
+    /* a caller's labels, escapes included (check_openmetrics.py parses the
+     * file written below with prometheus_client) */
+    const char *labels = "pool=\"kv\",note=\"a \\\"quoted\\\" back\\\\slash\\nline\"";
+    CHECK_STATUS(tp_pool_stats_openmetrics(f.pool, labels, text, 64, &length), TP_ERR_BUFFER_TOO_SMALL);
+    CHECK_OK(tp_pool_stats_openmetrics(f.pool, labels, text, sizeof text, NULL));
     CHECK_EQ_U64(strlen(text), length);
-    CHECK_CONTAINS(text, "tidepool_pool_allocated_bytes{device=\"sim:0\",kind=\"vmm\",pool=\"kv\"} 3145728\n");
-    CHECK_CONTAINS(text, "tidepool_pool_allocs_total{device=\"sim:0\",kind=\"vmm\",pool=\"kv\"} 1\n");
+    CHECK_CONTAINS(text, "tidepool_pool_allocated_bytes{device=\"sim:0\",kind=\"vmm\",pool=\"kv\",note=\"a "
+                         "\\\"quoted\\\" back\\\\slash\\nline\"} 3145728\n");
+    CHECK_CONTAINS(text, "tidepool_pool_allocs_total{device=\"sim:0\",kind=\"vmm\",pool=\"kv\",note=\"a \\\"quoted\\\" "
+                         "back\\\\slash\\nline\"} 1\n");
     CHECK_EQ_U64(check_prometheus_text(text, "device=\"sim:0\""), 5 * 3 + 18 + 1);
     write_file("pool.prom", text);
     tp_graph_cache *cache;
