@@ -79,10 +79,11 @@
  *       really is free when it returns.
  *   If an event could not be recorded, launch waits for its stream (a
  *   stream that does not capture: the next point); if even that fails,
- *   completion is unknown and eviction synchronises the device before
- *   unpinning (which would invalidate a capture in progress on any stream:
- *   a last resort); until then later launches do not make it known, as
- *   they are not ordered after it.
+ *   completion is unknown and eviction synchronises that stream before
+ *   unpinning -- or, when such launches were on several streams or the
+ *   stream captures by then, the device (which would invalidate a capture
+ *   in progress on any stream: a last resort); until then later launches
+ *   do not make it known, as they are not ordered after it.
  *   A launch on a stream that captures is recorded into the capture, not
  *   run: it records no event (querying one recorded in a capture would
  *   invalidate it) and the event keeps covering the launches that ran; nor
@@ -193,8 +194,10 @@ typedef struct gc_exec {
     bool launched_since_prepare;
     bool event_recorded;     /* event covers the last launch, maybe pending */
     bool completion_unknown; /* a launch whose event could not be recorded */
+    bool unknown_many;       /* ... on more than one stream */
     tp_event event;
     tp_stream last_stream;
+    tp_stream unknown_stream; /* the stream of the launches of unknown completion */
     gc_pins pins;
 } gc_exec;
 
@@ -438,13 +441,29 @@ static bool wait_event(tp_graph_cache *cache, tp_event event) {
     return false;
 }
 
-/* Blocks until the executable's last launch has completed; false when the
- * device would not say. */
+/* Blocks until the executable's launches have completed; false when the
+ * device would not say. Launches of unknown completion, all on one stream
+ * that is not capturing now, are waited for by synchronising that stream:
+ * the device-wide synchronisation, the last resort, would invalidate any
+ * capture in progress on another stream. */
 static bool exec_wait(tp_graph_cache *cache, gc_exec *e) {
     if (!e->completion_unknown && !e->event_recorded) return true;
-    if (!wait_event(cache, e->completion_unknown ? NULL : e->event)) return false;
+    if (e->completion_unknown) {
+        tp_device *dev = cache->device;
+        bool capturing = true, synced = false;
+        if (!e->unknown_many &&
+            (!cache->ops->stream_capturing ||
+             cache->ops->stream_capturing(dev, e->unknown_stream, &capturing) != TP_OK || !capturing))
+            synced = cache->ops->stream_synchronize(dev, e->unknown_stream) == TP_OK;
+        if (!synced) {
+            if (!wait_event(cache, NULL)) return false; /* the device: every launch */
+            e->event_recorded = false;
+        }
+        e->completion_unknown = false;
+        e->unknown_many = false;
+    }
+    if (e->event_recorded && !wait_event(cache, e->event)) return false;
     e->event_recorded = false;
-    e->completion_unknown = false;
     return true;
 }
 
@@ -1151,10 +1170,12 @@ tp_status tp_graph_cache_launch(tp_graph_cache *cache, uint64_t key, tp_stream s
                 "graph cache: recording the completion event of key 0x%llx failed (%s); waited for the stream",
                 (unsigned long long)key, tp_status_name(rec));
     } else {
+        if (!e->completion_unknown) e->unknown_stream = stream;
+        else if (e->unknown_stream != stream) e->unknown_many = true;
         e->completion_unknown = true;
         tpi_logf(&dev->logger, TP_LOG_WARN,
                 "graph cache: recording the completion event of key 0x%llx failed (%s); its eviction will "
-                "synchronise the device", (unsigned long long)key, tp_status_name(rec));
+                "synchronise the stream", (unsigned long long)key, tp_status_name(rec));
     }
 out:
     pthread_mutex_unlock(&cache->lock);

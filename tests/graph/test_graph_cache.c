@@ -10,7 +10,8 @@
  * must not invalidate captures, a launch of unknown completion is not
  * covered by later ones, detach releases the pins evicted keys still keep,
  * and a huge node_bytes_estimate does not wrap the byte counts; the highest
- * count cap still counts an executable of more than 4 GiB whole.
+ * count cap still counts an executable of more than 4 GiB whole; and a
+ * launch of unknown completion is waited for on its stream, not the device.
  */
 #include "gc_test.h"
 
@@ -1019,6 +1020,53 @@ static void test_failed_event_record_spares_other_captures(void) {
     CHECK_OK(tp_device_close(dev));
 }
 
+/* ... and when waiting for the stream fails too, completion is unknown:
+ * eviction must then synchronise that stream, not the device, which would
+ * invalidate a capture in progress on another stream (and, failing, leave
+ * the pins pinned for good). */
+static void test_unknown_completion_waits_for_its_stream_only(void) {
+    test_log log = {0};
+    tp_device *dev = gt_open("sim:1GiB", &log);
+    tp_pool *pool = NULL;
+    CHECK_OK(tp_pool_create(dev, NULL, &pool));
+    tp_graph_cache *cache = make_cache(dev, (tp_graph_cache_config){.idle_evict_ns = TP_NS_NEVER});
+    tp_stream s1, s2;
+    CHECK_OK(tp_stream_create(dev, &s1));
+    CHECK_OK(tp_stream_create(dev, &s2));
+    void *a = alloc_or_die(pool, 4 * TEST_MiB, s1);
+    tp_range ra = {(uint64_t)(uintptr_t)a, 4 * TEST_MiB};
+    tp_graph g = gt_graph_ranges(dev, 10, 1, 100 * MS, &ra, 1);
+    tp_graph_pins pa = {pool, &ra, 1, false};
+    CHECK_OK(tp_graph_cache_prepare(cache, 1, g, &pa));
+    /* the launch creates its event, fails to record it, and then fails to
+     * wait for its stream */
+    CHECK_OK(tp_sim_inject_fault(dev, TP_SIM_OP_EVENT, 1, 1, TP_ERR_DEVICE));
+    CHECK_OK(tp_sim_inject_fault(dev, TP_SIM_OP_SYNC, 0, 1, TP_ERR_DEVICE));
+    CHECK_OK(tp_graph_cache_launch(cache, 1, s1));
+    CHECK_OK(tp_sim_clear_faults(dev));
+    CHECK_OK(tp_pool_free(pool, a, s1));
+
+    CHECK_OK(tp_sim_capture_begin(dev, s2));
+    CHECK_OK(tp_graph_cache_evict(cache, 1));
+    tp_graph captured = NULL;
+    CHECK_OK(tp_sim_capture_end(dev, s2, &captured));
+    CHECK_EQ_U64(gt_counters(dev).captures_invalidated, 0);
+    CHECK_EQ_U64(gt_pool_stats(pool).pinned_bytes.current, 0);
+    CHECK_EQ_U64(gt_stats(cache).pinned_ranges, 0);
+    CHECK_EQ_U64(gt_counters(dev).hazards, 0);
+    CHECK_EQ_U64(log.errors, 0);
+    CHECK_CACHE(cache);
+    CHECK_POOL(pool);
+
+    CHECK_OK(tp_graph_cache_destroy(cache));
+    if (captured) CHECK_OK(tp_sim_graph_destroy(dev, captured));
+    CHECK_OK(tp_sim_graph_destroy(dev, g));
+    CHECK_OK(tp_pool_destroy(pool));
+    CHECK_OK(tp_stream_destroy(dev, s1));
+    CHECK_OK(tp_stream_destroy(dev, s2));
+    CHECK_OK(tp_device_close(dev));
+}
+
 /* node_bytes_estimate is what an executable is counted at when the device
  * shows no cost (a driver that reuses the memory of destroyed executables).
  * A huge one must count executables big, not wrap: 2^63 per node times 2
@@ -1246,6 +1294,7 @@ static const test_case tests[] = {
     TEST_CASE(test_driver_pooled_graph_memory),
     TEST_CASE(test_byte_model_fixed_cost),
     TEST_CASE(test_byte_model_outlier),
+    TEST_CASE(test_unknown_completion_waits_for_its_stream_only),
     TEST_CASE(test_huge_node_estimate_does_not_wrap),
     TEST_CASE(test_highest_count_cap_counts_large_executables),
     TEST_CASE(test_instantiate_trims_idle_pool_memory_vmm),
