@@ -4,7 +4,7 @@
  * its pools, on tidepool's simulated device.
  *
  *   test_ggml_adapter CASE     (config, bad_env, growth_vmm, growth_segment,
- *                               shared_pool, graph_churn, oom,
+ *                               shared_pool, graph_churn, context_ids, oom,
  *                               contexts_threads)
  *
  * Temporaries are RAII objects freed right after their kernels are queued
@@ -598,6 +598,47 @@ void case_graph_churn() {
     CHECK(log_errors() == 0);
 }
 
+/* Context ids are 24 bits: after 2^24 contexts came and went, a new one
+ * must not get the id of one still alive (its cache keys would alias the
+ * live context's, and its capture would replace that context's executable). */
+void case_context_ids() {
+    configure_or_die("kind=vmm,device=sim:8GiB+graph_node_bytes=256KiB,log=warn");
+    tp_ggml::device_ref ref(0);
+    REQUIRE(ref.ok());
+    tp_device *dev = ref.device();
+    tp_stream s;
+    CHECK_OK(tp_stream_create(dev, &s));
+    {
+        tp_ggml::pool pool(0, s);
+        tp_ggml::graph_context old_ctx(0);
+        REQUIRE(old_ctx.ok());
+        CHECK(capture_graph(dev, old_ctx, pool, s, fake_key(1), 2, MiB) == TP_OK);
+        for (uint32_t i = 0; i < (1u << 24) - 1; i++) {
+            tp_ggml::graph_context churn(0);
+            if (churn.id() == old_ctx.id()) {
+                CHECK_MSG(false, "context %u got the id %u of a live context", i, churn.id());
+                break;
+            }
+        }
+        tp_ggml::graph_context new_ctx(0);
+        REQUIRE(new_ctx.ok());
+        CHECK(new_ctx.id() != old_ctx.id());
+        CHECK(capture_graph(dev, new_ctx, pool, s, fake_key(1), 3, MiB) == TP_OK);
+        CHECK(new_ctx.cache_key(fake_key(1)) != old_ctx.cache_key(fake_key(1)));
+        CHECK_OK(new_ctx.launch(fake_key(1), s));
+        /* The new context drops its key: the old context's executable stays. */
+        new_ctx.drop(fake_key(1));
+        CHECK(cache_stats(ref.graph_cache()).execs == 1);
+        CHECK_OK(old_ctx.launch(fake_key(1), s));
+        CHECK_OK(tp_stream_synchronize(dev, s));
+    }
+    CHECK(cache_stats(ref.graph_cache()).execs == 0);
+    release_retired_pins(ref);
+    CHECK_OK(tp_stream_destroy(dev, s));
+    check_device_clean(ref, "context ids");
+    CHECK(log_errors() == 0);
+}
+
 /* ---------------------------------------- out of memory with graphs alive */
 
 void case_oom() {
@@ -768,6 +809,7 @@ int main(int argc, char **argv) {
         {"growth_segment", [] { case_growth("segment"); }},
         {"shared_pool", case_shared_pool},
         {"graph_churn", case_graph_churn},
+        {"context_ids", case_context_ids},
         {"oom", case_oom},
         {"contexts_threads", case_contexts_threads},
     };

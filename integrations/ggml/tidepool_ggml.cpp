@@ -424,9 +424,44 @@ void release(detail::entry *e) {
     destroy_entry(e);
 }
 
-std::atomic<uint32_t> g_next_context_id{1};
 constexpr unsigned kGenerationBits = 40;
 constexpr uint64_t kGenerationMask = (1ull << kGenerationBits) - 1;
+constexpr uint32_t kContextIds = 1u << 24;
+
+/* Graph context ids: 24 bits, handed out in turn and skipping the ids of
+ * live contexts, so that after 2^24 contexts have come and gone a new one
+ * never shares an id (and so cache keys) with one still alive. An id comes
+ * back only after its context is destroyed, which evicted all its keys.
+ * Leaked like the registry. */
+struct context_ids {
+    std::mutex mu;
+    uint32_t next = 1;
+    std::set<uint32_t> live;
+};
+
+context_ids &ctx_ids() {
+    static context_ids *c = new context_ids;
+    return *c;
+}
+
+/* A free id, or kContextIds when every id is taken. */
+uint32_t take_context_id() {
+    context_ids &c = ctx_ids();
+    std::lock_guard<std::mutex> lock(c.mu);
+    if (c.live.size() >= kContextIds) return kContextIds;
+    for (;;) {
+        uint32_t id = c.next;
+        c.next = (c.next + 1) & (kContextIds - 1);
+        if (c.live.insert(id).second) return id;
+    }
+}
+
+void give_back_context_id(uint32_t id) {
+    if (id >= kContextIds) return;
+    context_ids &c = ctx_ids();
+    std::lock_guard<std::mutex> lock(c.mu);
+    c.live.erase(id);
+}
 
 } // namespace
 
@@ -527,20 +562,26 @@ void binding::free(void *ptr, size_t size) {
 
 /* ------------------------------------------------------------ graph_context */
 
-graph_context::graph_context(int device)
-    : entry_(acquire(device)), device_(device),
-      id_(g_next_context_id.fetch_add(1, std::memory_order_relaxed) & 0xffffffu) {}
+graph_context::graph_context(int device) : entry_(acquire(device)), device_(device), id_(take_context_id()) {
+    if (id_ < kContextIds || !entry_) return;
+    log_msg(device_, TP_LOG_ERROR, "graph context: all %u context ids are in use; this context is not available",
+            kContextIds);
+    release(entry_);
+    entry_ = nullptr;
+}
 
 graph_context::~graph_context() {
-    if (!entry_) return;
-    std::lock_guard<std::mutex> lock(mu_);
-    for (const auto &kv : keys_) {
-        tp_status st = tp_graph_cache_evict(entry_->cache, kv.second);
-        if (st != TP_OK && st != TP_ERR_NOT_FOUND)
-            log_msg(device_, TP_LOG_WARN, "evicting graph key 0x%" PRIx64 ": %s", kv.second, tp_status_name(st));
+    if (entry_) {
+        std::lock_guard<std::mutex> lock(mu_);
+        for (const auto &kv : keys_) {
+            tp_status st = tp_graph_cache_evict(entry_->cache, kv.second);
+            if (st != TP_OK && st != TP_ERR_NOT_FOUND)
+                log_msg(device_, TP_LOG_WARN, "evicting graph key 0x%" PRIx64 ": %s", kv.second, tp_status_name(st));
+        }
+        keys_.clear();
+        release(entry_);
     }
-    keys_.clear();
-    release(entry_);
+    give_back_context_id(id_); /* after the eviction: the next owner of the id finds none of its keys */
 }
 
 tp_graph_cache *graph_context::tidepool_graph_cache() const { return entry_ ? entry_->cache : nullptr; }

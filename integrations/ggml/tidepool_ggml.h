@@ -132,9 +132,11 @@ using pool = pool_for<tp_ggml_pool_interface>;
 /* The graph side of one ggml backend context on one device: its keys in the
  * device's shared graph cache. ggml's key (the address of a graph's first
  * node) is reused across contexts and over time, so each key is mapped to a
- * cache key unique in the process: the context id (24 bits) above a
- * per-context generation (40 bits), a new generation each time ggml's key
- * is first seen or seen again after drop(). */
+ * cache key unique in the process: the context id (24 bits, never that of
+ * another live context; reused only after its context is destroyed) above
+ * a per-context generation (40 bits), a new generation each time ggml's key
+ * is first seen or seen again after drop(). With all 2^24 ids live, a new
+ * context is logged at ERROR and not ok(). */
 class graph_context {
 public:
     explicit graph_context(int device);
