@@ -216,8 +216,10 @@ static bool parse_item(tpt_config *c, const char *key, const char *value, char *
             num[len - 1] = '\0';
             if (!parse_uint(num, 100, &pct) || pct == 0) BAD("limit=%s: expected 1%%..100%%", value);
             c->limit_fraction = (double)pct / 100.0;
-        } else if (!parse_size(value, &c->limit_bytes)) {
-            BAD("limit=%s: expected a size such as 70GiB, or a percentage such as 90%%", value);
+        } else if (!parse_size(value, &c->limit_bytes) || c->limit_bytes == 0) {
+            /* 0 is refused, as 0%: inside, 0 means "no limit" (the device's
+             * capacity), the opposite of what limit=0 asks for. */
+            BAD("limit=%s: expected a size such as 70GiB (> 0), or a percentage such as 90%%", value);
         }
     } else if (!strcmp(key, "release_threshold")) {
         if (!strcmp(value, "unlimited")) c->release_threshold_bytes = TP_BYTES_UNLIMITED;
