@@ -1151,40 +1151,80 @@ static void sb_all(sbuf *b) {
     sb_appendf(b, "]}");
 }
 
+/* The strings tp_torch_stats_json, tp_torch_metrics and tp_torch_snapshot_json
+ * return: one set per thread, freed when the thread exits (a pthread key's
+ * destructor: thread-local pointers alone would leak them with every thread
+ * that ever asked, e.g. one per metrics scrape). */
+typedef struct tls_bufs {
+    sbuf stats;
+    char *text;
+    size_t text_cap;
+} tls_bufs;
+
+static pthread_key_t tls_key;
+static pthread_once_t tls_key_once = PTHREAD_ONCE_INIT;
+static bool tls_key_ok;
+
+static void tls_bufs_free(void *p) {
+    tls_bufs *t = p;
+    free(t->stats.data);
+    free(t->text);
+    free(t);
+}
+
+static void tls_key_create(void) { tls_key_ok = pthread_key_create(&tls_key, tls_bufs_free) == 0; }
+
+/* This thread's buffers, or NULL when host memory runs out. */
+static tls_bufs *thread_bufs(void) {
+    pthread_once(&tls_key_once, tls_key_create);
+    if (!tls_key_ok) return NULL;
+    tls_bufs *t = pthread_getspecific(tls_key);
+    if (t) return t;
+    t = calloc(1, sizeof *t);
+    if (t && pthread_setspecific(tls_key, t) != 0) {
+        free(t);
+        t = NULL;
+    }
+    return t;
+}
+
 /* The returned string belongs to the calling thread and stays valid until
- * that thread's next call. device < 0: every pool, with the configuration. */
+ * that thread's next call (or its exit). device < 0: every pool, with the
+ * configuration. */
 TPT_EXPORT const char *tp_torch_stats_json(int device) {
-    static _Thread_local sbuf tls;
     ensure_init();
-    tls.len = 0;
-    tls.failed = false;
-    if (device < 0) sb_all(&tls);
-    else if (device >= TPT_MAX_DEVICES) sb_appendf(&tls, "{\"device\":%d,\"state\":\"invalid\",\"pool\":null}", device);
-    else sb_device(&tls, device, true);
-    if (tls.failed || !tls.data) return "{\"error\":\"out of host memory\"}";
-    if (tls.len < tls.cap) tls.data[tls.len] = '\0';
-    return tls.data;
+    tls_bufs *t = thread_bufs();
+    if (!t) return "{\"error\":\"out of host memory\"}";
+    sbuf *b = &t->stats;
+    b->len = 0;
+    b->failed = false;
+    if (device < 0) sb_all(b);
+    else if (device >= TPT_MAX_DEVICES) sb_appendf(b, "{\"device\":%d,\"state\":\"invalid\",\"pool\":null}", device);
+    else sb_device(b, device, true);
+    if (b->failed || !b->data) return "{\"error\":\"out of host memory\"}";
+    if (b->len < b->cap) b->data[b->len] = '\0';
+    return b->data;
 }
 
 /* One pool's Prometheus text or memory map into this thread's buffer. */
 static const char *tls_pool_text(int device, bool metrics, const char *labels) {
-    static _Thread_local char *buf;
-    static _Thread_local size_t cap;
     ensure_init();
     if (device < 0 || device >= TPT_MAX_DEVICES) return "";
     tp_pool *pool = atomic_load_explicit(&g.slots[device].pool, memory_order_acquire);
     if (!pool) return "";
+    tls_bufs *t = thread_bufs();
+    if (!t) return "";
     for (int attempt = 0; attempt < 4; attempt++) {
         size_t need = 0;
-        tp_status st = metrics ? tp_pool_stats_openmetrics(pool, labels, buf, cap, &need)
-                               : tp_pool_snapshot_json(pool, buf, cap, &need);
-        if (st == TP_OK && buf) return buf;
+        tp_status st = metrics ? tp_pool_stats_openmetrics(pool, labels, t->text, t->text_cap, &need)
+                               : tp_pool_snapshot_json(pool, t->text, t->text_cap, &need);
+        if (st == TP_OK && t->text) return t->text;
         if (st != TP_OK && st != TP_ERR_BUFFER_TOO_SMALL) return "";
         size_t grown = need + need / 4 + 4096; /* the map may grow between the calls */
-        char *p = realloc(buf, grown);
+        char *p = realloc(t->text, grown);
         if (!p) return "";
-        buf = p;
-        cap = grown;
+        t->text = p;
+        t->text_cap = grown;
     }
     return "";
 }
