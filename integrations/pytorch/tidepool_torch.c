@@ -37,6 +37,11 @@
  * every allocation fails with that message (falling back to the defaults
  * would drop the limit the user asked for). tp_torch_configure reports the
  * item instead (the Python package raises ValueError naming the key).
+ * Until the first pool it may replace the configuration while other
+ * threads read it: the configuration changes only under the creation lock,
+ * and its readers copy it under that lock, except the log level and the
+ * oom mode, mirrored in atomics (log lines are also written with the lock
+ * held).
  *
  * Observability: tp_torch_metrics (Prometheus text), tp_torch_snapshot_json
  * (the memory map), trace=PATH (a CSV trace of every alloc and free, from a
@@ -395,6 +400,12 @@ static struct {
     char config_error[256];
     char config_bad_key[64];     /* the key of the item at fault */
     bool config_from_call;       /* set by tp_torch_configure (not the environment) */
+    /* config, config_ok, config_error, config_bad_key and config_from_call
+     * change only under create_lock (tp_torch_configure, until the first
+     * pool): readers that may run before then copy them under the lock
+     * (config_view); the two read on every path are mirrored here. */
+    atomic_int log_level;        /* config.log_level */
+    atomic_int oom_mode;         /* config.oom */
     bool pools_attempted;        /* under create_lock: the configuration can no longer change */
     _Atomic(tpt_oom_handler) oom_handler;
     int device_count;            /* from tp_torch_init; 0: unknown */
@@ -418,7 +429,7 @@ static struct {
 
 static void log_line(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void log_line(int level, const char *fmt, ...) {
-    if (level < g.config.log_level) return;
+    if (level < atomic_load_explicit(&g.log_level, memory_order_relaxed)) return;
     char buf[512];
     va_list ap;
     va_start(ap, fmt);
@@ -429,7 +440,7 @@ static void log_line(int level, const char *fmt, ...) {
 
 /* tidepool's log callback: user is the slot's spec string. */
 static void forward_log(void *user, tp_log_level level, const char *message) {
-    if ((int)level < g.config.log_level) return;
+    if ((int)level < atomic_load_explicit(&g.log_level, memory_order_relaxed)) return;
     fprintf(stderr, TPT_PREFIX "[%s] %s: %s\n", (const char *)user, level_name(level), message);
 }
 
@@ -442,6 +453,8 @@ static void global_init(void) {
     const char *text = getenv("TIDEPOOL_TORCH_CONF");
     char err[200] = "";
     g.config_ok = parse_config(text, &g.config, err, sizeof err, g.config_bad_key, sizeof g.config_bad_key);
+    atomic_store(&g.log_level, g.config.log_level);
+    atomic_store(&g.oom_mode, (int)g.config.oom);
     if (!g.config_ok) {
         snprintf(g.config_error, sizeof g.config_error, "%s", err);
         fprintf(stderr, TPT_PREFIX ": TIDEPOOL_TORCH_CONF=\"%s\": %s; no pool will be created (every allocation "
@@ -699,7 +712,7 @@ TPT_EXPORT void *tp_torch_try_alloc(ssize_t size, int device, void *stream) { re
 
 tpt_oom_mode tpt_get_oom_mode(void) {
     ensure_init();
-    return g.config.oom;
+    return (tpt_oom_mode)atomic_load_explicit(&g.oom_mode, memory_order_relaxed);
 }
 
 /* "2.00 GiB", "20.00 MiB", "512 bytes": as PyTorch's own out-of-memory message. */
@@ -732,10 +745,16 @@ TPT_EXPORT void tp_torch_set_oom_handler(void (*handler)(const char *message)) {
 void tpt_oom_message(ssize_t size, int device, char *buf, size_t capacity) {
     char amount[32];
     format_bytes(size > 0 ? (uint64_t)size : 0, amount, sizeof amount);
-    if (!g.config_ok) {
+    pthread_mutex_lock(&g.create_lock);
+    bool config_ok = g.config_ok;
+    char config_error[sizeof g.config_error], config_bad_key[sizeof g.config_bad_key];
+    memcpy(config_error, g.config_error, sizeof config_error);
+    memcpy(config_bad_key, g.config_bad_key, sizeof config_bad_key);
+    pthread_mutex_unlock(&g.create_lock);
+    if (!config_ok) {
         snprintf(buf, capacity, "tidepool could not allocate %s on device %d: its configuration was refused: "
                  "%s (TIDEPOOL_TORCH_CONF; fix or remove the item '%s'; no pool is created until then)",
-                 amount, device, g.config_error, g.config_bad_key);
+                 amount, device, config_error, config_bad_key);
         return;
     }
     if (device < 0 || device >= TPT_MAX_DEVICES) {
@@ -756,9 +775,11 @@ void tpt_oom_message(ssize_t size, int device, char *buf, size_t capacity) {
     } else {
         pthread_mutex_lock(&g.create_lock);
         tp_status st = slot->error;
+        char spec[sizeof slot->spec];
+        memcpy(spec, slot->spec, sizeof spec);
         pthread_mutex_unlock(&g.create_lock);
         snprintf(buf, capacity, "CUDA out of memory. Tried to allocate %s on device %d: tidepool could not "
-                 "open %s (%s: %s)", amount, device, slot->spec[0] ? slot->spec : "the device", tp_status_name(st),
+                 "open %s (%s: %s)", amount, device, spec[0] ? spec : "the device", tp_status_name(st),
                  tp_status_describe(st));
     }
 }
@@ -775,7 +796,7 @@ void tpt_oom_abort(ssize_t size, int device) {
 /* Without the C++ part: NULL, or abort with oom=abort. */
 TPT_EXPORT void *tp_torch_alloc(ssize_t size, int device, void *stream) {
     void *ptr = tpt_alloc(size, device, stream);
-    if (!ptr && size > 0 && g.config.oom == TPT_OOM_ABORT) tpt_oom_abort(size, device);
+    if (!ptr && size > 0 && tpt_get_oom_mode() == TPT_OOM_ABORT) tpt_oom_abort(size, device);
     return ptr;
 }
 #endif
@@ -894,6 +915,8 @@ TPT_EXPORT int tp_torch_configure(const char *text, char *err, size_t err_capaci
     g.config_error[0] = '\0';
     g.config_bad_key[0] = '\0';
     g.config_from_call = true;
+    atomic_store(&g.log_level, parsed.log_level);
+    atomic_store(&g.oom_mode, (int)parsed.oom);
     pthread_mutex_unlock(&g.create_lock);
     return 0;
 }
@@ -1046,17 +1069,42 @@ static void sb_bytes_or_null(sbuf *b, const char *key, uint64_t v, bool zero_is_
     else sb_appendf(b, "\"%s\":%llu,", key, (unsigned long long)v);
 }
 
+/* The configuration as one consistent copy (tp_torch_configure may replace
+ * it from another thread until the first pool exists). */
+typedef struct config_view {
+    tpt_config config;
+    bool ok, from_call;
+    char error[sizeof g.config_error];
+    char bad_key[sizeof g.config_bad_key];
+} config_view;
+
+static void config_view_get(config_view *v) {
+    pthread_mutex_lock(&g.create_lock);
+    v->config = g.config;
+    v->ok = g.config_ok;
+    v->from_call = g.config_from_call;
+    memcpy(v->error, g.config_error, sizeof v->error);
+    memcpy(v->bad_key, g.config_bad_key, sizeof v->bad_key);
+    pthread_mutex_unlock(&g.create_lock);
+}
+
 static void sb_config(sbuf *b) {
-    const tpt_config *c = &g.config;
-    sb_appendf(b, "{\"ok\":%s,", g.config_ok ? "true" : "false");
-    if (!g.config_ok) {
+    config_view *v = malloc(sizeof *v); /* two paths of PATH_MAX: not on the caller's stack */
+    if (!v) {
+        b->failed = true;
+        return;
+    }
+    config_view_get(v);
+    const tpt_config *c = &v->config;
+    sb_appendf(b, "{\"ok\":%s,", v->ok ? "true" : "false");
+    if (!v->ok) {
         sb_appendf(b, "\"error\":");
-        sb_json_string(b, g.config_error);
+        sb_json_string(b, v->error);
         sb_appendf(b, ",\"bad_key\":");
-        sb_json_string(b, g.config_bad_key);
+        sb_json_string(b, v->bad_key);
         sb_appendf(b, ",");
     }
-    sb_appendf(b, "\"source\":\"%s\",", g.config_from_call ? "tp_torch_configure" : "TIDEPOOL_TORCH_CONF");
+    sb_appendf(b, "\"source\":\"%s\",", v->from_call ? "tp_torch_configure" : "TIDEPOOL_TORCH_CONF");
     sb_appendf(b, "\"kind\":\"%s\",", kind_name(c->kind));
     if (c->limit_fraction > 0) sb_appendf(b, "\"limit\":\"%.0f%%\",", c->limit_fraction * 100);
     else sb_bytes_or_null(b, "limit_bytes", c->limit_bytes, true);
@@ -1076,6 +1124,7 @@ static void sb_config(sbuf *b) {
     sb_appendf(b, ",\"trace\":");
     sb_json_string(b, c->trace_path);
     sb_appendf(b, ",\"trace_gzip\":%s}", tpt_trace_has_gzip() ? "true" : "false");
+    free(v);
 }
 
 /* One device's object. Returns false if the slot was never used. */
@@ -1243,7 +1292,10 @@ TPT_EXPORT const char *tp_torch_snapshot_json(int device) { return tls_pool_text
 static void at_exit(void) {
     atomic_store(&g.exiting, true);
     if (tp_torch_trace_close() < 0) fprintf(stderr, TPT_PREFIX ": writing a trace failed\n");
-    const char *path = g.config.stats_path;
+    char path[sizeof g.config.stats_path];
+    pthread_mutex_lock(&g.create_lock);
+    memcpy(path, g.config.stats_path, sizeof path);
+    pthread_mutex_unlock(&g.create_lock);
     if (!path[0]) return;
     sbuf b = {0};
     sb_all(&b);
