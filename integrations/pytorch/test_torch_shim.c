@@ -238,6 +238,19 @@ static int run_sim(void) {
     CHECK(json_number(tp_torch_stats_json(0), "\"cross_stream_waits\"") == 3 * RS_PTRS);
     tp_torch_free(other, 1000, 1, NULL);
 
+    /* A free on the wrong device fails (device 1's pool has no live block
+     * there) and must leave the pointer's recorded stream in place: the free
+     * on the right device still waits for it. */
+    void *wrong = tp_torch_alloc(8192, 0, NULL);
+    CHECK(wrong != NULL);
+    tp_torch_record_stream(wrong, (void *)(uintptr_t)1);
+    tp_torch_free(wrong, 8192, 1, NULL);
+    CHECK(json_number(tp_torch_stats_json(1), "\"free_errors\"") == 1);
+    CHECK(json_number(tp_torch_stats_json(1), "\"cross_stream_waits\"") == 0);
+    tp_torch_free(wrong, 8192, 0, NULL);
+    CHECK(json_number(tp_torch_stats_json(0), "\"cross_stream_waits\"") == 3 * RS_PTRS + 1);
+    CHECK(json_number(tp_torch_stats_json(0), "\"free_errors\"") == 0);
+
     /* Double free: tidepool refuses it, the shim counts it. */
     tp_torch_free(p, 5 << 20, 0, NULL);
     CHECK(json_number(tp_torch_stats_json(0), "\"free_errors\"") == 1);

@@ -59,8 +59,11 @@
  * recorded on it and the free stream waits on it before the block is freed
  * on the free stream: tidepool then reuses the block only after the work of
  * every stream that used it. A failing event call falls back to
- * synchronising that stream. The table costs one relaxed load per free while
- * it is empty.
+ * synchronising that stream. A free that is going to fail (the pointer is
+ * not a live block of that device's pool: a wrong device) leaves the
+ * pointer's streams recorded for the free that succeeds. The table costs
+ * one relaxed load per free while it is empty; otherwise a lookup under its
+ * lock, and for a pointer with recorded streams tp_pool_block_size.
  *
  * Upkeep: a background thread wakes every tick_ms; if no allocation or free
  * happened since its last wake it calls tp_pool_tick on every pool, so idle
@@ -662,8 +665,21 @@ static size_t rs_take(uintptr_t ptr, void **out, size_t cap) {
     return count;
 }
 
-/* Makes free_stream wait for the work queued so far on each recorded stream. */
-static void order_after_recorded(tpt_slot *slot, uintptr_t ptr, void *free_stream) {
+/* Whether ptr has recorded streams. */
+static bool rs_has(uintptr_t ptr) {
+    pthread_mutex_lock(&g.rs_lock);
+    bool found = tpi_map_find(&g.rs, ptr) != NULL;
+    pthread_mutex_unlock(&g.rs_lock);
+    return found;
+}
+
+/* Makes free_stream wait for the work queued so far on each recorded stream
+ * of ptr, if ptr is a live block of pool: a free that is going to fail (a
+ * wrong device, a pointer inside a block) leaves its streams recorded for
+ * the free that succeeds. */
+static void order_after_recorded(tpt_slot *slot, tp_pool *pool, uintptr_t ptr, void *free_stream) {
+    size_t bytes;
+    if (!rs_has(ptr) || tp_pool_block_size(pool, (const void *)ptr, &bytes) != TP_OK) return;
     void *streams[16];
     size_t count = rs_take(ptr, streams, 16);
     if (count > 16) { /* more than we kept: everything the device has queued */
@@ -817,7 +833,7 @@ TPT_EXPORT void tp_torch_free(void *ptr, ssize_t size, int device, void *stream)
         return;
     }
     if (atomic_load_explicit(&g.rs_live, memory_order_relaxed))
-        order_after_recorded(slot, (uintptr_t)ptr, stream);
+        order_after_recorded(slot, pool, (uintptr_t)ptr, stream);
     if (tp_pool_free(pool, ptr, (tp_stream)stream) != TP_OK) /* tidepool logs why */
         atomic_fetch_add_explicit(&slot->free_errors, 1, memory_order_relaxed);
     else
