@@ -4,7 +4,8 @@
  * its pools, on tidepool's simulated device.
  *
  *   test_ggml_adapter CASE     (config, bad_env, growth_vmm, growth_segment,
- *                               shared_pool, graph_churn, context_ids, oom,
+ *                               shared_pool, graph_churn, context_ids,
+ *                               capture_misuse, oom,
  *                               contexts_threads)
  *
  * Temporaries are RAII objects freed right after their kernels are queued
@@ -639,6 +640,50 @@ void case_context_ids() {
     CHECK(log_errors() == 0);
 }
 
+/* A graph context destroyed between capture_begin and capture_end (ggml's
+ * capture failed, or the context went away): the pool must not stay in
+ * capture mode on the stream, neither for the next context nor when the
+ * last user goes (the pool could not be destroyed: its memory would leak). */
+void case_capture_misuse() {
+    configure_or_die("kind=vmm,device=sim:8GiB+graph_node_bytes=256KiB,log=warn");
+    {
+        tp_ggml::device_ref ref(0);
+        REQUIRE(ref.ok());
+        tp_device *dev = ref.device();
+        tp_stream s;
+        CHECK_OK(tp_stream_create(dev, &s));
+        {
+            tp_ggml::pool pool(0, s);
+            {
+                tp_ggml::graph_context gone(0);
+                CHECK_OK(gone.capture_begin(s));
+                pool_alloc<char> tmp(pool, MiB); /* a temporary inside the capture */
+                CHECK(tmp.get() != nullptr);
+            } /* destroyed mid-capture */
+            tp_ggml::graph_context next(0);
+            CHECK(capture_graph(dev, next, pool, s, fake_key(1), 2, MiB) == TP_OK);
+            CHECK_OK(next.launch(fake_key(1), s));
+            CHECK_OK(tp_stream_synchronize(dev, s));
+            /* Another context's open capture is not this one's to end. */
+            tp_ggml::graph_context other(0);
+            CHECK_OK(other.capture_begin(s));
+            { tp_ggml::graph_context bystander(0); }
+            CHECK(other.capture_begin(s) == TP_ERR_CAPTURE); /* still capturing */
+            other.capture_abort(s);
+        }
+        release_retired_pins(ref);
+        CHECK(pool_stats(ref.pool()).pinned_bytes.current == 0);
+        CHECK_OK(tp_stream_destroy(dev, s));
+        check_device_clean(ref, "capture misuse");
+        /* The last users go while a context is mid-capture on the default
+         * stream: the context is destroyed first, then ref. */
+        tp_ggml::graph_context last(0);
+        CHECK_OK(last.capture_begin(nullptr));
+    }
+    CHECK(tp_ggml::stats_json(0) == "null"); /* the device was closed */
+    CHECK(log_errors() == 0);                /* and its pool destroyed without an error */
+}
+
 /* ---------------------------------------- out of memory with graphs alive */
 
 void case_oom() {
@@ -810,6 +855,7 @@ int main(int argc, char **argv) {
         {"shared_pool", case_shared_pool},
         {"graph_churn", case_graph_churn},
         {"context_ids", case_context_ids},
+        {"capture_misuse", case_capture_misuse},
         {"oom", case_oom},
         {"contexts_threads", case_contexts_threads},
     };

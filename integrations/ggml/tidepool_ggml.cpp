@@ -16,7 +16,9 @@
  * mutex); when the last binding of a stream goes, the pool forgets it
  * (tp_pool_forget_stream, which waits for the stream's queued work) with the
  * entry mutex held, so a binding created on the same stream at that moment
- * waits for the forget to finish.
+ * waits for the forget to finish. Each entry also records which graph
+ * context began the capture on a stream (same mutex), so that a context
+ * destroyed mid-capture ends it rather than leave the pool capturing.
  *
  * The registry and the log sink are leaked on purpose: a host may destroy
  * adapters from its own static destructors, after ours would have run.
@@ -301,8 +303,11 @@ struct entry {
     tp_pool *pool = nullptr;
     tp_graph_cache *cache = nullptr;
     int users = 0; /* under the registry mutex */
-    std::mutex mu; /* streams */
+    std::mutex mu; /* streams, captures */
     std::unordered_map<tp_stream, int> streams;
+    /* Streams in a pool capture begun through a graph_context: stream -> the
+     * id of that context, which ends the capture if it is destroyed first. */
+    std::unordered_map<tp_stream, uint32_t> captures;
 };
 
 } // namespace detail
@@ -572,6 +577,27 @@ graph_context::graph_context(int device) : entry_(acquire(device)), device_(devi
 
 graph_context::~graph_context() {
     if (entry_) {
+        /* A capture this context began and never ended (capture_end or
+         * capture_abort): left open, the pool would stay in capture mode on
+         * the stream (every later capture_begin there fails, and the last
+         * user could not destroy the pool: device memory leaked). */
+        std::vector<tp_stream> open;
+        {
+            std::lock_guard<std::mutex> lock(entry_->mu);
+            for (auto it = entry_->captures.begin(); it != entry_->captures.end();) {
+                if (it->second == id_) {
+                    open.push_back(it->first);
+                    it = entry_->captures.erase(it);
+                } else {
+                    ++it;
+                }
+            }
+        }
+        for (tp_stream s : open) {
+            log_msg(device_, TP_LOG_WARN, "graph context destroyed during a capture on stream %p: the capture is aborted",
+                    (void *)s);
+            end_capture(s);
+        }
         std::lock_guard<std::mutex> lock(mu_);
         for (const auto &kv : keys_) {
             tp_status st = tp_graph_cache_evict(entry_->cache, kv.second);
@@ -608,11 +634,27 @@ size_t graph_context::key_count() const {
 
 tp_status graph_context::capture_begin(tp_stream stream) {
     if (!entry_) return TP_ERR_NO_DEVICE;
-    return tp_pool_capture_begin(entry_->pool, stream);
+    tp_status st = tp_pool_capture_begin(entry_->pool, stream);
+    if (st == TP_OK) {
+        std::lock_guard<std::mutex> lock(entry_->mu);
+        entry_->captures[stream] = id_;
+    }
+    return st;
+}
+
+/* The stream's capture is no longer one a context must end. */
+void graph_context::forget_capture(tp_stream stream) {
+    std::lock_guard<std::mutex> lock(entry_->mu);
+    entry_->captures.erase(stream);
 }
 
 void graph_context::capture_abort(tp_stream stream) {
     if (!entry_) return;
+    forget_capture(stream);
+    end_capture(stream);
+}
+
+void graph_context::end_capture(tp_stream stream) {
     tp_range *ranges = nullptr;
     size_t count = 0;
     if (tp_pool_capture_end(entry_->pool, stream, &ranges, &count) != TP_OK) return;
@@ -627,6 +669,7 @@ tp_status graph_context::capture_end(tp_stream stream, const void *key, tp_graph
         capture_abort(stream);
         return TP_ERR_CAPTURE;
     }
+    forget_capture(stream);
     tp_range *ranges = nullptr;
     size_t count = 0;
     tp_status st = tp_pool_capture_end(entry_->pool, stream, &ranges, &count);

@@ -140,7 +140,8 @@ using pool = pool_for<tp_ggml_pool_interface>;
 class graph_context {
 public:
     explicit graph_context(int device);
-    /* Evicts every executable of this context, then drops the device
+    /* Aborts a capture this context began and did not end (logged at WARN),
+     * evicts every executable of this context, then drops the device
      * reference. */
     ~graph_context();
     graph_context(const graph_context &) = delete;
@@ -183,6 +184,8 @@ public:
 
 private:
     uint64_t key_for(const void *key); /* assigns one if new */
+    void forget_capture(tp_stream stream);
+    void end_capture(tp_stream stream); /* the pool's side of capture_abort */
 
     detail::entry *entry_;
     int device_;
