@@ -286,6 +286,13 @@ void case_config() {
     CHECK_MSG(err.find("device=gpu7") != std::string::npos, "message: %s", err.c_str());
     CHECK(!tp_ggml::configure("device=sim:lots", &err));
     CHECK(!tp_ggml::configure("graph_cache_execs=0", &err));
+    /* Fractions of a byte (a unit forgotten) are refused, not rounded. */
+    CHECK(!tp_ggml::configure("limit=0.5", &err));
+    CHECK_MSG(err.find("limit=0.5") != std::string::npos, "message: %s", err.c_str());
+    CHECK(!tp_ggml::configure("limit=1.5B", &err));
+    CHECK(!tp_ggml::configure("release_threshold=2.25", &err));
+    CHECK(tp_ggml::configure("limit=1.5GiB,release_threshold=2.0", &err));
+    CHECK(tp_ggml::config_string().find("limit=1610612736,release_threshold=2,") != std::string::npos);
 
     configure_or_die("kind=vmm,limit=20GiB,graph_cache_bytes=256MiB,graph_cache_execs=64,log=warn,device=sim:24GiB");
     std::string text = tp_ggml::config_string();

@@ -125,11 +125,19 @@ bool parse_uint(const std::string &text, uint64_t max, uint64_t *out) {
     return true;
 }
 
-/* A size as tp_parse_bytes reads it, without spaces or a sign. */
+/* A size as tp_parse_bytes reads it, without spaces or a sign, and without
+ * fractions of a byte: "0.5" or "1.5B" would be rounded to 1 or 2 bytes
+ * (a unit forgotten, most likely), so they are refused, as the PyTorch
+ * shim does. */
 bool parse_size(const std::string &text, uint64_t *out) {
     if (text.empty() || !std::isdigit((unsigned char)text[0])) return false;
     for (char ch : text)
         if (!std::isalnum((unsigned char)ch) && ch != '.') return false;
+    size_t unit = text.find_first_not_of("0123456789.");
+    std::string number = text.substr(0, unit), suffix = unit == std::string::npos ? "" : text.substr(unit);
+    size_t dot = number.find('.');
+    bool fraction = dot != std::string::npos && number.find_first_not_of('0', dot + 1) != std::string::npos;
+    if (fraction && (suffix.empty() || suffix == "B" || suffix == "b")) return false;
     return tp_parse_bytes(text.c_str(), out);
 }
 
