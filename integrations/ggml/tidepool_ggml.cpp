@@ -17,8 +17,9 @@
  * (tp_pool_forget_stream, which waits for the stream's queued work) with the
  * entry mutex held, so a binding created on the same stream at that moment
  * waits for the forget to finish. Each entry also records which graph
- * context began the capture on a stream (same mutex), so that a context
- * destroyed mid-capture ends it rather than leave the pool capturing.
+ * context began the capture on a stream (under a mutex of its own), so that
+ * a context destroyed mid-capture ends it rather than leave the pool
+ * capturing.
  *
  * The registry and the log sink are leaked on purpose: a host may destroy
  * adapters from its own static destructors, after ours would have run.
@@ -311,10 +312,12 @@ struct entry {
     tp_pool *pool = nullptr;
     tp_graph_cache *cache = nullptr;
     int users = 0; /* under the registry mutex */
-    std::mutex mu; /* streams, captures */
+    std::mutex mu; /* streams */
     std::unordered_map<tp_stream, int> streams;
     /* Streams in a pool capture begun through a graph_context: stream -> the
-     * id of that context, which ends the capture if it is destroyed first. */
+     * id of that context, which ends the capture if it is destroyed first.
+     * Its own mutex: mu is held while a stream's queued work drains. */
+    std::mutex capture_mu;
     std::unordered_map<tp_stream, uint32_t> captures;
 };
 
@@ -591,7 +594,7 @@ graph_context::~graph_context() {
          * user could not destroy the pool: device memory leaked). */
         std::vector<tp_stream> open;
         {
-            std::lock_guard<std::mutex> lock(entry_->mu);
+            std::lock_guard<std::mutex> lock(entry_->capture_mu);
             for (auto it = entry_->captures.begin(); it != entry_->captures.end();) {
                 if (it->second == id_) {
                     open.push_back(it->first);
@@ -644,7 +647,7 @@ tp_status graph_context::capture_begin(tp_stream stream) {
     if (!entry_) return TP_ERR_NO_DEVICE;
     tp_status st = tp_pool_capture_begin(entry_->pool, stream);
     if (st == TP_OK) {
-        std::lock_guard<std::mutex> lock(entry_->mu);
+        std::lock_guard<std::mutex> lock(entry_->capture_mu);
         entry_->captures[stream] = id_;
     }
     return st;
@@ -652,7 +655,7 @@ tp_status graph_context::capture_begin(tp_stream stream) {
 
 /* The stream's capture is no longer one a context must end. */
 void graph_context::forget_capture(tp_stream stream) {
-    std::lock_guard<std::mutex> lock(entry_->mu);
+    std::lock_guard<std::mutex> lock(entry_->capture_mu);
     entry_->captures.erase(stream);
 }
 
