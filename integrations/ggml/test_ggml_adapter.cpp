@@ -4,7 +4,8 @@
  * its pools, on tidepool's simulated device.
  *
  *   test_ggml_adapter CASE     (config, bad_env, growth_vmm, growth_segment,
- *                               shared_pool, graph_churn, oom,
+ *                               shared_pool, graph_churn, context_ids,
+ *                               capture_misuse, oom,
  *                               contexts_threads)
  *
  * Temporaries are RAII objects freed right after their kernels are queued
@@ -285,6 +286,13 @@ void case_config() {
     CHECK_MSG(err.find("device=gpu7") != std::string::npos, "message: %s", err.c_str());
     CHECK(!tp_ggml::configure("device=sim:lots", &err));
     CHECK(!tp_ggml::configure("graph_cache_execs=0", &err));
+    /* Fractions of a byte (a unit forgotten) are refused, not rounded. */
+    CHECK(!tp_ggml::configure("limit=0.5", &err));
+    CHECK_MSG(err.find("limit=0.5") != std::string::npos, "message: %s", err.c_str());
+    CHECK(!tp_ggml::configure("limit=1.5B", &err));
+    CHECK(!tp_ggml::configure("release_threshold=2.25", &err));
+    CHECK(tp_ggml::configure("limit=1.5GiB,release_threshold=2.0", &err));
+    CHECK(tp_ggml::config_string().find("limit=1610612736,release_threshold=2,") != std::string::npos);
 
     configure_or_die("kind=vmm,limit=20GiB,graph_cache_bytes=256MiB,graph_cache_execs=64,log=warn,device=sim:24GiB");
     std::string text = tp_ggml::config_string();
@@ -598,6 +606,91 @@ void case_graph_churn() {
     CHECK(log_errors() == 0);
 }
 
+/* Context ids are 24 bits: after 2^24 contexts came and went, a new one
+ * must not get the id of one still alive (its cache keys would alias the
+ * live context's, and its capture would replace that context's executable). */
+void case_context_ids() {
+    configure_or_die("kind=vmm,device=sim:8GiB+graph_node_bytes=256KiB,log=warn");
+    tp_ggml::device_ref ref(0);
+    REQUIRE(ref.ok());
+    tp_device *dev = ref.device();
+    tp_stream s;
+    CHECK_OK(tp_stream_create(dev, &s));
+    {
+        tp_ggml::pool pool(0, s);
+        tp_ggml::graph_context old_ctx(0);
+        REQUIRE(old_ctx.ok());
+        CHECK(capture_graph(dev, old_ctx, pool, s, fake_key(1), 2, MiB) == TP_OK);
+        for (uint32_t i = 0; i < (1u << 24) - 1; i++) {
+            tp_ggml::graph_context churn(0);
+            if (churn.id() == old_ctx.id()) {
+                CHECK_MSG(false, "context %u got the id %u of a live context", i, churn.id());
+                break;
+            }
+        }
+        tp_ggml::graph_context new_ctx(0);
+        REQUIRE(new_ctx.ok());
+        CHECK(new_ctx.id() != old_ctx.id());
+        CHECK(capture_graph(dev, new_ctx, pool, s, fake_key(1), 3, MiB) == TP_OK);
+        CHECK(new_ctx.cache_key(fake_key(1)) != old_ctx.cache_key(fake_key(1)));
+        CHECK_OK(new_ctx.launch(fake_key(1), s));
+        /* The new context drops its key: the old context's executable stays. */
+        new_ctx.drop(fake_key(1));
+        CHECK(cache_stats(ref.graph_cache()).execs == 1);
+        CHECK_OK(old_ctx.launch(fake_key(1), s));
+        CHECK_OK(tp_stream_synchronize(dev, s));
+    }
+    CHECK(cache_stats(ref.graph_cache()).execs == 0);
+    release_retired_pins(ref);
+    CHECK_OK(tp_stream_destroy(dev, s));
+    check_device_clean(ref, "context ids");
+    CHECK(log_errors() == 0);
+}
+
+/* A graph context destroyed between capture_begin and capture_end (ggml's
+ * capture failed, or the context went away): the pool must not stay in
+ * capture mode on the stream, neither for the next context nor when the
+ * last user goes (the pool could not be destroyed: its memory would leak). */
+void case_capture_misuse() {
+    configure_or_die("kind=vmm,device=sim:8GiB+graph_node_bytes=256KiB,log=warn");
+    {
+        tp_ggml::device_ref ref(0);
+        REQUIRE(ref.ok());
+        tp_device *dev = ref.device();
+        tp_stream s;
+        CHECK_OK(tp_stream_create(dev, &s));
+        {
+            tp_ggml::pool pool(0, s);
+            {
+                tp_ggml::graph_context gone(0);
+                CHECK_OK(gone.capture_begin(s));
+                pool_alloc<char> tmp(pool, MiB); /* a temporary inside the capture */
+                CHECK(tmp.get() != nullptr);
+            } /* destroyed mid-capture */
+            tp_ggml::graph_context next(0);
+            CHECK(capture_graph(dev, next, pool, s, fake_key(1), 2, MiB) == TP_OK);
+            CHECK_OK(next.launch(fake_key(1), s));
+            CHECK_OK(tp_stream_synchronize(dev, s));
+            /* Another context's open capture is not this one's to end. */
+            tp_ggml::graph_context other(0);
+            CHECK_OK(other.capture_begin(s));
+            { tp_ggml::graph_context bystander(0); }
+            CHECK(other.capture_begin(s) == TP_ERR_CAPTURE); /* still capturing */
+            other.capture_abort(s);
+        }
+        release_retired_pins(ref);
+        CHECK(pool_stats(ref.pool()).pinned_bytes.current == 0);
+        CHECK_OK(tp_stream_destroy(dev, s));
+        check_device_clean(ref, "capture misuse");
+        /* The last users go while a context is mid-capture on the default
+         * stream: the context is destroyed first, then ref. */
+        tp_ggml::graph_context last(0);
+        CHECK_OK(last.capture_begin(nullptr));
+    }
+    CHECK(tp_ggml::stats_json(0) == "null"); /* the device was closed */
+    CHECK(log_errors() == 0);                /* and its pool destroyed without an error */
+}
+
 /* ---------------------------------------- out of memory with graphs alive */
 
 void case_oom() {
@@ -768,6 +861,8 @@ int main(int argc, char **argv) {
         {"growth_segment", [] { case_growth("segment"); }},
         {"shared_pool", case_shared_pool},
         {"graph_churn", case_graph_churn},
+        {"context_ids", case_context_ids},
+        {"capture_misuse", case_capture_misuse},
         {"oom", case_oom},
         {"contexts_threads", case_contexts_threads},
     };

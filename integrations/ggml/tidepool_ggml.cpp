@@ -16,7 +16,10 @@
  * mutex); when the last binding of a stream goes, the pool forgets it
  * (tp_pool_forget_stream, which waits for the stream's queued work) with the
  * entry mutex held, so a binding created on the same stream at that moment
- * waits for the forget to finish.
+ * waits for the forget to finish. Each entry also records which graph
+ * context began the capture on a stream (under a mutex of its own), so that
+ * a context destroyed mid-capture ends it rather than leave the pool
+ * capturing.
  *
  * The registry and the log sink are leaked on purpose: a host may destroy
  * adapters from its own static destructors, after ours would have run.
@@ -123,11 +126,19 @@ bool parse_uint(const std::string &text, uint64_t max, uint64_t *out) {
     return true;
 }
 
-/* A size as tp_parse_bytes reads it, without spaces or a sign. */
+/* A size as tp_parse_bytes reads it, without spaces or a sign, and without
+ * fractions of a byte: "0.5" or "1.5B" would be rounded to 1 or 2 bytes
+ * (a unit forgotten, most likely), so they are refused, as the PyTorch
+ * shim does. */
 bool parse_size(const std::string &text, uint64_t *out) {
     if (text.empty() || !std::isdigit((unsigned char)text[0])) return false;
     for (char ch : text)
         if (!std::isalnum((unsigned char)ch) && ch != '.') return false;
+    size_t unit = text.find_first_not_of("0123456789.");
+    std::string number = text.substr(0, unit), suffix = unit == std::string::npos ? "" : text.substr(unit);
+    size_t dot = number.find('.');
+    bool fraction = dot != std::string::npos && number.find_first_not_of('0', dot + 1) != std::string::npos;
+    if (fraction && (suffix.empty() || suffix == "B" || suffix == "b")) return false;
     return tp_parse_bytes(text.c_str(), out);
 }
 
@@ -303,6 +314,11 @@ struct entry {
     int users = 0; /* under the registry mutex */
     std::mutex mu; /* streams */
     std::unordered_map<tp_stream, int> streams;
+    /* Streams in a pool capture begun through a graph_context: stream -> the
+     * id of that context, which ends the capture if it is destroyed first.
+     * Its own mutex: mu is held while a stream's queued work drains. */
+    std::mutex capture_mu;
+    std::unordered_map<tp_stream, uint32_t> captures;
 };
 
 } // namespace detail
@@ -424,9 +440,44 @@ void release(detail::entry *e) {
     destroy_entry(e);
 }
 
-std::atomic<uint32_t> g_next_context_id{1};
 constexpr unsigned kGenerationBits = 40;
 constexpr uint64_t kGenerationMask = (1ull << kGenerationBits) - 1;
+constexpr uint32_t kContextIds = 1u << 24;
+
+/* Graph context ids: 24 bits, handed out in turn and skipping the ids of
+ * live contexts, so that after 2^24 contexts have come and gone a new one
+ * never shares an id (and so cache keys) with one still alive. An id comes
+ * back only after its context is destroyed, which evicted all its keys.
+ * Leaked like the registry. */
+struct context_ids {
+    std::mutex mu;
+    uint32_t next = 1;
+    std::set<uint32_t> live;
+};
+
+context_ids &ctx_ids() {
+    static context_ids *c = new context_ids;
+    return *c;
+}
+
+/* A free id, or kContextIds when every id is taken. */
+uint32_t take_context_id() {
+    context_ids &c = ctx_ids();
+    std::lock_guard<std::mutex> lock(c.mu);
+    if (c.live.size() >= kContextIds) return kContextIds;
+    for (;;) {
+        uint32_t id = c.next;
+        c.next = (c.next + 1) & (kContextIds - 1);
+        if (c.live.insert(id).second) return id;
+    }
+}
+
+void give_back_context_id(uint32_t id) {
+    if (id >= kContextIds) return;
+    context_ids &c = ctx_ids();
+    std::lock_guard<std::mutex> lock(c.mu);
+    c.live.erase(id);
+}
 
 } // namespace
 
@@ -527,20 +578,47 @@ void binding::free(void *ptr, size_t size) {
 
 /* ------------------------------------------------------------ graph_context */
 
-graph_context::graph_context(int device)
-    : entry_(acquire(device)), device_(device),
-      id_(g_next_context_id.fetch_add(1, std::memory_order_relaxed) & 0xffffffu) {}
+graph_context::graph_context(int device) : entry_(acquire(device)), device_(device), id_(take_context_id()) {
+    if (id_ < kContextIds || !entry_) return;
+    log_msg(device_, TP_LOG_ERROR, "graph context: all %u context ids are in use; this context is not available",
+            kContextIds);
+    release(entry_);
+    entry_ = nullptr;
+}
 
 graph_context::~graph_context() {
-    if (!entry_) return;
-    std::lock_guard<std::mutex> lock(mu_);
-    for (const auto &kv : keys_) {
-        tp_status st = tp_graph_cache_evict(entry_->cache, kv.second);
-        if (st != TP_OK && st != TP_ERR_NOT_FOUND)
-            log_msg(device_, TP_LOG_WARN, "evicting graph key 0x%" PRIx64 ": %s", kv.second, tp_status_name(st));
+    if (entry_) {
+        /* A capture this context began and never ended (capture_end or
+         * capture_abort): left open, the pool would stay in capture mode on
+         * the stream (every later capture_begin there fails, and the last
+         * user could not destroy the pool: device memory leaked). */
+        std::vector<tp_stream> open;
+        {
+            std::lock_guard<std::mutex> lock(entry_->capture_mu);
+            for (auto it = entry_->captures.begin(); it != entry_->captures.end();) {
+                if (it->second == id_) {
+                    open.push_back(it->first);
+                    it = entry_->captures.erase(it);
+                } else {
+                    ++it;
+                }
+            }
+        }
+        for (tp_stream s : open) {
+            log_msg(device_, TP_LOG_WARN, "graph context destroyed during a capture on stream %p: the capture is aborted",
+                    (void *)s);
+            end_capture(s);
+        }
+        std::lock_guard<std::mutex> lock(mu_);
+        for (const auto &kv : keys_) {
+            tp_status st = tp_graph_cache_evict(entry_->cache, kv.second);
+            if (st != TP_OK && st != TP_ERR_NOT_FOUND)
+                log_msg(device_, TP_LOG_WARN, "evicting graph key 0x%" PRIx64 ": %s", kv.second, tp_status_name(st));
+        }
+        keys_.clear();
+        release(entry_);
     }
-    keys_.clear();
-    release(entry_);
+    give_back_context_id(id_); /* after the eviction: the next owner of the id finds none of its keys */
 }
 
 tp_graph_cache *graph_context::tidepool_graph_cache() const { return entry_ ? entry_->cache : nullptr; }
@@ -567,11 +645,27 @@ size_t graph_context::key_count() const {
 
 tp_status graph_context::capture_begin(tp_stream stream) {
     if (!entry_) return TP_ERR_NO_DEVICE;
-    return tp_pool_capture_begin(entry_->pool, stream);
+    tp_status st = tp_pool_capture_begin(entry_->pool, stream);
+    if (st == TP_OK) {
+        std::lock_guard<std::mutex> lock(entry_->capture_mu);
+        entry_->captures[stream] = id_;
+    }
+    return st;
+}
+
+/* The stream's capture is no longer one a context must end. */
+void graph_context::forget_capture(tp_stream stream) {
+    std::lock_guard<std::mutex> lock(entry_->capture_mu);
+    entry_->captures.erase(stream);
 }
 
 void graph_context::capture_abort(tp_stream stream) {
     if (!entry_) return;
+    forget_capture(stream);
+    end_capture(stream);
+}
+
+void graph_context::end_capture(tp_stream stream) {
     tp_range *ranges = nullptr;
     size_t count = 0;
     if (tp_pool_capture_end(entry_->pool, stream, &ranges, &count) != TP_OK) return;
@@ -586,6 +680,7 @@ tp_status graph_context::capture_end(tp_stream stream, const void *key, tp_graph
         capture_abort(stream);
         return TP_ERR_CAPTURE;
     }
+    forget_capture(stream);
     tp_range *ranges = nullptr;
     size_t count = 0;
     tp_status st = tp_pool_capture_end(entry_->pool, stream, &ranges, &count);

@@ -132,13 +132,16 @@ using pool = pool_for<tp_ggml_pool_interface>;
 /* The graph side of one ggml backend context on one device: its keys in the
  * device's shared graph cache. ggml's key (the address of a graph's first
  * node) is reused across contexts and over time, so each key is mapped to a
- * cache key unique in the process: the context id (24 bits) above a
- * per-context generation (40 bits), a new generation each time ggml's key
- * is first seen or seen again after drop(). */
+ * cache key unique in the process: the context id (24 bits, never that of
+ * another live context; reused only after its context is destroyed) above
+ * a per-context generation (40 bits), a new generation each time ggml's key
+ * is first seen or seen again after drop(). With all 2^24 ids live, a new
+ * context is logged at ERROR and not ok(). */
 class graph_context {
 public:
     explicit graph_context(int device);
-    /* Evicts every executable of this context, then drops the device
+    /* Aborts a capture this context began and did not end (logged at WARN),
+     * evicts every executable of this context, then drops the device
      * reference. */
     ~graph_context();
     graph_context(const graph_context &) = delete;
@@ -181,6 +184,8 @@ public:
 
 private:
     uint64_t key_for(const void *key); /* assigns one if new */
+    void forget_capture(tp_stream stream);
+    void end_capture(tp_stream stream); /* the pool's side of capture_abort */
 
     detail::entry *entry_;
     int device_;

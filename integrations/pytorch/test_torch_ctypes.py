@@ -163,6 +163,7 @@ print(json.dumps(c))
 def test_config_bad():
     bad = [("kind=foo", "kind"), ("limit=70XB", "limit"), ("limit=", "limit"), ("limit=-1GiB", "limit"),
            ("limit=0x10", "limit"), ("limit=1e9", "limit"), ("limit=150%", "limit"), ("limit=0%", "limit"),
+           ("limit=0", "limit"), ("limit=0GiB", "limit"), ("limit=0.0MiB", "limit"),
            ("bogus=1", "bogus"), ("limit=1GiB,limit=2GiB", "limit"), ("align=300", "align"), ("align=128", "align"),
            ("idle_release_ms=-5", "idle_release_ms"), ("idle_release_ms=1.5", "idle_release_ms"), ("log=loud", "log"),
            ("release_threshold=lots", "release_threshold"), ("kind", "kind"), ("kind=vmm,,limit=1GiB", ""),

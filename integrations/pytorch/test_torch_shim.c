@@ -16,6 +16,14 @@
  *                              one row per alloc and free, and its peak of
  *                              live bytes is the pool's requested peak; later
  *                              events are not recorded.
+ *   test_torch_shim config_threads
+ *                              TIDEPOOL_TORCH_CONF=log=off,oom=null: before any
+ *                              pool, two threads replace the configuration
+ *                              (tp_torch_configure, two settings in turn)
+ *                              while others read it (tp_torch_stats_json(-1),
+ *                              the log level and the oom mode through failing
+ *                              calls): every JSON shows one whole setting,
+ *                              never half of each (and TSan sees no race).
  *   test_torch_shim json DIR   the stats JSON stays valid JSON in valid UTF-8
  *                              whatever the configuration holds: it runs
  *                              itself again (json-child) with a configuration
@@ -28,6 +36,7 @@
  * The shim exports only tp_torch_*, so the checks read its stats JSON.
  */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -47,6 +56,9 @@ unsigned long long tp_torch_trim(int device, unsigned long long target_reserved_
 int tp_torch_reset_peaks(int device);
 const char *tp_torch_stats_json(int device);
 int tp_torch_trace_close(void);
+const char *tp_torch_metrics(int device, const char *labels);
+const char *tp_torch_snapshot_json(int device);
+int tp_torch_configure(const char *text, char *err, size_t err_capacity, char *bad_key, size_t bad_key_capacity);
 
 static int failures;
 
@@ -145,6 +157,11 @@ static void *sim_thread(void *arg) {
     }
     for (int k = 0; k < 32; k++)
         if (live[k]) tp_torch_free(live[k], sizes[k], 0, NULL);
+    /* Every thread reads the statistics too: its buffers go with it (the
+     * ASan build's leak check fails otherwise). */
+    if (!strstr(tp_torch_stats_json(0), "\"state\":\"active\"")) return (void *)3;
+    if (!strstr(tp_torch_metrics(0, NULL), "tidepool_")) return (void *)4;
+    if (tp_torch_snapshot_json(0)[0] != '{') return (void *)5;
     return NULL;
 }
 
@@ -220,6 +237,19 @@ static int run_sim(void) {
     tp_torch_free(many, 4096, 0, NULL);
     CHECK(json_number(tp_torch_stats_json(0), "\"cross_stream_waits\"") == 3 * RS_PTRS);
     tp_torch_free(other, 1000, 1, NULL);
+
+    /* A free on the wrong device fails (device 1's pool has no live block
+     * there) and must leave the pointer's recorded stream in place: the free
+     * on the right device still waits for it. */
+    void *wrong = tp_torch_alloc(8192, 0, NULL);
+    CHECK(wrong != NULL);
+    tp_torch_record_stream(wrong, (void *)(uintptr_t)1);
+    tp_torch_free(wrong, 8192, 1, NULL);
+    CHECK(json_number(tp_torch_stats_json(1), "\"free_errors\"") == 1);
+    CHECK(json_number(tp_torch_stats_json(1), "\"cross_stream_waits\"") == 0);
+    tp_torch_free(wrong, 8192, 0, NULL);
+    CHECK(json_number(tp_torch_stats_json(0), "\"cross_stream_waits\"") == 3 * RS_PTRS + 1);
+    CHECK(json_number(tp_torch_stats_json(0), "\"free_errors\"") == 0);
 
     /* Double free: tidepool refuses it, the shim counts it. */
     tp_torch_free(p, 5 << 20, 0, NULL);
@@ -525,16 +555,69 @@ static int run_trace(void) {
     return failures;
 }
 
+/* config_threads: settings A and B differ in two keys; a reader must see
+ * both keys of one of them (or the environment's, before the first call). */
+#define CONF_A "backend=sim:4GiB,kind=vmm,tick_ms=5,log=off,oom=null"
+#define CONF_B "backend=sim:4GiB,kind=segment,tick_ms=7,log=off,oom=null"
+static atomic_int configure_failures, torn_reads, config_readers_done;
+
+static void *config_writer(void *arg) {
+    (void)arg;
+    char err[200], key[64];
+    for (int i = 0; i < ROUNDS; i++)
+        if (tp_torch_configure(i % 2 ? CONF_A : CONF_B, err, sizeof err, key, sizeof key) != 0)
+            atomic_fetch_add(&configure_failures, 1);
+    return NULL;
+}
+
+static void *config_reader(void *arg) {
+    (void)arg;
+    for (int i = 0; i < ROUNDS / 4; i++) {
+        const char *json = tp_torch_stats_json(-1);
+        bool a = strstr(json, "\"kind\":\"vmm\"") && strstr(json, "\"tick_ms\":5,");
+        bool b = strstr(json, "\"kind\":\"segment\"") && strstr(json, "\"tick_ms\":7,");
+        bool env = strstr(json, "\"kind\":\"auto\"") && strstr(json, "\"tick_ms\":1000,");
+        if (!a && !b && !env) atomic_fetch_add(&torn_reads, 1);
+        /* Failing calls that read the log level and the oom mode. */
+        tp_torch_set_memory_fraction(-1.0, 0);
+        if (tp_torch_alloc(4096, -1, NULL)) atomic_fetch_add(&torn_reads, 1000000);
+        tp_torch_free((void *)(uintptr_t)0x1000, 4096, -1, NULL);
+    }
+    atomic_fetch_add(&config_readers_done, 1);
+    return NULL;
+}
+
+static int run_config_threads(void) {
+    pthread_t t[6];
+    for (int i = 0; i < 6; i++) pthread_create(&t[i], NULL, i < 2 ? config_writer : config_reader, NULL);
+    for (int i = 0; i < 6; i++) pthread_join(t[i], NULL);
+    CHECK(atomic_load(&config_readers_done) == 4);
+    CHECK(atomic_load(&configure_failures) == 0); /* no pool was attempted: configure stays open */
+    CHECK(atomic_load(&torn_reads) == 0);
+    if (atomic_load(&torn_reads)) fprintf(stderr, "torn configuration reads: %d\n", atomic_load(&torn_reads));
+    /* The last setting written is the one in force. */
+    char err[200], key[64];
+    CHECK(tp_torch_configure(CONF_A, err, sizeof err, key, sizeof key) == 0);
+    void *p = tp_torch_alloc(4096, 0, NULL);
+    CHECK(p != NULL);
+    const char *json = tp_torch_stats_json(0);
+    CHECK(strstr(json, "\"kind\":\"vmm\"") != NULL);
+    tp_torch_free(p, 4096, 0, NULL);
+    CHECK(tp_torch_configure(CONF_B, err, sizeof err, key, sizeof key) == -2);
+    return failures;
+}
+
 int main(int argc, char **argv) {
     if (argc == 3 && !strcmp(argv[1], "json")) return run_json(argv[2]) ? 1 : 0;
     if (argc == 3 && !strcmp(argv[1], "json-child")) return run_json_child(argv[2]) ? 1 : 0;
     if (argc != 2) {
-        fprintf(stderr, "usage: test_torch_shim nodevice|sim|json DIR\n");
+        fprintf(stderr, "usage: test_torch_shim nodevice|sim|trace|config_threads|json DIR\n");
         return 2;
     }
     int rc = !strcmp(argv[1], "nodevice") ? run_nodevice()
              : !strcmp(argv[1], "sim")    ? run_sim()
              : !strcmp(argv[1], "trace")  ? run_trace()
+             : !strcmp(argv[1], "config_threads") ? run_config_threads()
                                           : -1;
     if (rc < 0) {
         fprintf(stderr, "unknown mode %s\n", argv[1]);

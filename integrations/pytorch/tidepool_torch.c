@@ -37,6 +37,11 @@
  * every allocation fails with that message (falling back to the defaults
  * would drop the limit the user asked for). tp_torch_configure reports the
  * item instead (the Python package raises ValueError naming the key).
+ * Until the first pool it may replace the configuration while other
+ * threads read it: the configuration changes only under the creation lock,
+ * and its readers copy it under that lock, except the log level and the
+ * oom mode, mirrored in atomics (log lines are also written with the lock
+ * held).
  *
  * Observability: tp_torch_metrics (Prometheus text), tp_torch_snapshot_json
  * (the memory map), trace=PATH (a CSV trace of every alloc and free, from a
@@ -54,8 +59,11 @@
  * recorded on it and the free stream waits on it before the block is freed
  * on the free stream: tidepool then reuses the block only after the work of
  * every stream that used it. A failing event call falls back to
- * synchronising that stream. The table costs one relaxed load per free while
- * it is empty.
+ * synchronising that stream. A free that is going to fail (the pointer is
+ * not a live block of that device's pool: a wrong device) leaves the
+ * pointer's streams recorded for the free that succeeds. The table costs
+ * one relaxed load per free while it is empty; otherwise a lookup under its
+ * lock, and for a pointer with recorded streams tp_pool_block_size.
  *
  * Upkeep: a background thread wakes every tick_ms; if no allocation or free
  * happened since its last wake it calls tp_pool_tick on every pool, so idle
@@ -216,8 +224,10 @@ static bool parse_item(tpt_config *c, const char *key, const char *value, char *
             num[len - 1] = '\0';
             if (!parse_uint(num, 100, &pct) || pct == 0) BAD("limit=%s: expected 1%%..100%%", value);
             c->limit_fraction = (double)pct / 100.0;
-        } else if (!parse_size(value, &c->limit_bytes)) {
-            BAD("limit=%s: expected a size such as 70GiB, or a percentage such as 90%%", value);
+        } else if (!parse_size(value, &c->limit_bytes) || c->limit_bytes == 0) {
+            /* 0 is refused, as 0%: inside, 0 means "no limit" (the device's
+             * capacity), the opposite of what limit=0 asks for. */
+            BAD("limit=%s: expected a size such as 70GiB (> 0), or a percentage such as 90%%", value);
         }
     } else if (!strcmp(key, "release_threshold")) {
         if (!strcmp(value, "unlimited")) c->release_threshold_bytes = TP_BYTES_UNLIMITED;
@@ -393,6 +403,12 @@ static struct {
     char config_error[256];
     char config_bad_key[64];     /* the key of the item at fault */
     bool config_from_call;       /* set by tp_torch_configure (not the environment) */
+    /* config, config_ok, config_error, config_bad_key and config_from_call
+     * change only under create_lock (tp_torch_configure, until the first
+     * pool): readers that may run before then copy them under the lock
+     * (config_view); the two read on every path are mirrored here. */
+    atomic_int log_level;        /* config.log_level */
+    atomic_int oom_mode;         /* config.oom */
     bool pools_attempted;        /* under create_lock: the configuration can no longer change */
     _Atomic(tpt_oom_handler) oom_handler;
     int device_count;            /* from tp_torch_init; 0: unknown */
@@ -416,7 +432,7 @@ static struct {
 
 static void log_line(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void log_line(int level, const char *fmt, ...) {
-    if (level < g.config.log_level) return;
+    if (level < atomic_load_explicit(&g.log_level, memory_order_relaxed)) return;
     char buf[512];
     va_list ap;
     va_start(ap, fmt);
@@ -427,7 +443,7 @@ static void log_line(int level, const char *fmt, ...) {
 
 /* tidepool's log callback: user is the slot's spec string. */
 static void forward_log(void *user, tp_log_level level, const char *message) {
-    if ((int)level < g.config.log_level) return;
+    if ((int)level < atomic_load_explicit(&g.log_level, memory_order_relaxed)) return;
     fprintf(stderr, TPT_PREFIX "[%s] %s: %s\n", (const char *)user, level_name(level), message);
 }
 
@@ -440,6 +456,8 @@ static void global_init(void) {
     const char *text = getenv("TIDEPOOL_TORCH_CONF");
     char err[200] = "";
     g.config_ok = parse_config(text, &g.config, err, sizeof err, g.config_bad_key, sizeof g.config_bad_key);
+    atomic_store(&g.log_level, g.config.log_level);
+    atomic_store(&g.oom_mode, (int)g.config.oom);
     if (!g.config_ok) {
         snprintf(g.config_error, sizeof g.config_error, "%s", err);
         fprintf(stderr, TPT_PREFIX ": TIDEPOOL_TORCH_CONF=\"%s\": %s; no pool will be created (every allocation "
@@ -647,8 +665,21 @@ static size_t rs_take(uintptr_t ptr, void **out, size_t cap) {
     return count;
 }
 
-/* Makes free_stream wait for the work queued so far on each recorded stream. */
-static void order_after_recorded(tpt_slot *slot, uintptr_t ptr, void *free_stream) {
+/* Whether ptr has recorded streams. */
+static bool rs_has(uintptr_t ptr) {
+    pthread_mutex_lock(&g.rs_lock);
+    bool found = tpi_map_find(&g.rs, ptr) != NULL;
+    pthread_mutex_unlock(&g.rs_lock);
+    return found;
+}
+
+/* Makes free_stream wait for the work queued so far on each recorded stream
+ * of ptr, if ptr is a live block of pool: a free that is going to fail (a
+ * wrong device, a pointer inside a block) leaves its streams recorded for
+ * the free that succeeds. */
+static void order_after_recorded(tpt_slot *slot, tp_pool *pool, uintptr_t ptr, void *free_stream) {
+    size_t bytes;
+    if (!rs_has(ptr) || tp_pool_block_size(pool, (const void *)ptr, &bytes) != TP_OK) return;
     void *streams[16];
     size_t count = rs_take(ptr, streams, 16);
     if (count > 16) { /* more than we kept: everything the device has queued */
@@ -697,7 +728,7 @@ TPT_EXPORT void *tp_torch_try_alloc(ssize_t size, int device, void *stream) { re
 
 tpt_oom_mode tpt_get_oom_mode(void) {
     ensure_init();
-    return g.config.oom;
+    return (tpt_oom_mode)atomic_load_explicit(&g.oom_mode, memory_order_relaxed);
 }
 
 /* "2.00 GiB", "20.00 MiB", "512 bytes": as PyTorch's own out-of-memory message. */
@@ -730,10 +761,16 @@ TPT_EXPORT void tp_torch_set_oom_handler(void (*handler)(const char *message)) {
 void tpt_oom_message(ssize_t size, int device, char *buf, size_t capacity) {
     char amount[32];
     format_bytes(size > 0 ? (uint64_t)size : 0, amount, sizeof amount);
-    if (!g.config_ok) {
+    pthread_mutex_lock(&g.create_lock);
+    bool config_ok = g.config_ok;
+    char config_error[sizeof g.config_error], config_bad_key[sizeof g.config_bad_key];
+    memcpy(config_error, g.config_error, sizeof config_error);
+    memcpy(config_bad_key, g.config_bad_key, sizeof config_bad_key);
+    pthread_mutex_unlock(&g.create_lock);
+    if (!config_ok) {
         snprintf(buf, capacity, "tidepool could not allocate %s on device %d: its configuration was refused: "
                  "%s (TIDEPOOL_TORCH_CONF; fix or remove the item '%s'; no pool is created until then)",
-                 amount, device, g.config_error, g.config_bad_key);
+                 amount, device, config_error, config_bad_key);
         return;
     }
     if (device < 0 || device >= TPT_MAX_DEVICES) {
@@ -754,9 +791,11 @@ void tpt_oom_message(ssize_t size, int device, char *buf, size_t capacity) {
     } else {
         pthread_mutex_lock(&g.create_lock);
         tp_status st = slot->error;
+        char spec[sizeof slot->spec];
+        memcpy(spec, slot->spec, sizeof spec);
         pthread_mutex_unlock(&g.create_lock);
         snprintf(buf, capacity, "CUDA out of memory. Tried to allocate %s on device %d: tidepool could not "
-                 "open %s (%s: %s)", amount, device, slot->spec[0] ? slot->spec : "the device", tp_status_name(st),
+                 "open %s (%s: %s)", amount, device, spec[0] ? spec : "the device", tp_status_name(st),
                  tp_status_describe(st));
     }
 }
@@ -773,7 +812,7 @@ void tpt_oom_abort(ssize_t size, int device) {
 /* Without the C++ part: NULL, or abort with oom=abort. */
 TPT_EXPORT void *tp_torch_alloc(ssize_t size, int device, void *stream) {
     void *ptr = tpt_alloc(size, device, stream);
-    if (!ptr && size > 0 && g.config.oom == TPT_OOM_ABORT) tpt_oom_abort(size, device);
+    if (!ptr && size > 0 && tpt_get_oom_mode() == TPT_OOM_ABORT) tpt_oom_abort(size, device);
     return ptr;
 }
 #endif
@@ -794,7 +833,7 @@ TPT_EXPORT void tp_torch_free(void *ptr, ssize_t size, int device, void *stream)
         return;
     }
     if (atomic_load_explicit(&g.rs_live, memory_order_relaxed))
-        order_after_recorded(slot, (uintptr_t)ptr, stream);
+        order_after_recorded(slot, pool, (uintptr_t)ptr, stream);
     if (tp_pool_free(pool, ptr, (tp_stream)stream) != TP_OK) /* tidepool logs why */
         atomic_fetch_add_explicit(&slot->free_errors, 1, memory_order_relaxed);
     else
@@ -892,6 +931,8 @@ TPT_EXPORT int tp_torch_configure(const char *text, char *err, size_t err_capaci
     g.config_error[0] = '\0';
     g.config_bad_key[0] = '\0';
     g.config_from_call = true;
+    atomic_store(&g.log_level, parsed.log_level);
+    atomic_store(&g.oom_mode, (int)parsed.oom);
     pthread_mutex_unlock(&g.create_lock);
     return 0;
 }
@@ -1044,17 +1085,42 @@ static void sb_bytes_or_null(sbuf *b, const char *key, uint64_t v, bool zero_is_
     else sb_appendf(b, "\"%s\":%llu,", key, (unsigned long long)v);
 }
 
+/* The configuration as one consistent copy (tp_torch_configure may replace
+ * it from another thread until the first pool exists). */
+typedef struct config_view {
+    tpt_config config;
+    bool ok, from_call;
+    char error[sizeof g.config_error];
+    char bad_key[sizeof g.config_bad_key];
+} config_view;
+
+static void config_view_get(config_view *v) {
+    pthread_mutex_lock(&g.create_lock);
+    v->config = g.config;
+    v->ok = g.config_ok;
+    v->from_call = g.config_from_call;
+    memcpy(v->error, g.config_error, sizeof v->error);
+    memcpy(v->bad_key, g.config_bad_key, sizeof v->bad_key);
+    pthread_mutex_unlock(&g.create_lock);
+}
+
 static void sb_config(sbuf *b) {
-    const tpt_config *c = &g.config;
-    sb_appendf(b, "{\"ok\":%s,", g.config_ok ? "true" : "false");
-    if (!g.config_ok) {
+    config_view *v = malloc(sizeof *v); /* two paths of PATH_MAX: not on the caller's stack */
+    if (!v) {
+        b->failed = true;
+        return;
+    }
+    config_view_get(v);
+    const tpt_config *c = &v->config;
+    sb_appendf(b, "{\"ok\":%s,", v->ok ? "true" : "false");
+    if (!v->ok) {
         sb_appendf(b, "\"error\":");
-        sb_json_string(b, g.config_error);
+        sb_json_string(b, v->error);
         sb_appendf(b, ",\"bad_key\":");
-        sb_json_string(b, g.config_bad_key);
+        sb_json_string(b, v->bad_key);
         sb_appendf(b, ",");
     }
-    sb_appendf(b, "\"source\":\"%s\",", g.config_from_call ? "tp_torch_configure" : "TIDEPOOL_TORCH_CONF");
+    sb_appendf(b, "\"source\":\"%s\",", v->from_call ? "tp_torch_configure" : "TIDEPOOL_TORCH_CONF");
     sb_appendf(b, "\"kind\":\"%s\",", kind_name(c->kind));
     if (c->limit_fraction > 0) sb_appendf(b, "\"limit\":\"%.0f%%\",", c->limit_fraction * 100);
     else sb_bytes_or_null(b, "limit_bytes", c->limit_bytes, true);
@@ -1074,6 +1140,7 @@ static void sb_config(sbuf *b) {
     sb_appendf(b, ",\"trace\":");
     sb_json_string(b, c->trace_path);
     sb_appendf(b, ",\"trace_gzip\":%s}", tpt_trace_has_gzip() ? "true" : "false");
+    free(v);
 }
 
 /* One device's object. Returns false if the slot was never used. */
@@ -1149,40 +1216,80 @@ static void sb_all(sbuf *b) {
     sb_appendf(b, "]}");
 }
 
+/* The strings tp_torch_stats_json, tp_torch_metrics and tp_torch_snapshot_json
+ * return: one set per thread, freed when the thread exits (a pthread key's
+ * destructor: thread-local pointers alone would leak them with every thread
+ * that ever asked, e.g. one per metrics scrape). */
+typedef struct tls_bufs {
+    sbuf stats;
+    char *text;
+    size_t text_cap;
+} tls_bufs;
+
+static pthread_key_t tls_key;
+static pthread_once_t tls_key_once = PTHREAD_ONCE_INIT;
+static bool tls_key_ok;
+
+static void tls_bufs_free(void *p) {
+    tls_bufs *t = p;
+    free(t->stats.data);
+    free(t->text);
+    free(t);
+}
+
+static void tls_key_create(void) { tls_key_ok = pthread_key_create(&tls_key, tls_bufs_free) == 0; }
+
+/* This thread's buffers, or NULL when host memory runs out. */
+static tls_bufs *thread_bufs(void) {
+    pthread_once(&tls_key_once, tls_key_create);
+    if (!tls_key_ok) return NULL;
+    tls_bufs *t = pthread_getspecific(tls_key);
+    if (t) return t;
+    t = calloc(1, sizeof *t);
+    if (t && pthread_setspecific(tls_key, t) != 0) {
+        free(t);
+        t = NULL;
+    }
+    return t;
+}
+
 /* The returned string belongs to the calling thread and stays valid until
- * that thread's next call. device < 0: every pool, with the configuration. */
+ * that thread's next call (or its exit). device < 0: every pool, with the
+ * configuration. */
 TPT_EXPORT const char *tp_torch_stats_json(int device) {
-    static _Thread_local sbuf tls;
     ensure_init();
-    tls.len = 0;
-    tls.failed = false;
-    if (device < 0) sb_all(&tls);
-    else if (device >= TPT_MAX_DEVICES) sb_appendf(&tls, "{\"device\":%d,\"state\":\"invalid\",\"pool\":null}", device);
-    else sb_device(&tls, device, true);
-    if (tls.failed || !tls.data) return "{\"error\":\"out of host memory\"}";
-    if (tls.len < tls.cap) tls.data[tls.len] = '\0';
-    return tls.data;
+    tls_bufs *t = thread_bufs();
+    if (!t) return "{\"error\":\"out of host memory\"}";
+    sbuf *b = &t->stats;
+    b->len = 0;
+    b->failed = false;
+    if (device < 0) sb_all(b);
+    else if (device >= TPT_MAX_DEVICES) sb_appendf(b, "{\"device\":%d,\"state\":\"invalid\",\"pool\":null}", device);
+    else sb_device(b, device, true);
+    if (b->failed || !b->data) return "{\"error\":\"out of host memory\"}";
+    if (b->len < b->cap) b->data[b->len] = '\0';
+    return b->data;
 }
 
 /* One pool's Prometheus text or memory map into this thread's buffer. */
 static const char *tls_pool_text(int device, bool metrics, const char *labels) {
-    static _Thread_local char *buf;
-    static _Thread_local size_t cap;
     ensure_init();
     if (device < 0 || device >= TPT_MAX_DEVICES) return "";
     tp_pool *pool = atomic_load_explicit(&g.slots[device].pool, memory_order_acquire);
     if (!pool) return "";
+    tls_bufs *t = thread_bufs();
+    if (!t) return "";
     for (int attempt = 0; attempt < 4; attempt++) {
         size_t need = 0;
-        tp_status st = metrics ? tp_pool_stats_openmetrics(pool, labels, buf, cap, &need)
-                               : tp_pool_snapshot_json(pool, buf, cap, &need);
-        if (st == TP_OK && buf) return buf;
+        tp_status st = metrics ? tp_pool_stats_openmetrics(pool, labels, t->text, t->text_cap, &need)
+                               : tp_pool_snapshot_json(pool, t->text, t->text_cap, &need);
+        if (st == TP_OK && t->text) return t->text;
         if (st != TP_OK && st != TP_ERR_BUFFER_TOO_SMALL) return "";
         size_t grown = need + need / 4 + 4096; /* the map may grow between the calls */
-        char *p = realloc(buf, grown);
+        char *p = realloc(t->text, grown);
         if (!p) return "";
-        buf = p;
-        cap = grown;
+        t->text = p;
+        t->text_cap = grown;
     }
     return "";
 }
@@ -1201,7 +1308,10 @@ TPT_EXPORT const char *tp_torch_snapshot_json(int device) { return tls_pool_text
 static void at_exit(void) {
     atomic_store(&g.exiting, true);
     if (tp_torch_trace_close() < 0) fprintf(stderr, TPT_PREFIX ": writing a trace failed\n");
-    const char *path = g.config.stats_path;
+    char path[sizeof g.config.stats_path];
+    pthread_mutex_lock(&g.create_lock);
+    memcpy(path, g.config.stats_path, sizeof path);
+    pthread_mutex_unlock(&g.create_lock);
     if (!path[0]) return;
     sbuf b = {0};
     sb_all(&b);
