@@ -979,7 +979,7 @@ static void test_launch_into_a_capture_leaves_it_valid(void) {
  * the launch's stream at once. Left for eviction, the wait had to be a
  * device synchronisation, which invalidates any capture in progress on
  * another stream, fails, and leaves the executable's pins pinned for good. */
-static void test_failed_event_record_spares_other_captures(void) {
+static void failed_event_record_spares_other_captures(bool stream_wait_fails) {
     test_log log = {0};
     tp_device *dev = gt_open("sim:1GiB", &log);
     tp_pool *pool = NULL;
@@ -995,6 +995,8 @@ static void test_failed_event_record_spares_other_captures(void) {
     CHECK_OK(tp_graph_cache_prepare(cache, 1, g, &pa));
     /* the launch creates its event, then fails to record it */
     CHECK_OK(tp_sim_inject_fault(dev, TP_SIM_OP_EVENT, 1, 1, TP_ERR_DEVICE));
+    /* ... and then, maybe, fails to wait for its stream: completion unknown */
+    if (stream_wait_fails) CHECK_OK(tp_sim_inject_fault(dev, TP_SIM_OP_SYNC, 0, 1, TP_ERR_DEVICE));
     CHECK_OK(tp_graph_cache_launch(cache, 1, s1));
     CHECK_OK(tp_sim_clear_faults(dev));
     CHECK_OK(tp_pool_free(pool, a, s1));
@@ -1019,53 +1021,14 @@ static void test_failed_event_record_spares_other_captures(void) {
     CHECK_OK(tp_stream_destroy(dev, s2));
     CHECK_OK(tp_device_close(dev));
 }
+
+static void test_failed_event_record_spares_other_captures(void) { failed_event_record_spares_other_captures(false); }
 
 /* ... and when waiting for the stream fails too, completion is unknown:
  * eviction must then synchronise that stream, not the device, which would
  * invalidate a capture in progress on another stream (and, failing, leave
  * the pins pinned for good). */
-static void test_unknown_completion_waits_for_its_stream_only(void) {
-    test_log log = {0};
-    tp_device *dev = gt_open("sim:1GiB", &log);
-    tp_pool *pool = NULL;
-    CHECK_OK(tp_pool_create(dev, NULL, &pool));
-    tp_graph_cache *cache = make_cache(dev, (tp_graph_cache_config){.idle_evict_ns = TP_NS_NEVER});
-    tp_stream s1, s2;
-    CHECK_OK(tp_stream_create(dev, &s1));
-    CHECK_OK(tp_stream_create(dev, &s2));
-    void *a = alloc_or_die(pool, 4 * TEST_MiB, s1);
-    tp_range ra = {(uint64_t)(uintptr_t)a, 4 * TEST_MiB};
-    tp_graph g = gt_graph_ranges(dev, 10, 1, 100 * MS, &ra, 1);
-    tp_graph_pins pa = {pool, &ra, 1, false};
-    CHECK_OK(tp_graph_cache_prepare(cache, 1, g, &pa));
-    /* the launch creates its event, fails to record it, and then fails to
-     * wait for its stream */
-    CHECK_OK(tp_sim_inject_fault(dev, TP_SIM_OP_EVENT, 1, 1, TP_ERR_DEVICE));
-    CHECK_OK(tp_sim_inject_fault(dev, TP_SIM_OP_SYNC, 0, 1, TP_ERR_DEVICE));
-    CHECK_OK(tp_graph_cache_launch(cache, 1, s1));
-    CHECK_OK(tp_sim_clear_faults(dev));
-    CHECK_OK(tp_pool_free(pool, a, s1));
-
-    CHECK_OK(tp_sim_capture_begin(dev, s2));
-    CHECK_OK(tp_graph_cache_evict(cache, 1));
-    tp_graph captured = NULL;
-    CHECK_OK(tp_sim_capture_end(dev, s2, &captured));
-    CHECK_EQ_U64(gt_counters(dev).captures_invalidated, 0);
-    CHECK_EQ_U64(gt_pool_stats(pool).pinned_bytes.current, 0);
-    CHECK_EQ_U64(gt_stats(cache).pinned_ranges, 0);
-    CHECK_EQ_U64(gt_counters(dev).hazards, 0);
-    CHECK_EQ_U64(log.errors, 0);
-    CHECK_CACHE(cache);
-    CHECK_POOL(pool);
-
-    CHECK_OK(tp_graph_cache_destroy(cache));
-    if (captured) CHECK_OK(tp_sim_graph_destroy(dev, captured));
-    CHECK_OK(tp_sim_graph_destroy(dev, g));
-    CHECK_OK(tp_pool_destroy(pool));
-    CHECK_OK(tp_stream_destroy(dev, s1));
-    CHECK_OK(tp_stream_destroy(dev, s2));
-    CHECK_OK(tp_device_close(dev));
-}
+static void test_unknown_completion_waits_for_its_stream_only(void) { failed_event_record_spares_other_captures(true); }
 
 /* node_bytes_estimate is what an executable is counted at when the device
  * shows no cost (a driver that reuses the memory of destroyed executables).
