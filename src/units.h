@@ -113,8 +113,9 @@ void tpi_units_recycle(tpi_units *units, uint32_t unit);
  * from first (the last one shorter): accounting, idle state. */
 void tpi_units_pages_mapped(tpi_units *units, uint64_t first, uint64_t last, uint64_t chunk_pages);
 
-/* The idle list (inline: the backings call these once per page of every
- * block they hand out or take back). */
+/* The idle list (inline: the segment backing calls these for every block
+ * it hands out or takes back, the VMM backing the run versions below once
+ * per block, for all of its pages). */
 static inline void tpi_units_lru_unlink_(tpi_units *u, uint32_t id) {
     tpi_unit *unit = &u->units[id];
     if (unit->lru_prev != TPI_UNIT_NONE)
