@@ -975,51 +975,75 @@ static void test_launch_into_a_capture_leaves_it_valid(void) {
     CHECK_OK(tp_device_close(dev));
 }
 
+/* The failed-launch tests' setup: a pool, a cache that never evicts when
+ * idle, two streams, and key 1 prepared with a 100 ms graph that pins a
+ * 4 MiB block allocated on s1. */
+typedef struct failed_launch_env {
+    test_log log;
+    tp_device *dev;
+    tp_pool *pool;
+    tp_graph_cache *cache;
+    tp_stream s1, s2;
+    void *block;
+    tp_range range;
+    tp_graph g;
+} failed_launch_env;
+
+static void failed_launch_open(failed_launch_env *e) {
+    memset(e, 0, sizeof *e);
+    e->dev = gt_open("sim:1GiB", &e->log);
+    CHECK_OK(tp_pool_create(e->dev, NULL, &e->pool));
+    e->cache = make_cache(e->dev, (tp_graph_cache_config){.idle_evict_ns = TP_NS_NEVER});
+    CHECK_OK(tp_stream_create(e->dev, &e->s1));
+    CHECK_OK(tp_stream_create(e->dev, &e->s2));
+    e->block = alloc_or_die(e->pool, 4 * TEST_MiB, e->s1);
+    e->range = (tp_range){(uint64_t)(uintptr_t)e->block, 4 * TEST_MiB};
+    e->g = gt_graph_ranges(e->dev, 10, 1, 100 * MS, &e->range, 1);
+    tp_graph_pins pins = {e->pool, &e->range, 1, false};
+    CHECK_OK(tp_graph_cache_prepare(e->cache, 1, e->g, &pins));
+}
+
+/* The next launch creates its event, then fails to record it, and then,
+ * when stream_wait_fails, fails to wait for its stream: completion unknown. */
+static void failed_launch_faults(failed_launch_env *e, bool stream_wait_fails) {
+    CHECK_OK(tp_sim_inject_fault(e->dev, TP_SIM_OP_EVENT, 1, 1, TP_ERR_DEVICE));
+    if (stream_wait_fails) CHECK_OK(tp_sim_inject_fault(e->dev, TP_SIM_OP_SYNC, 0, 1, TP_ERR_DEVICE));
+}
+
+static void failed_launch_close(failed_launch_env *e) {
+    CHECK_OK(tp_graph_cache_destroy(e->cache));
+    CHECK_OK(tp_sim_graph_destroy(e->dev, e->g));
+    CHECK_OK(tp_pool_destroy(e->pool));
+    CHECK_OK(tp_stream_destroy(e->dev, e->s1));
+    CHECK_OK(tp_stream_destroy(e->dev, e->s2));
+    CHECK_OK(tp_device_close(e->dev));
+}
+
 /* A launch whose completion event cannot be recorded: the cache waits for
  * the launch's stream at once. Left for eviction, the wait had to be a
  * device synchronisation, which invalidates any capture in progress on
  * another stream, fails, and leaves the executable's pins pinned for good. */
 static void failed_event_record_spares_other_captures(bool stream_wait_fails) {
-    test_log log = {0};
-    tp_device *dev = gt_open("sim:1GiB", &log);
-    tp_pool *pool = NULL;
-    CHECK_OK(tp_pool_create(dev, NULL, &pool));
-    tp_graph_cache *cache = make_cache(dev, (tp_graph_cache_config){.idle_evict_ns = TP_NS_NEVER});
-    tp_stream s1, s2;
-    CHECK_OK(tp_stream_create(dev, &s1));
-    CHECK_OK(tp_stream_create(dev, &s2));
-    void *a = alloc_or_die(pool, 4 * TEST_MiB, s1);
-    tp_range ra = {(uint64_t)(uintptr_t)a, 4 * TEST_MiB};
-    tp_graph g = gt_graph_ranges(dev, 10, 1, 100 * MS, &ra, 1);
-    tp_graph_pins pa = {pool, &ra, 1, false};
-    CHECK_OK(tp_graph_cache_prepare(cache, 1, g, &pa));
-    /* the launch creates its event, then fails to record it */
-    CHECK_OK(tp_sim_inject_fault(dev, TP_SIM_OP_EVENT, 1, 1, TP_ERR_DEVICE));
-    /* ... and then, maybe, fails to wait for its stream: completion unknown */
-    if (stream_wait_fails) CHECK_OK(tp_sim_inject_fault(dev, TP_SIM_OP_SYNC, 0, 1, TP_ERR_DEVICE));
-    CHECK_OK(tp_graph_cache_launch(cache, 1, s1));
-    CHECK_OK(tp_sim_clear_faults(dev));
-    CHECK_OK(tp_pool_free(pool, a, s1));
+    failed_launch_env e;
+    failed_launch_open(&e);
+    failed_launch_faults(&e, stream_wait_fails);
+    CHECK_OK(tp_graph_cache_launch(e.cache, 1, e.s1));
+    CHECK_OK(tp_sim_clear_faults(e.dev));
+    CHECK_OK(tp_pool_free(e.pool, e.block, e.s1));
 
-    CHECK_OK(tp_sim_capture_begin(dev, s2));
-    CHECK_OK(tp_graph_cache_evict(cache, 1));
+    CHECK_OK(tp_sim_capture_begin(e.dev, e.s2));
+    CHECK_OK(tp_graph_cache_evict(e.cache, 1));
     tp_graph captured = NULL;
-    CHECK_OK(tp_sim_capture_end(dev, s2, &captured));
-    CHECK_EQ_U64(gt_counters(dev).captures_invalidated, 0);
-    CHECK_EQ_U64(gt_pool_stats(pool).pinned_bytes.current, 0);
-    CHECK_EQ_U64(gt_stats(cache).pinned_ranges, 0);
-    CHECK_EQ_U64(gt_counters(dev).hazards, 0);
-    CHECK_EQ_U64(log.errors, 0);
-    CHECK_CACHE(cache);
-    CHECK_POOL(pool);
-
-    CHECK_OK(tp_graph_cache_destroy(cache));
-    if (captured) CHECK_OK(tp_sim_graph_destroy(dev, captured));
-    CHECK_OK(tp_sim_graph_destroy(dev, g));
-    CHECK_OK(tp_pool_destroy(pool));
-    CHECK_OK(tp_stream_destroy(dev, s1));
-    CHECK_OK(tp_stream_destroy(dev, s2));
-    CHECK_OK(tp_device_close(dev));
+    CHECK_OK(tp_sim_capture_end(e.dev, e.s2, &captured));
+    CHECK_EQ_U64(gt_counters(e.dev).captures_invalidated, 0);
+    CHECK_EQ_U64(gt_pool_stats(e.pool).pinned_bytes.current, 0);
+    CHECK_EQ_U64(gt_stats(e.cache).pinned_ranges, 0);
+    CHECK_EQ_U64(gt_counters(e.dev).hazards, 0);
+    CHECK_EQ_U64(e.log.errors, 0);
+    CHECK_CACHE(e.cache);
+    CHECK_POOL(e.pool);
+    if (captured) CHECK_OK(tp_sim_graph_destroy(e.dev, captured));
+    failed_launch_close(&e);
 }
 
 static void test_failed_event_record_spares_other_captures(void) { failed_event_record_spares_other_captures(false); }
@@ -1139,57 +1163,40 @@ static void test_detach_releases_retired_pins(void) {
  * and the pins went when the later, shorter launch completed, while the
  * first still ran.) */
 static void test_unknown_completion_is_not_covered_by_a_later_launch(void) {
-    test_log log = {0};
-    tp_device *dev = gt_open("sim:1GiB", &log);
-    tp_pool *pool = NULL;
-    CHECK_OK(tp_pool_create(dev, NULL, &pool));
-    tp_graph_cache *cache = make_cache(dev, (tp_graph_cache_config){.idle_evict_ns = TP_NS_NEVER});
-    tp_stream s1, s2;
-    CHECK_OK(tp_stream_create(dev, &s1));
-    CHECK_OK(tp_stream_create(dev, &s2));
-    void *a = alloc_or_die(pool, 4 * TEST_MiB, s1);
-    tp_range ra = {(uint64_t)(uintptr_t)a, 4 * TEST_MiB};
-    tp_graph g = gt_graph_ranges(dev, 10, 1, 100 * MS, &ra, 1);
-    tp_graph_pins pa = {pool, &ra, 1, false};
-    CHECK_OK(tp_graph_cache_prepare(cache, 1, g, &pa));
-    uint64_t t0 = gt_now(dev);
-    /* the first launch creates its event, fails to record it, and fails to
-     * wait for its stream: runs until t0 + 100 ms, nobody knows when */
-    CHECK_OK(tp_sim_inject_fault(dev, TP_SIM_OP_EVENT, 1, 1, TP_ERR_DEVICE));
-    CHECK_OK(tp_sim_inject_fault(dev, TP_SIM_OP_SYNC, 0, 1, TP_ERR_DEVICE));
-    CHECK_OK(tp_graph_cache_launch(cache, 1, s1));
-    CHECK_OK(tp_sim_clear_faults(dev));
+    failed_launch_env e;
+    failed_launch_open(&e);
+    uint64_t t0 = gt_now(e.dev);
+    /* the first launch: runs until t0 + 100 ms, nobody knows when */
+    failed_launch_faults(&e, true);
+    CHECK_OK(tp_graph_cache_launch(e.cache, 1, e.s1));
+    CHECK_OK(tp_sim_clear_faults(e.dev));
     /* a shorter one on another stream (the update makes it 10 ms) */
-    tp_graph g2 = gt_graph_ranges(dev, 10, 1, 10 * MS, &ra, 1);
-    CHECK_OK(tp_graph_cache_prepare(cache, 1, g2, NULL));
-    CHECK_OK(tp_graph_cache_launch(cache, 1, s2));
-    CHECK_OK(tp_pool_free(pool, a, s1));
-    CHECK_OK(tp_graph_cache_evict(cache, 1));
-    for (int i = 0; i < 10 && gt_pool_stats(pool).pinned_bytes.current; i++) {
-        CHECK_OK(tp_sim_advance(dev, 20 * MS));
-        CHECK_OK(tp_graph_cache_tick(cache));
+    tp_graph g2 = gt_graph_ranges(e.dev, 10, 1, 10 * MS, &e.range, 1);
+    CHECK_OK(tp_graph_cache_prepare(e.cache, 1, g2, NULL));
+    CHECK_OK(tp_graph_cache_launch(e.cache, 1, e.s2));
+    CHECK_OK(tp_pool_free(e.pool, e.block, e.s1));
+    CHECK_OK(tp_graph_cache_evict(e.cache, 1));
+    for (int i = 0; i < 10 && gt_pool_stats(e.pool).pinned_bytes.current; i++) {
+        CHECK_OK(tp_sim_advance(e.dev, 20 * MS));
+        CHECK_OK(tp_graph_cache_tick(e.cache));
     }
-    CHECK_EQ_U64(gt_pool_stats(pool).pinned_bytes.current, 0);
-    CHECK_MSG(gt_now(dev) >= t0 + 100 * MS, "pin released at +%llu ms, the first launch runs until +100 ms",
-              (unsigned long long)((gt_now(dev) - t0) / MS));
+    CHECK_EQ_U64(gt_pool_stats(e.pool).pinned_bytes.current, 0);
+    CHECK_MSG(gt_now(e.dev) >= t0 + 100 * MS, "pin released at +%llu ms, the first launch runs until +100 ms",
+              (unsigned long long)((gt_now(e.dev) - t0) / MS));
     /* the block goes to another stream only once the first launch is done */
     tp_stream s3;
-    CHECK_OK(tp_stream_create(dev, &s3));
-    void *b = alloc_or_die(pool, 4 * TEST_MiB, s3);
-    CHECK_OK(tp_pool_free(pool, b, s3));
-    CHECK_EQ_U64(gt_counters(dev).hazards, 0);
-    CHECK_CACHE(cache);
-    CHECK_POOL(pool);
-    log.errors = 0; /* the failed waits are logged */
+    CHECK_OK(tp_stream_create(e.dev, &s3));
+    void *b = alloc_or_die(e.pool, 4 * TEST_MiB, s3);
+    CHECK_OK(tp_pool_free(e.pool, b, s3));
+    CHECK_EQ_U64(gt_counters(e.dev).hazards, 0);
+    CHECK_CACHE(e.cache);
+    CHECK_POOL(e.pool);
+    e.log.errors = 0; /* the failed waits are logged */
 
-    CHECK_OK(tp_graph_cache_destroy(cache));
-    CHECK_OK(tp_sim_graph_destroy(dev, g));
-    CHECK_OK(tp_sim_graph_destroy(dev, g2));
-    CHECK_OK(tp_pool_destroy(pool));
-    CHECK_OK(tp_stream_destroy(dev, s1));
-    CHECK_OK(tp_stream_destroy(dev, s2));
-    CHECK_OK(tp_stream_destroy(dev, s3));
-    CHECK_OK(tp_device_close(dev));
+    CHECK_OK(tp_sim_graph_destroy(e.dev, g2));
+    CHECK_OK(tp_pool_forget_stream(e.pool, s3)); /* (a stream the pool knows goes only after it is forgotten) */
+    CHECK_OK(tp_stream_destroy(e.dev, s3));
+    failed_launch_close(&e);
 }
 
 /* Instantiation out of device memory while an attached pool holds idle
