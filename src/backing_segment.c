@@ -18,6 +18,22 @@
  * rotates through sizes keeps reusing it, while a one-off huge temporary
  * goes cold and ages out instead of being pinned forever by small blocks.
  *
+ * Pinned segments. A small block placed in a large busy segment (the slack
+ * of a ladder segment beside the block it was made for) keeps the whole
+ * segment when that block is freed, and lives as long as it likes: a KV
+ * cache reallocated larger every token, with small long-lived blocks made
+ * meanwhile, pinned one ladder segment after another (11.8x its live peak;
+ * failed allocations at a third of the device live). So at each growth the
+ * pool sums the free bytes of busy segments at most 1/SPARSE_LIVE_DIV live;
+ * once that passes 1/APART_ON_DIV of what it holds, placement keeps requests
+ * apart -- a request takes no space in a segment more than APART_SIZE_FACTOR
+ * times the one it would get of its own (a request of up to 1 MiB then only
+ * in small segments) -- until it falls below 1/APART_OFF_DIV. New large
+ * segments then stay clean, and the pinned ones go back as their blocks die.
+ * Out of memory, a request kept apart takes the larger segments' room after
+ * all. Workloads whose small blocks die young never get there and keep
+ * filling large segments' slack.
+ *
  * Growth past the cap (the high-water mark plus 1/16) gives superseded
  * idle segments back first, waiting for the growing stream's own older
  * work. While any pool stream captures a graph nothing may go back to the
@@ -30,8 +46,8 @@
  *
  * Invariants (segment_check, with tpi_units_check): a unit's live count
  * equals the used nodes in its segment (its region in the range
- * allocator); an idle segment is one free node spanning it; reserved bytes
- * equal the segments' bytes.
+ * allocator), and its live bytes their sizes; an idle segment is one free
+ * node spanning it; reserved bytes equal the segments' bytes.
  */
 #include "pool_core.h"
 
@@ -39,6 +55,11 @@
 #define MEDIUM_REQUEST_MAX (10 * TPI_MiB)
 #define LADDER_BASE (2 * TPI_MiB)
 #define SEGMENT_FIND_CANDIDATES 16
+#define SEGMENT_FIND_PASSED_OVER 256
+#define SPARSE_LIVE_DIV 8
+#define APART_ON_DIV 4
+#define APART_OFF_DIV 8
+#define APART_SIZE_FACTOR 2
 
 static const tpi_backing_ops segment_ops;
 
@@ -47,6 +68,7 @@ static const tpi_backing_ops segment_ops;
 typedef struct segment_backing {
     tpi_backing base; /* first: a tpi_backing * is a segment_backing * */
     bool capture_growth_owed;
+    bool keep_apart; /* pinned segments hold too much: see the header */
 } segment_backing;
 
 /* Smallest ladder size holding bytes: 2 MiB steps while a step of
@@ -82,8 +104,11 @@ static bool segment_wakes(tpi_core *core, uint32_t id, uint64_t wake_limit_bytes
 
 /* Good fit among free ranges the stream may use (same stream, completed,
  * or -- failing all else -- made safe by a stream wait) in segments it may
- * wake. Returns the node or TPI_RA_NONE. */
-static uint32_t find_usable(tpi_core *core, uint64_t size, uint32_t slot, uint64_t wake_limit_bytes) {
+ * wake and no larger than max_segment_bytes. Ranges in larger segments are
+ * passed over without counting against the candidates, up to
+ * SEGMENT_FIND_PASSED_OVER of them. Returns the node or TPI_RA_NONE. */
+static uint32_t find_usable(tpi_core *core, uint64_t size, uint32_t slot, uint64_t wake_limit_bytes,
+                            uint64_t max_segment_bytes) {
     tpi_ra_search search;
     tpi_ra_search_begin(&core->ra, size, &search);
     uint32_t wait_candidate = TPI_RA_NONE, first_usable = TPI_RA_NONE;
@@ -91,10 +116,15 @@ static uint32_t find_usable(tpi_core *core, uint64_t size, uint32_t slot, uint64
     /* A capturing stream prefers the ranges it freed itself: the graph's
      * footprint then stays near its peak instead of spreading. */
     bool capturing = tpi_order_stream(&core->order, slot)->capturing;
+    unsigned passed_over = 0;
     for (unsigned seen = 0; seen < SEGMENT_FIND_CANDIDATES; seen++) {
         uint32_t id = tpi_ra_search_next(&core->ra, &search);
         if (id == TPI_RA_NONE) break;
         tpi_ra_node *n = tpi_ra_node_at(&core->ra, id);
+        if (core->units.units[n->region].bytes > max_segment_bytes) {
+            if (passed_over++ < SEGMENT_FIND_PASSED_OVER) seen--;
+            continue;
+        }
         uint32_t owner_slot = tpi_tag_slot(n->owner);
         if (!tpi_order_tag_usable(&core->order, &n->owner, slot)) {
             if (wait_candidate == TPI_RA_NONE && owner_slot != TPI_SLOT_MULTI) wait_candidate = id;
@@ -127,10 +157,35 @@ static uint64_t growth_cap(const tpi_core *core, uint64_t size) {
     return high > UINT64_MAX / 2 ? UINT64_MAX : high + high / GROWTH_HEADROOM_DIV;
 }
 
+/* Pinned segments (see the header): decides at a growth whether placement
+ * keeps requests apart from much larger segments. O(segments), at a device
+ * allocation. */
+static void update_keep_apart(segment_backing *sb) {
+    tpi_core *core = sb->base.core;
+    const tpi_units *units = &core->units;
+    uint64_t sparse_free = 0, reserved = core->stats.pub.reserved_bytes.current;
+    for (uint32_t u = 0; u < units->capacity; u++) {
+        const tpi_unit *unit = &units->units[u];
+        if (unit->state == TPI_UNIT_BUSY && unit->live_bytes <= unit->bytes / SPARSE_LIVE_DIV)
+            sparse_free += unit->bytes - unit->live_bytes;
+    }
+    bool was = sb->keep_apart;
+    if (sparse_free > reserved / APART_ON_DIV)
+        sb->keep_apart = true;
+    else if (sparse_free < reserved / APART_OFF_DIV)
+        sb->keep_apart = false;
+    if (sb->keep_apart != was)
+        tpi_logf(&core->device->logger, TP_LOG_DEBUG,
+                 "segment pool: %llu of %llu bytes held lie free in sparse segments; requests %s larger segments",
+                 (unsigned long long)sparse_free, (unsigned long long)reserved,
+                 sb->keep_apart ? "now kept apart from" : "again placed in");
+}
+
 static tp_status grow(segment_backing *sb, uint64_t size, uint32_t slot, uint64_t segment_bytes, uint32_t *out_node,
                       uint64_t *out_need) {
     tpi_core *core = sb->base.core;
     const tp_pool_config *config = &core->config;
+    update_keep_apart(sb);
     tpi_units_release_before_growth(&core->units, segment_bytes);
     const tp_pool_stats *s = &core->stats.pub;
     uint64_t cap = growth_cap(core, size);
@@ -177,6 +232,7 @@ static tp_status grow(segment_backing *sb, uint64_t size, uint32_t slot, uint64_
     unit->base = base;
     unit->bytes = segment_bytes;
     unit->live = 0;
+    unit->live_bytes = 0;
     unit->tag = TPI_TAG_CLEAN;
     tpi_stats_reserved_changed(&core->stats, (int64_t)segment_bytes);
     tpi_observe(&core->stats, TP_POOL_EVENT_DEVICE_ALLOC, base, segment_bytes, TP_STREAM_DEFAULT);
@@ -188,10 +244,19 @@ static tp_status segment_try_alloc(tpi_backing *b, uint64_t size, uint32_t slot,
                                    uint64_t *out_need) {
     tpi_core *core = b->core;
     uint64_t segment_bytes = segment_bytes_for(core, size);
-    uint32_t id = find_usable(core, size, slot, TPI_MAX(4 * size, segment_bytes));
+    uint64_t max_segment_bytes = UINT64_MAX;
+    if (((segment_backing *)b)->keep_apart && segment_bytes <= UINT64_MAX / APART_SIZE_FACTOR)
+        max_segment_bytes = APART_SIZE_FACTOR * segment_bytes;
+    uint32_t id = find_usable(core, size, slot, TPI_MAX(4 * size, segment_bytes), max_segment_bytes);
     if (id == TPI_RA_NONE) {
         if (!may_grow) return TP_NOT_READY;
         tp_status st = grow((segment_backing *)b, size, slot, segment_bytes, &id, out_need);
+        /* Out of memory while kept apart: the larger segments' room is
+         * still better than a failure. */
+        if (st == TP_ERR_OUT_OF_MEMORY && max_segment_bytes != UINT64_MAX) {
+            id = find_usable(core, size, slot, TPI_MAX(4 * size, segment_bytes), UINT64_MAX);
+            if (id != TPI_RA_NONE) st = TP_OK;
+        }
         if (st != TP_OK) return st;
     }
     tpi_units *units = &core->units;
@@ -204,6 +269,7 @@ static tp_status segment_try_alloc(tpi_backing *b, uint64_t size, uint32_t slot,
         return TP_ERR_HOST_OUT_OF_MEMORY;
     }
     if (units->units[u].live++ == 0 && units->units[u].state == TPI_UNIT_IDLE) tpi_units_became_busy(units, u);
+    units->units[u].live_bytes += tpi_ra_node_at(&core->ra, id)->size;
     if (size * 4 >= units->units[u].bytes) units->units[u].last_big_use_ns = tpi_units_now(units);
     *out_node = id;
     return TP_OK;
@@ -216,6 +282,7 @@ static tp_status segment_claim(tpi_backing *b, uint64_t offset, uint64_t size, u
     tpi_units *units = &core->units;
     uint32_t u = tpi_ra_node_at(&core->ra, id)->region;
     if (units->units[u].live++ == 0 && units->units[u].state == TPI_UNIT_IDLE) tpi_units_became_busy(units, u);
+    units->units[u].live_bytes += tpi_ra_node_at(&core->ra, id)->size;
     *out_node = id;
     return TP_OK;
 }
@@ -223,10 +290,12 @@ static tp_status segment_claim(tpi_backing *b, uint64_t offset, uint64_t size, u
 static void segment_release_block(tpi_backing *b, uint32_t node, uint64_t idle_since_ns) {
     tpi_core *core = b->core;
     tpi_tag tag = tpi_ra_node_at(&core->ra, node)->owner;
+    uint64_t block_bytes = tpi_ra_node_at(&core->ra, node)->size;
     uint32_t free_node = tpi_ra_release(&core->ra, node);
     uint32_t u = tpi_ra_node_at(&core->ra, free_node)->region;
     tpi_unit *unit = &core->units.units[u];
     unit->tag = tpi_order_merge(&core->order, unit->tag, tag);
+    unit->live_bytes -= block_bytes;
     if (--unit->live == 0) {
         unit->idle_node = free_node;
         tpi_units_became_idle(&core->units, u, idle_since_ns);
@@ -240,8 +309,9 @@ static void segment_free_figures(tpi_backing *b, uint64_t *out_free, uint64_t *o
     *out_ranges = ra->free_count;
 }
 
-/* covered[] and used[] have one zeroed entry per unit. */
-static bool segments_agree(tpi_core *core, uint64_t *covered, uint64_t *used, char *msg, size_t capacity) {
+/* covered[], used[] and used_bytes[] have one zeroed entry per unit. */
+static bool segments_agree(tpi_core *core, uint64_t *covered, uint64_t *used, uint64_t *used_bytes, char *msg,
+                           size_t capacity) {
     const tpi_units *units = &core->units;
     for (size_t i = 0; i < core->ra.node_capacity; i++) {
         const tpi_ra_node *n = &core->ra.nodes[i];
@@ -252,6 +322,7 @@ static bool segments_agree(tpi_core *core, uint64_t *covered, uint64_t *used, ch
             TPI_FAIL(msg, capacity, "node %zu lies outside its segment", i);
         covered[n->region] += n->size;
         used[n->region] += n->state == TPI_RA_NODE_USED;
+        used_bytes[n->region] += n->state == TPI_RA_NODE_USED ? n->size : 0;
     }
     for (uint32_t u = 0; u < units->capacity; u++) {
         const tpi_unit *unit = &units->units[u];
@@ -260,6 +331,9 @@ static bool segments_agree(tpi_core *core, uint64_t *covered, uint64_t *used, ch
             TPI_FAIL(msg, capacity, "segment %u: covered %llu of %llu bytes, %llu used nodes, live %llu", u,
                      (unsigned long long)covered[u], (unsigned long long)unit->bytes, (unsigned long long)used[u],
                      (unsigned long long)unit->live);
+        if (used_bytes[u] != unit->live_bytes)
+            TPI_FAIL(msg, capacity, "segment %u: its used nodes hold %llu bytes, its count says %llu", u,
+                     (unsigned long long)used_bytes[u], (unsigned long long)unit->live_bytes);
         if (unit->state == TPI_UNIT_IDLE) {
             const tpi_ra_node *n = tpi_ra_node_at(&core->ra, unit->idle_node);
             if (n->state != TPI_RA_NODE_FREE || n->offset != unit->base || n->size != unit->bytes)
@@ -274,9 +348,11 @@ static bool segment_check(tpi_backing *b, char *msg, size_t capacity) {
     size_t entries = core->units.capacity ? core->units.capacity : 1;
     uint64_t *covered = tpi_host_calloc(core->host, entries, sizeof *covered);
     uint64_t *used = tpi_host_calloc(core->host, entries, sizeof *used);
-    bool ok = !covered || !used || segments_agree(core, covered, used, msg, capacity);
+    uint64_t *used_bytes = tpi_host_calloc(core->host, entries, sizeof *used_bytes);
+    bool ok = !covered || !used || !used_bytes || segments_agree(core, covered, used, used_bytes, msg, capacity);
     tpi_host_free(core->host, covered, entries * sizeof *covered);
     tpi_host_free(core->host, used, entries * sizeof *used);
+    tpi_host_free(core->host, used_bytes, entries * sizeof *used_bytes);
     return ok;
 }
 

@@ -43,6 +43,7 @@ typedef struct tpi_unit {
     uint64_t base;
     uint64_t bytes;
     uint64_t live;            /* pages: live blocks touching it; segments: used nodes */
+    uint64_t live_bytes;      /* segments: the bytes of its used nodes */
     tpi_tag tag;              /* merged tags of every free inside the unit */
     uint64_t idle_since_ns;
     uint64_t last_big_use_ns; /* segments: last hand-out of >= 1/4 of it */
