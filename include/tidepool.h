@@ -284,9 +284,13 @@ typedef struct tp_pool_config {
     uint64_t va_reserve_bytes;
     /* Segment pool: segment sizes. Requests up to 1 MiB come from segments
      * of small_segment_bytes (0: 2 MiB, or the alignment if larger), up to
-     * 10 MiB from medium_segment_bytes (0: 20 MiB, rounded to the alignment); larger ones get their own segment,
-     * rounded up to a geometric size ladder (growth_step_percent) so that a
-     * growing request allocates O(log n) segments. */
+     * 10 MiB from medium_segment_bytes (0: 20 MiB, rounded to the
+     * alignment); larger ones get their own segment, rounded up to a
+     * geometric size ladder (growth_step_percent) so that a growing request
+     * allocates O(log n) segments. Any request may use free room in any
+     * segment, except while segments pinned by a few small blocks hold a
+     * quarter of the pool: then none goes into a segment more than twice
+     * its own (docs/architecture.md, "The segment pool"). */
     uint64_t small_segment_bytes;
     uint64_t medium_segment_bytes;
     uint32_t growth_step_percent; /* 0: 6 (each ladder step is 6% larger) */
