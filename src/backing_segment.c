@@ -24,7 +24,8 @@
  * cache reallocated larger every token, with small long-lived blocks made
  * meanwhile, pinned one ladder segment after another (11.8x its live peak;
  * failed allocations at a third of the device live). So at each growth the
- * pool sums the free bytes of busy segments at most 1/SPARSE_LIVE_DIV live;
+ * pool sums the free bytes of busy segments larger than a small one and at
+ * most 1/SPARSE_LIVE_DIV live (sparse segments);
  * once that passes 1/APART_ON_DIV of what it holds, placement keeps requests
  * apart -- a request takes no space in a segment more than APART_SIZE_FACTOR
  * times the one it would get of its own (a request of up to 1 MiB then only
@@ -166,7 +167,8 @@ static void update_keep_apart(segment_backing *sb) {
     uint64_t sparse_free = 0, reserved = core->stats.pub.reserved_bytes.current;
     for (uint32_t u = 0; u < units->capacity; u++) {
         const tpi_unit *unit = &units->units[u];
-        if (unit->state == TPI_UNIT_BUSY && unit->live_bytes <= unit->bytes / SPARSE_LIVE_DIV)
+        if (unit->state == TPI_UNIT_BUSY && unit->bytes > core->config.small_segment_bytes &&
+            unit->live_bytes <= unit->bytes / SPARSE_LIVE_DIV)
             sparse_free += unit->bytes - unit->live_bytes;
     }
     bool was = sb->keep_apart;
