@@ -811,6 +811,41 @@ static void test_segment_kept_apart_uses_large_segments_before_failing(void) {
     fixture_close(&f);
 }
 
+/* Sparse small segments are no reason to keep requests apart: a 2 MiB
+ * segment held by one small block costs 2 MiB whatever happens, and keeping
+ * requests apart changes nothing for small requests. 40 small segments keep
+ * one 256 KiB block each (1/8 live), a 62 MiB segment holds 30 MiB; after a
+ * growth, a 4 MiB request must take the large segment's room, not a new
+ * 20 MiB segment. */
+static void test_segment_sparse_small_segments_do_not_keep_requests_apart(void) {
+    enum { SEGMENTS = 40, PER_SEGMENT = 8 };
+    const uint64_t small = 256 * 1024;
+    fixture f;
+    fixture_open(&f, "sim:1GiB", TP_POOL_SEGMENT, NULL);
+    void *blocks[SEGMENTS * PER_SEGMENT];
+    for (int i = 0; i < SEGMENTS * PER_SEGMENT; i++)
+        REQUIRE_OK(tp_pool_alloc(f.pool, small, TP_STREAM_DEFAULT, &blocks[i]));
+    for (int i = 0; i < SEGMENTS * PER_SEGMENT; i++)
+        if (i % PER_SEGMENT) CHECK_OK(tp_pool_free(f.pool, blocks[i], TP_STREAM_DEFAULT));
+    void *large = NULL, *half = NULL, *grown = NULL, *medium = NULL;
+    REQUIRE_OK(tp_pool_alloc(f.pool, 60 * TEST_MiB, TP_STREAM_DEFAULT, &large));
+    CHECK_OK(tp_pool_free(f.pool, large, TP_STREAM_DEFAULT));
+    REQUIRE_OK(tp_pool_alloc(f.pool, 30 * TEST_MiB, TP_STREAM_DEFAULT, &half)); /* in the 62 MiB segment */
+    CHECK_OK(tp_pool_trim(f.pool, 0, NULL)); /* parked blocks go back: the small segments are 1/8 live */
+    REQUIRE_OK(tp_pool_alloc(f.pool, 100 * TEST_MiB, TP_STREAM_DEFAULT, &grown)); /* a growth */
+    tp_pool_stats before, after;
+    CHECK_OK(tp_pool_get_stats(f.pool, &before));
+    REQUIRE_OK(tp_pool_alloc(f.pool, 4 * TEST_MiB, TP_STREAM_DEFAULT, &medium));
+    CHECK_OK(tp_pool_get_stats(f.pool, &after));
+    CHECK_EQ_U64(after.reserved_bytes.current, before.reserved_bytes.current);
+    CHECK_OK(tp_pool_free(f.pool, medium, TP_STREAM_DEFAULT));
+    CHECK_OK(tp_pool_free(f.pool, grown, TP_STREAM_DEFAULT));
+    CHECK_OK(tp_pool_free(f.pool, half, TP_STREAM_DEFAULT));
+    for (int i = 0; i < SEGMENTS * PER_SEGMENT; i += PER_SEGMENT)
+        CHECK_OK(tp_pool_free(f.pool, blocks[i], TP_STREAM_DEFAULT));
+    fixture_close(&f);
+}
+
 static const test_case tests[] = {
     TEST_CASE(test_vmm_window_waits_for_every_blocking_stream),
     TEST_CASE(test_detach_during_a_reclaim_round_does_not_deadlock),
@@ -832,6 +867,7 @@ static const test_case tests[] = {
     TEST_CASE(test_vmm_address_space_outlasts_a_moving_buffer),
     TEST_CASE(test_segment_small_blocks_do_not_pin_ladder_segments),
     TEST_CASE(test_segment_kept_apart_uses_large_segments_before_failing),
+    TEST_CASE(test_segment_sparse_small_segments_do_not_keep_requests_apart),
 };
 
 int main(int argc, char **argv) { return TEST_MAIN("test_pool_adversarial", tests, argc, argv); }
