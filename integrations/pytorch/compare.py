@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: MIT
 r"""compare.py -- PyTorch's CUDA allocator against tidepool, side by side, on
-the workloads of record_pytorch_traces.py (the ones whose traces are in
-shared/traces).
+the workloads of record_pytorch_traces.py, the script that recorded the real
+traces (docs/traces.md; not part of this repository: --workloads gives its
+path).
 
 Every (workload, allocator) pair runs in a fresh python3 process:
   default      PyTorch's caching allocator
@@ -516,13 +517,10 @@ def main():
         return worker(args)
 
     if not args.workloads:
-        for cand in [os.path.join(REPO, "shared", "tools", "record_pytorch_traces.py"),
-                     os.path.join(os.path.dirname(REPO), "shared", "tools", "record_pytorch_traces.py")]:
-            if os.path.exists(cand):
-                args.workloads = cand
-                break
-    if not args.workloads or not os.path.exists(args.workloads):
-        ap.error("--workloads PATH (record_pytorch_traces.py) is required")
+        ap.error("--workloads PATH is required: record_pytorch_traces.py, the script that recorded "
+                 "the real traces (docs/traces.md)")
+    if not os.path.exists(args.workloads):
+        ap.error("--workloads %s: no such file" % args.workloads)
     args.workloads = os.path.abspath(args.workloads)
     args.lib = os.path.abspath(args.lib)
     if args.full:

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: MIT
-"""Runs the transformer workloads the shared traces were recorded from
+"""Runs the transformer workloads the real traces were recorded from (docs/traces.md)
 (Llama-style decode with a growing KV cache, Gemma 3 image requests,
 Qwen2-VL dynamic-resolution images; randomly initialised models, nothing
 downloaded) with PyTorch's allocator swapped for tidepool by

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * test_small_traces.c -- replays the real traces of ../shared/traces/small
- * (recorded with PyTorch on the H200) through tidepool's vmm and segment
+ * test_small_traces.c -- replays the short versions of the real traces
+ * (docs/traces.md: recorded with PyTorch on the H200; the small/ directory
+ * beside them) through tidepool's vmm and segment
  * pools: no errors, no hazards, no out-of-memory, no unknown frees, and
  * memory held within RATIO_BOUND of peak live. The bound was set from the
  * measured ratios (vmm 1.064 / 1.019 / 1.016, segment 1.016 / 1.072 /
@@ -10,8 +11,9 @@
  * The peak live the replay computes is checked against PyTorch's own
  * figure for the run (the .json beside each trace): PyTorch rounds every
  * request up to 512 bytes, so its peak is a little higher, never lower.
- * argv[1]: the shared directory; argv[2]: the test data directory. Where
- * the shared directory is absent (a clean clone), the excerpt committed
+ * argv[1]: the directory of the real traces (TP_TRACES_DIR), or -;
+ * argv[2]: the test data directory. Without the traces (a clean clone),
+ * the excerpt committed
  * under the test data -- the first 2000 events of
  * qwen2vl_dynres.smoke.csv.gz -- replays instead, under the same checks and
  * with its peak live bytes known.
@@ -46,7 +48,7 @@ static uint64_t pytorch_peak_allocated(const char *trace_path) {
 static int by_name(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
 static char dir_path[1024];
-static bool excerpt_only; /* shared/ is absent: the committed excerpt */
+static bool excerpt_only; /* no real traces: the committed excerpt */
 
 static void test_small_traces_replay_within_bounds(void) {
     DIR *dir = opendir(dir_path);
@@ -104,15 +106,16 @@ static const test_case tests[] = {
     TEST_CASE(test_small_traces_replay_within_bounds),
 };
 
-/* argv[1]: the shared directory; argv[2]: the test data directory; further
+/* argv[1]: the directory of the real traces, or -; argv[2]: the test data directory; further
  * arguments select tests. */
 int main(int argc, char **argv) {
     REQUIRE(argc >= 3);
-    snprintf(dir_path, sizeof dir_path, "%s/traces/small", argv[1]);
-    DIR *dir = opendir(dir_path);
+    snprintf(dir_path, sizeof dir_path, "%s/small", argv[1]);
+    DIR *dir = strcmp(argv[1], "-") ? opendir(dir_path) : NULL;
     if (!dir) {
-        printf("%s is absent (the shared traces live beside the project, in ../shared): replaying the excerpt "
-               "%s/%s instead\n", dir_path, argv[2], EXCERPT);
+        printf("%s: replaying the excerpt %s/%s instead\n",
+               strcmp(argv[1], "-") ? "the short traces are absent" : "no directory of real traces (TP_TRACES_DIR)",
+               argv[2], EXCERPT);
         snprintf(dir_path, sizeof dir_path, "%s", argv[2]);
         excerpt_only = true;
     } else {
