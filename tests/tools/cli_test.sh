@@ -336,6 +336,9 @@ observe)
     expect 0 "peak live" "$tide" replay "$scratch/too_big.csv" --device sim:1GiB,novmm --pool segment
     expect 3 "gate failed \(--max-ratio 1.1\): fa-decode: pool segment held" "$tide" scenario fa-decode --context 2048 --pool segment --max-ratio 1.1
     expect 0 "segment" "$tide" scenario fa-decode --context 2048 --pool segment --fail-on-oom --max-ratio 1.6
+    # small long-lived blocks among a growing buffer's segments (11.8x before
+    # the segment pool kept requests apart from pinned segments; 1.30x after)
+    expect 0 "segment" "$tide" scenario kv-realloc --pool vmm,segment --fail-on-oom --max-ratio 1.5
     expect 2 "--max-ratio needs a ratio" "$tide" replay "$trace" --max-ratio 0.5
     expect 1 "missing.csv: cannot open" "$tide" replay "$scratch/missing.csv" --max-ratio 1.01
     expect 0 "3 = |3 a gate failed" "$tide" replay --help
