@@ -24,16 +24,17 @@
  * cache reallocated larger every token, with small long-lived blocks made
  * meanwhile, pinned one ladder segment after another (11.8x its live peak;
  * failed allocations at a third of the device live). So at each growth the
- * pool sums the free bytes of busy segments larger than a small one and at
- * most 1/SPARSE_LIVE_DIV live (sparse segments);
- * once that passes 1/APART_ON_DIV of what it holds, placement keeps requests
- * apart -- a request takes no space in a segment more than APART_SIZE_FACTOR
- * times the one it would get of its own (a request of up to 1 MiB then only
- * in small segments) -- until it falls below 1/APART_OFF_DIV. New large
- * segments then stay clean, and the pinned ones go back as their blocks die.
- * Out of memory, a request kept apart takes the larger segments' room after
- * all. Workloads whose small blocks die young never get there and keep
- * filling large segments' slack.
+ * pool sums the free bytes of its sparse segments: busy, larger than a small
+ * one, at most 1/SPARSE_LIVE_DIV live. Once that passes 1/APART_ON_DIV of
+ * what it holds, placement keeps requests apart -- a request takes no room
+ * in a segment more than APART_SIZE_FACTOR times the one it would get of its
+ * own (a request of up to 1 MiB then only goes to small segments) -- until
+ * the sum falls below 1/APART_OFF_DIV. New large segments then stay clean,
+ * and the pinned ones go back as their blocks die. Out of memory, a request
+ * kept apart takes the larger segments' room after all. Workloads whose
+ * small blocks die young seldom get there and keep filling large segments'
+ * slack; those that do (short-lived blocks leaving large segments sparse
+ * for a while) pay in device calls and some memory (docs/results.md).
  *
  * Growth past the cap (the high-water mark plus 1/16) gives superseded
  * idle segments back first, waiting for the growing stream's own older
