@@ -31,9 +31,10 @@
  *   - tp_pool: alloc, free, trim, tick, stats, pin/unpin and capture calls may
  *     come from several threads at once. An alloc or free served from the
  *     stream's cache takes only that stream's lock, so threads on different
- *     streams run in parallel; every other call takes the pool's lock and
- *     every stream's lock, and sees one consistent pool (currents, totals and
- *     counters exact; peaks: see tp_stat).
+ *     streams run in parallel; every other call takes the pool's lock, waits
+ *     for the calls being served from stream caches and keeps new ones out,
+ *     and sees one consistent pool (currents, totals and counters exact;
+ *     peaks: see tp_stat).
  *     A stream may be used from several threads (they take turns).
  *     tp_pool_destroy must not race with any other call on that pool.
  *     Reclaim callbacks run on the thread whose allocation ran out of memory,
