@@ -264,6 +264,16 @@ void release_retired_pins(const tp_ggml::device_ref &ref) {
     CHECK_OK(tp_graph_cache_tick(ref.graph_cache()));
 }
 
+/* The end of a case that ran on a stream of its own: the pins of finished
+ * launches released, nothing left pinned, the stream destroyed, the device
+ * clean. */
+void finish_case_on_stream(const tp_ggml::device_ref &ref, tp_stream s, const char *where) {
+    release_retired_pins(ref);
+    CHECK(pool_stats(ref.pool()).pinned_bytes.current == 0);
+    CHECK_OK(tp_stream_destroy(ref.device(), s));
+    check_device_clean(ref, where);
+}
+
 /* A kernel of duration ns on stream touching the given ranges. */
 void kernel(tp_device *dev, tp_stream s, uint64_t ns, std::initializer_list<tp_range> ranges) {
     std::vector<tp_range> r(ranges);
@@ -599,10 +609,7 @@ void case_graph_churn() {
     CHECK(cache_stats(ref.graph_cache()).execs == 0);
     /* Pins of launches still in flight go once they complete (the cache's
      * background thread, or here a tick). */
-    release_retired_pins(ref);
-    CHECK(pool_stats(ref.pool()).pinned_bytes.current == 0);
-    CHECK_OK(tp_stream_destroy(dev, s));
-    check_device_clean(ref, "graph churn");
+    finish_case_on_stream(ref, s, "graph churn");
     CHECK(log_errors() == 0);
 }
 
@@ -641,9 +648,7 @@ void case_context_ids() {
         CHECK_OK(tp_stream_synchronize(dev, s));
     }
     CHECK(cache_stats(ref.graph_cache()).execs == 0);
-    release_retired_pins(ref);
-    CHECK_OK(tp_stream_destroy(dev, s));
-    check_device_clean(ref, "context ids");
+    finish_case_on_stream(ref, s, "context ids");
     CHECK(log_errors() == 0);
 }
 
@@ -678,10 +683,7 @@ void case_capture_misuse() {
             CHECK(other.capture_begin(s) == TP_ERR_CAPTURE); /* still capturing */
             other.capture_abort(s);
         }
-        release_retired_pins(ref);
-        CHECK(pool_stats(ref.pool()).pinned_bytes.current == 0);
-        CHECK_OK(tp_stream_destroy(dev, s));
-        check_device_clean(ref, "capture misuse");
+        finish_case_on_stream(ref, s, "capture misuse");
         /* The last users go while a context is mid-capture on the default
          * stream: the context is destroyed first, then ref. */
         tp_ggml::graph_context last(0);
