@@ -243,6 +243,15 @@ static tp_status grow(segment_backing *sb, uint64_t size, uint32_t slot, uint64_
     return TP_OK;
 }
 
+/* Used node id, just taken, counts in its segment: one more live block (an
+ * idle segment becomes busy) and its bytes. */
+static void count_taken_block(tpi_core *core, uint32_t id) {
+    const tpi_ra_node *n = tpi_ra_node_at(&core->ra, id);
+    tpi_unit *unit = &core->units.units[n->region];
+    if (unit->live++ == 0 && unit->state == TPI_UNIT_IDLE) tpi_units_became_busy(&core->units, n->region);
+    unit->live_bytes += n->size;
+}
+
 static tp_status segment_try_alloc(tpi_backing *b, uint64_t size, uint32_t slot, bool may_grow, uint32_t *out_node,
                                    uint64_t *out_need) {
     tpi_core *core = b->core;
@@ -250,14 +259,15 @@ static tp_status segment_try_alloc(tpi_backing *b, uint64_t size, uint32_t slot,
     uint64_t max_segment_bytes = UINT64_MAX;
     if (((segment_backing *)b)->keep_apart && segment_bytes <= UINT64_MAX / APART_SIZE_FACTOR)
         max_segment_bytes = APART_SIZE_FACTOR * segment_bytes;
-    uint32_t id = find_usable(core, size, slot, TPI_MAX(4 * size, segment_bytes), max_segment_bytes);
+    uint64_t wake_limit_bytes = TPI_MAX(4 * size, segment_bytes);
+    uint32_t id = find_usable(core, size, slot, wake_limit_bytes, max_segment_bytes);
     if (id == TPI_RA_NONE) {
         if (!may_grow) return TP_NOT_READY;
         tp_status st = grow((segment_backing *)b, size, slot, segment_bytes, &id, out_need);
         /* Out of memory while kept apart: the larger segments' room is
          * still better than a failure. */
         if (st == TP_ERR_OUT_OF_MEMORY && max_segment_bytes != UINT64_MAX) {
-            id = find_usable(core, size, slot, TPI_MAX(4 * size, segment_bytes), UINT64_MAX);
+            id = find_usable(core, size, slot, wake_limit_bytes, UINT64_MAX);
             if (id != TPI_RA_NONE) st = TP_OK;
         }
         if (st != TP_OK) return st;
@@ -271,8 +281,7 @@ static tp_status segment_try_alloc(tpi_backing *b, uint64_t size, uint32_t slot,
         }
         return TP_ERR_HOST_OUT_OF_MEMORY;
     }
-    if (units->units[u].live++ == 0 && units->units[u].state == TPI_UNIT_IDLE) tpi_units_became_busy(units, u);
-    units->units[u].live_bytes += tpi_ra_node_at(&core->ra, id)->size;
+    count_taken_block(core, id);
     if (size * 4 >= units->units[u].bytes) units->units[u].last_big_use_ns = tpi_units_now(units);
     *out_node = id;
     return TP_OK;
@@ -282,10 +291,7 @@ static tp_status segment_claim(tpi_backing *b, uint64_t offset, uint64_t size, u
     tpi_core *core = b->core;
     uint32_t id = tpi_ra_take_at(&core->ra, offset, size);
     if (id == TPI_RA_NONE) return TP_ERR_INVALID_ARGUMENT;
-    tpi_units *units = &core->units;
-    uint32_t u = tpi_ra_node_at(&core->ra, id)->region;
-    if (units->units[u].live++ == 0 && units->units[u].state == TPI_UNIT_IDLE) tpi_units_became_busy(units, u);
-    units->units[u].live_bytes += tpi_ra_node_at(&core->ra, id)->size;
+    count_taken_block(core, id);
     *out_node = id;
     return TP_OK;
 }
