@@ -89,9 +89,12 @@ static uint64_t gen_random(gen *g) {
 /* Uniform in [low, high]. */
 static uint64_t gen_between(gen *g, uint64_t low, uint64_t high) { return low + gen_random(g) % (high - low + 1); }
 
+/* Uniform in [0, 1). */
+static double gen_unit(gen *g) { return (double)(gen_random(g) >> 11) / 9007199254740992.0; }
+
 /* Log-uniform in [low, high]. */
 static uint64_t gen_log_between(gen *g, uint64_t low, uint64_t high) {
-    double u = (double)(gen_random(g) >> 11) / 9007199254740992.0;
+    double u = gen_unit(g);
     double value = (double)low * exp2(u * log2((double)high / (double)low));
     uint64_t bytes = (uint64_t)value;
     return bytes < low ? low : bytes > high ? high : bytes;
@@ -451,6 +454,268 @@ static const char *check_image_requests(const scenario_params *p) {
                                                   : NULL;
 }
 
+/* ----------------------------------------------------- batched serving */
+
+/* A server decoding a batch of sequences at once (a realistic shape, not a
+ * failure mode of docs/failure-modes.md). Before every step sequences join
+ * while the batch is below a fresh draw of 4..24 (so it wanders between 4
+ * and 24). A joining sequence brings a prompt of 64, 128, 512, 1024, 2048
+ * or 3000 tokens plus 0..200, prefilled through four temporaries of prompt
+ * x 4096 B x {1, 3, 3, 1} (freed in reverse), and keeps 8 per-layer KV
+ * buffers of 4 KiB a token (K and V). Every step: activations of batch x
+ * 4096 B x {1, 2, 8, 2, 1}; each sequence's 8 KV buffers reallocated one
+ * token larger (the new one allocated, then the old one freed, as
+ * torch.cat does); the activations freed in reverse; a logits temporary of
+ * batch x 32000 x 4 B. A sequence ends after an exponential number of
+ * steps (mean 300), its buffers freed. 20 ms a step, all on stream 0.
+ * Hard for a pool: some 180 live buffers of 0.25..15 MiB, each 4 KiB
+ * larger every step, so none fits the hole its previous self leaves; the
+ * holes must merge with their neighbours or pile up, and a sequence that
+ * ends frees eight buffers in the middle of everyone else's. */
+#define BATCH_LAYERS 8
+#define BATCH_MAX 24
+#define BATCH_KV_BYTES_PER_TOKEN (4 * TIDE_KiB)
+#define BATCH_MEAN_STEPS 300.0
+
+typedef struct batch_sequence {
+    uint64_t tokens, steps_left;
+    block kv[BATCH_LAYERS];
+} batch_sequence;
+
+static int gen_batched_serving(gen *g, const scenario_params *p) {
+    static const uint64_t prompts[6] = {64, 128, 512, 1024, 2048, 3000};
+    static const uint64_t prefill[4] = {1, 3, 3, 1}, activations[5] = {1, 2, 8, 2, 1};
+    batch_sequence seqs[BATCH_MAX];
+    size_t n = 0;
+    for (uint64_t step = 0; step < p->steps && !g->stopped; step++) {
+        gen_mark(g, step + 1);
+        while (n < gen_between(g, 4, BATCH_MAX)) { /* a fresh draw each time, as the prototype */
+            batch_sequence *s = &seqs[n++];
+            s->tokens = prompts[gen_random(g) % 6] + gen_between(g, 0, 200);
+            block temps[4];
+            for (size_t i = 0; i < 4; i++) temps[i] = gen_alloc(g, s->tokens * 4096 * prefill[i], 0);
+            gen_free_reverse(g, temps, 4, 0);
+            s->steps_left = (uint64_t)(-BATCH_MEAN_STEPS * log(1.0 - gen_unit(g))) + 1;
+            for (size_t l = 0; l < BATCH_LAYERS; l++) s->kv[l] = gen_alloc(g, s->tokens * BATCH_KV_BYTES_PER_TOKEN, 0);
+        }
+        block acts[5];
+        for (size_t i = 0; i < 5; i++) acts[i] = gen_alloc(g, n * 4096 * activations[i], 0);
+        for (size_t i = 0; i < n; i++) {
+            batch_sequence *s = &seqs[i];
+            s->tokens++;
+            for (size_t l = 0; l < BATCH_LAYERS; l++) {
+                block grown = gen_alloc(g, s->tokens * BATCH_KV_BYTES_PER_TOKEN, 0);
+                gen_free(g, &s->kv[l]);
+                s->kv[l] = grown;
+            }
+        }
+        gen_free_reverse(g, acts, 5, 0);
+        block logits = gen_alloc(g, n * 32000 * 4, 0);
+        gen_free(g, &logits);
+        size_t kept = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (--seqs[i].steps_left == 0)
+                for (size_t l = 0; l < BATCH_LAYERS; l++) gen_free(g, &seqs[i].kv[l]);
+            else
+                seqs[kept++] = seqs[i];
+        }
+        n = kept;
+        gen_wait(g, 20 * MS);
+    }
+    for (size_t i = 0; i < n; i++)
+        for (size_t l = 0; l < BATCH_LAYERS; l++) gen_free(g, &seqs[i].kv[l]);
+    return 0;
+}
+
+/* ---------------------------------------------------------- heavy tail */
+
+/* Sizes and lifetimes both heavy-tailed (adversarial, not a failure mode).
+ * Every step one block of a log-uniform size in 512 B..256 MiB, on stream
+ * 0, 1 or 2, that lives a Pareto number of steps (alpha 1.2, scale 5: at
+ * least 5, half of them at most 8, one in a hundred past 230, capped at
+ * 50000); then the blocks whose steps are up are freed, soonest due first
+ * (of the same step, oldest first). Half a millisecond a step.
+ * Hard for a pool: nothing repeats. Sizes span six orders of magnitude on
+ * three streams, most blocks die within a few steps and a few live for
+ * thousands, so a long-lived block of any size can settle in the room of a
+ * large short-lived one and keep it. */
+#define HEAVY_TAIL_ALPHA 1.2
+#define HEAVY_TAIL_SCALE 5.0
+#define HEAVY_TAIL_MAX_LIFE 50000
+#define HEAVY_TAIL_STREAMS 3
+
+typedef struct due_block {
+    uint64_t due, born;
+    block b;
+} due_block;
+
+static bool due_before(const due_block *a, const due_block *b) {
+    return a->due != b->due ? a->due < b->due : a->born < b->born;
+}
+
+/* A binary min-heap of blocks by (due, born). */
+static void due_push(due_block *heap, size_t *count, due_block entry) {
+    size_t i = (*count)++;
+    while (i > 0 && due_before(&entry, &heap[(i - 1) / 2])) {
+        heap[i] = heap[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
+    heap[i] = entry;
+}
+
+static due_block due_pop(due_block *heap, size_t *count) {
+    due_block top = heap[0], last = heap[--*count];
+    size_t i = 0;
+    for (;;) {
+        size_t child = 2 * i + 1;
+        if (child >= *count) break;
+        if (child + 1 < *count && due_before(&heap[child + 1], &heap[child])) child++;
+        if (!due_before(&heap[child], &last)) break;
+        heap[i] = heap[child];
+        i = child;
+    }
+    if (*count) heap[i] = last;
+    return top;
+}
+
+static int gen_heavy_tail(gen *g, const scenario_params *p) {
+    /* a block lives at most HEAVY_TAIL_MAX_LIFE steps: at most that many
+     * are live at the end of a step, one more before its frees */
+    size_t capacity = p->steps < HEAVY_TAIL_MAX_LIFE + 1 ? (size_t)p->steps : HEAVY_TAIL_MAX_LIFE + 1;
+    due_block *heap = malloc(capacity * sizeof *heap);
+    if (!heap) {
+        g->stopped = true;
+        return -1;
+    }
+    size_t live = 0;
+    for (uint64_t step = 0; step < p->steps && !g->stopped; step++) {
+        gen_mark(g, step + 1);
+        uint64_t bytes = gen_log_between(g, 512, 256 * TIDE_MiB);
+        double scaled = HEAVY_TAIL_SCALE * pow(1.0 - gen_unit(g), -1.0 / HEAVY_TAIL_ALPHA);
+        uint64_t life = scaled >= HEAVY_TAIL_MAX_LIFE ? HEAVY_TAIL_MAX_LIFE : (uint64_t)scaled;
+        uint32_t stream = (uint32_t)(gen_random(g) % HEAVY_TAIL_STREAMS);
+        due_push(heap, &live, (due_block){step + life, step, gen_alloc(g, bytes, stream)});
+        gen_wait(g, MS / 10);
+        while (live && heap[0].due <= step) {
+            due_block done = due_pop(heap, &live);
+            gen_free(g, &done.b);
+        }
+        gen_wait(g, MS / 2 - MS / 10);
+    }
+    while (live) {
+        due_block done = due_pop(heap, &live);
+        gen_free(g, &done.b);
+    }
+    free(heap);
+    return 0;
+}
+
+/* -------------------------------------------------------------- phases */
+
+/* A workload that changes character (adversarial, not a failure mode).
+ * Rounds alternate between two phases. Even rounds (the first, the
+ * third, ...): a buffer of 200..600 MiB reallocated 512 KiB larger every
+ * step for 400 steps (the new one allocated, then the old one freed), with
+ * a temporary of 1..40 MiB each step; 10 ms a step; the buffer freed at
+ * the end. Odd rounds: 500..1500 long-lived blocks of 64 KiB, 192 KiB,
+ * 1 MiB or 3 MiB, then 3000 times one of them, at random, freed and
+ * replaced by a new one of one of those sizes, a millisecond apart; all
+ * freed at the end.
+ * Hard for a pool: what the growth phase leaves (room sized for a buffer
+ * that is gone) must serve thousands of small blocks, and the small blocks
+ * that the churn scatters must not keep the next growth from its room. */
+#define PHASES_GROWTH_STEPS 400
+#define PHASES_REPLACEMENTS 3000
+#define PHASES_MAX_BLOCKS 1500
+
+static int gen_phases(gen *g, const scenario_params *p) {
+    static const uint64_t sizes[4] = {64 * TIDE_KiB, 192 * TIDE_KiB, TIDE_MiB, 3 * TIDE_MiB};
+    block blocks[PHASES_MAX_BLOCKS];
+    uint64_t step = 0;
+    for (uint64_t round = 0; round < p->rounds && !g->stopped; round++) {
+        if (round % 2 == 0) {
+            block buffer = {0, 0, 0};
+            uint64_t base = gen_between(g, 200, 600) * TIDE_MiB;
+            for (uint64_t token = 0; token < PHASES_GROWTH_STEPS && !g->stopped; token++) {
+                gen_mark(g, ++step);
+                block grown = gen_alloc(g, base + token * 512 * TIDE_KiB, 0);
+                gen_free(g, &buffer);
+                buffer = grown;
+                block temporary = gen_alloc(g, gen_between(g, 1, 40) * TIDE_MiB, 0);
+                gen_free(g, &temporary);
+                gen_wait(g, 10 * MS);
+            }
+            gen_free(g, &buffer);
+        } else {
+            gen_mark(g, ++step);
+            size_t count = (size_t)gen_between(g, 500, PHASES_MAX_BLOCKS);
+            for (size_t i = 0; i < count; i++) blocks[i] = gen_alloc(g, sizes[gen_random(g) % 4], 0);
+            for (uint64_t k = 0; k < PHASES_REPLACEMENTS && !g->stopped; k++) {
+                gen_mark(g, ++step);
+                size_t i = (size_t)(gen_random(g) % count);
+                gen_free(g, &blocks[i]);
+                blocks[i] = gen_alloc(g, sizes[gen_random(g) % 4], 0);
+                gen_wait(g, MS);
+            }
+            for (size_t i = 0; i < count; i++) gen_free(g, &blocks[i]);
+        }
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------ training */
+
+/* Training steps of dynamic shape (a realistic shape, not a failure mode).
+ * 12 layers of parameters (16, 32 or 64 MiB each, made first) and of
+ * gradients (16 MiB each, made in the first step after its forward pass,
+ * kept). Every step a sequence length of 256, 512, 1024, 2048 or 4096
+ * times 1..4: the forward pass keeps three activations a layer (seq x 4096
+ * x 2, seq x 4096 x 8 and seq x 64 x 4 B) and frees a temporary of seq x
+ * 4096 x 4 B; the backward pass, last layer first, allocates two gradient
+ * temporaries (seq x 4096 x 2 and x 8 B), frees the layer's activations,
+ * then the temporaries; the optimizer makes and frees 4 temporaries of
+ * 32 MiB. 100 ms a step, all on stream 0.
+ * Hard for a pool: a step's activations are sized by its sequence length,
+ * 64 KiB..512 MiB, so what a short step frees is too small for a long one
+ * and what a long one leaves is far more than a short one needs; and the
+ * backward pass frees activations between temporaries it made after them. */
+#define TRAINING_LAYERS 12
+#define TRAINING_HIDDEN 4096
+
+static int gen_training(gen *g, const scenario_params *p) {
+    static const uint64_t lengths[5] = {256, 512, 1024, 2048, 4096}, param_mib[3] = {16, 32, 64};
+    block params[TRAINING_LAYERS], grads[TRAINING_LAYERS], acts[TRAINING_LAYERS][3];
+    memset(grads, 0, sizeof grads);
+    for (size_t l = 0; l < TRAINING_LAYERS; l++) params[l] = gen_alloc(g, param_mib[gen_random(g) % 3] * TIDE_MiB, 0);
+    for (uint64_t step = 0; step < p->steps && !g->stopped; step++) {
+        gen_mark(g, step + 1);
+        uint64_t seq = lengths[gen_random(g) % 5] * gen_between(g, 1, 4);
+        for (size_t l = 0; l < TRAINING_LAYERS; l++) {
+            acts[l][0] = gen_alloc(g, seq * TRAINING_HIDDEN * 2, 0);
+            acts[l][1] = gen_alloc(g, seq * TRAINING_HIDDEN * 8, 0);
+            acts[l][2] = gen_alloc(g, seq * 64 * 4, 0);
+            block temporary = gen_alloc(g, seq * TRAINING_HIDDEN * 4, 0);
+            gen_free(g, &temporary);
+        }
+        if (step == 0)
+            for (size_t l = 0; l < TRAINING_LAYERS; l++) grads[l] = gen_alloc(g, 16 * TIDE_MiB, 0);
+        for (size_t l = TRAINING_LAYERS; l-- > 0;) {
+            block small = gen_alloc(g, seq * TRAINING_HIDDEN * 2, 0);
+            block large = gen_alloc(g, seq * TRAINING_HIDDEN * 8, 0);
+            for (size_t i = 0; i < 3; i++) gen_free(g, &acts[l][i]);
+            gen_free(g, &large);
+            gen_free(g, &small);
+        }
+        block optimizer[4];
+        for (size_t i = 0; i < 4; i++) optimizer[i] = gen_alloc(g, 32 * TIDE_MiB, 0);
+        for (size_t i = 0; i < 4; i++) gen_free(g, &optimizer[i]);
+        gen_wait(g, 100 * MS);
+    }
+    for (size_t l = 0; l < TRAINING_LAYERS; l++) gen_free(g, &params[l]);
+    for (size_t l = 0; l < TRAINING_LAYERS; l++) gen_free(g, &grads[l]);
+    return 0;
+}
+
 /* ---------------------------------------------------------------- table */
 
 const scenario_param_info scenario_param_table[SCENARIO_PARAM_COUNT_] = {
@@ -458,7 +723,7 @@ const scenario_param_info scenario_param_table[SCENARIO_PARAM_COUNT_] = {
                                 1u << 24},
     [SCENARIO_PARAM_REQUESTS] = {"--requests", "number of requests", offsetof(scenario_params, requests), 1, 1000000},
     [SCENARIO_PARAM_STEPS] = {"--steps", "number of steps", offsetof(scenario_params, steps), 1, 100000000},
-    [SCENARIO_PARAM_ROUNDS] = {"--rounds", "rounds through the sizes", offsetof(scenario_params, rounds), 1, 100000},
+    [SCENARIO_PARAM_ROUNDS] = {"--rounds", "number of rounds", offsetof(scenario_params, rounds), 1, 100000},
     [SCENARIO_PARAM_MINUTES] = {"--minutes", "minutes of small temporaries", offsetof(scenario_params, minutes), 0,
                                 100000},
     [SCENARIO_PARAM_SEED] = {"--seed", "seed of the random choices", offsetof(scenario_params, seed), 0, UINT64_MAX},
@@ -497,6 +762,10 @@ GENERATOR(cross_stream)
 GENERATOR(image_requests)
 GENERATOR(mixed_lifetimes)
 GENERATOR(kv_realloc)
+GENERATOR(batched_serving)
+GENERATOR(heavy_tail)
+GENERATOR(phases)
+GENERATOR(training)
 
 static const scenario scenarios[] = {
     {"fa-decode", "flash-attention decode, memory growing with the context (failure mode 1)",
@@ -505,7 +774,9 @@ static const scenario scenarios[] = {
      "token", SCENARIO_USES(SCENARIO_PARAM_CONTEXT), {.context_tokens = 131072}, NULL, 0, NULL, generate_fa_decode,
      NULL},
     {"size-rotation", "more sizes than slots (failure mode 2)",
-     "300 distinct sizes, 1..300 MiB, allocated and freed in rotation, one a millisecond", "step",
+     "300 distinct sizes, 1..300 MiB, allocated and freed in rotation, one a millisecond; a round\n"
+     "goes through the 300 once",
+     "step",
      SCENARIO_USES(SCENARIO_PARAM_ROUNDS), {.rounds = 4}, NULL, 0, NULL, generate_size_rotation, NULL},
     {"oom-reclaim", "out of memory with reclaimable cache (failure mode 3)",
      "8 GiB device: 6 GiB live, 40 x 45 MiB idle in the cache, then a 1.5 GiB request; it fits only if\n"
@@ -545,6 +816,31 @@ static const scenario scenarios[] = {
      "every --context tokens; 20 ms a token",
      "token", SCENARIO_USES(SCENARIO_PARAM_STEPS) | SCENARIO_USES(SCENARIO_PARAM_CONTEXT),
      {.steps = 6000, .context_tokens = 2000}, NULL, 0, NULL, generate_kv_realloc, NULL},
+    {"batched-serving", "a server decoding a varying batch of sequences (realistic, not a failure mode)",
+     "sequences join while the batch is below a fresh draw of 4..24, each with a prompt of 64..3200\n"
+     "tokens (prefill temporaries) and 8 per-layer KV buffers of 4 KiB a token, reallocated one token\n"
+     "larger every step (new allocated, then old freed); per step activations and a logits temporary\n"
+     "sized by the batch; a sequence ends after an exponential number of steps (mean 300); 20 ms a step",
+     "step", SCENARIO_USES(SCENARIO_PARAM_STEPS) | SCENARIO_USES(SCENARIO_PARAM_SEED), {.steps = 3000, .seed = 1},
+     NULL, 0, NULL, generate_batched_serving, NULL},
+    {"heavy-tail", "heavy-tailed sizes and lifetimes on three streams (adversarial, not a failure mode)",
+     "every step one block of a log-uniform size 512 B..256 MiB on stream 0, 1 or 2, living a Pareto\n"
+     "number of steps (alpha 1.2, scale 5, at most 50000); half a millisecond a step",
+     "step", SCENARIO_USES(SCENARIO_PARAM_STEPS) | SCENARIO_USES(SCENARIO_PARAM_SEED), {.steps = 60000, .seed = 1},
+     NULL, 0, NULL, generate_heavy_tail, NULL},
+    {"phases", "a growing buffer and small-block churn in turn (adversarial, not a failure mode)",
+     "rounds alternate: a buffer of 200..600 MiB reallocated 512 KiB larger every step for 400 steps,\n"
+     "with a 1..40 MiB temporary a step (10 ms a step); then 500..1500 long-lived blocks of 64 KiB,\n"
+     "192 KiB, 1 MiB or 3 MiB, one replaced at random 3000 times (1 ms apart)",
+     "step", SCENARIO_USES(SCENARIO_PARAM_ROUNDS) | SCENARIO_USES(SCENARIO_PARAM_SEED), {.rounds = 6, .seed = 1},
+     NULL, 0, NULL, generate_phases, NULL},
+    {"training", "training steps of dynamic sequence length (realistic, not a failure mode)",
+     "12 layers of parameters (16/32/64 MiB) and gradients (16 MiB); every step a sequence length of\n"
+     "256..4096 x 1..4: forward keeps 3 activations a layer and frees a temporary, backward (last layer\n"
+     "first) frees them between two gradient temporaries, then 4 x 32 MiB optimizer temporaries;\n"
+     "100 ms a step",
+     "step", SCENARIO_USES(SCENARIO_PARAM_STEPS) | SCENARIO_USES(SCENARIO_PARAM_SEED), {.steps = 200, .seed = 1},
+     NULL, 0, NULL, generate_training, NULL},
     {"graph-churn", "a graph cache under new graph topologies at every request (failure mode 7)",
      "each request runs a graph of a new topology (50..250 nodes) under a new key through the graph\n"
      "cache, then 3 of --hot steady keys; once with the byte cap, once without, on fresh devices.\n"

@@ -131,6 +131,8 @@ static void small_params(const scenario *s, scenario_params *p) {
     if (!strcmp(s->name, "high-water")) p->minutes = 2;
     if (!strcmp(s->name, "out-of-order") || !strcmp(s->name, "cross-stream")) p->steps = 300;
     if (!strcmp(s->name, "image-requests")) p->requests = 12;
+    if (!strcmp(s->name, "batched-serving")) p->steps = 300;
+    if (!strcmp(s->name, "heavy-tail")) p->steps = 10000;
 }
 
 static void test_generated_traces(void) {
