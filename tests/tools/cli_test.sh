@@ -78,7 +78,7 @@ usage)
     expect 0 "usage: tide demo" "$tide" demo --help
     # --help lists every scenario with its parameters
     expect 0 "usage: tide scenario" "$tide" scenario --help
-    for name in fa-decode size-rotation oom-reclaim high-water out-of-order cross-stream image-requests mixed-lifetimes kv-realloc; do
+    for name in fa-decode size-rotation oom-reclaim high-water out-of-order cross-stream image-requests mixed-lifetimes kv-realloc batched-serving heavy-tail phases training; do
         grep -q "^  $name " "$out" || fail "tide scenario --help does not list $name"
     done
     for param in --context --requests --steps --rounds --minutes --seed; do
@@ -176,6 +176,18 @@ scenario)
         sed 's/"trace":"[^"]*",//; s/"ns_per_event":[0-9.]*,//' >"$scratch/written.json"
     [ -s "$scratch/direct.json" ] || fail "no JSON from the direct replay"
     cmp -s "$scratch/direct.json" "$scratch/written.json" || { fail "written trace replays differently"; diff "$scratch/direct.json" "$scratch/written.json"; }
+    # the ported shapes too, in fewer steps: the written trace gives the
+    # direct run's figures (peak live among them)
+    for run in "batched-serving --steps 300" "heavy-tail --steps 5000" "phases --rounds 2" "training --steps 20"; do
+        name=${run%% *}
+        expect 0 "wrote .*$name.csv.gz" "$tide" scenario $run --out "$scratch/$name.csv.gz"
+        "$tide" scenario $run --pool vmm,segment --json |
+            sed 's/"scenario":"[^"]*",//; s/"ns_per_event":[0-9.]*,//' >"$scratch/direct.json"
+        "$tide" replay "$scratch/$name.csv.gz" --pool vmm,segment --json |
+            sed 's/"trace":"[^"]*",//; s/"ns_per_event":[0-9.]*,//' >"$scratch/written.json"
+        [ "$(grep -c '"peak_live_bytes":[1-9]' "$scratch/direct.json")" = 2 ] || fail "$name: no peak live in the direct replay"
+        cmp -s "$scratch/direct.json" "$scratch/written.json" || { fail "$name: written trace replays differently"; diff "$scratch/direct.json" "$scratch/written.json"; }
+    done
     expect 0 "^time_us,action,addr,size,stream" "$tide" scenario cross-stream --steps 3 --out -
     # a tick a second, as the PyTorch shim's upkeep thread calls it, leaves a
     # busy pool's placement alone: same memory, same device calls
@@ -339,6 +351,13 @@ observe)
     # small long-lived blocks among a growing buffer's segments (11.8x before
     # the segment pool kept requests apart from pinned segments; 1.30x after)
     expect 0 "segment" "$tide" scenario kv-realloc --pool vmm,segment --fail-on-oom --max-ratio 1.5
+    # the ported shapes, each gated a little above what the worse pool holds
+    # today (batched-serving segment 1.293, heavy-tail segment 1.492,
+    # phases both 1.013, training segment 1.461)
+    expect 0 "segment" "$tide" scenario batched-serving --pool vmm,segment --fail-on-oom --max-ratio 1.36
+    expect 0 "segment" "$tide" scenario heavy-tail --pool vmm,segment --fail-on-oom --max-ratio 1.57
+    expect 0 "segment" "$tide" scenario phases --pool vmm,segment --fail-on-oom --max-ratio 1.07
+    expect 0 "segment" "$tide" scenario training --pool vmm,segment --fail-on-oom --max-ratio 1.54
     expect 2 "--max-ratio needs a ratio" "$tide" replay "$trace" --max-ratio 0.5
     expect 1 "missing.csv: cannot open" "$tide" replay "$scratch/missing.csv" --max-ratio 1.01
     expect 0 "3 = |3 a gate failed" "$tide" replay --help
