@@ -753,6 +753,59 @@ static int generate_with(gen_fn fn, const scenario_params *p, const scenario_sin
     static int generate_##name(const scenario_params *p, const scenario_sink *sink) {    \
         return generate_with(gen_##name, p, sink);                                        \
     }
+
+/* ------------------------------------------------------------ diffusion */
+
+/* An image-diffusion server (not a failure mode of docs/failure-modes.md:
+ * a workload whose sizes jump with the square of the resolution). 2000 MiB
+ * of weights, then requests at a resolution of 512..1280 pixels a side
+ * (six, at random), each 25 denoising steps of a 4-level U-Net. Down, per
+ * level: two activations of latent x 40 / 2^level (the latent: pixels/64
+ * x 4 channels in f16), one freed at once, the other kept as the skip
+ * connection until the up path; then an attention temporary of
+ * (pixels/64/4^level)^2 / 4 B + 4 KiB. Up, per level: a 1 MiB temporary,
+ * then the skip freed. After the steps a VAE decode temporary of pixels x
+ * 256 B. 30 ms a step, 50 ms the decode. The level-0 attention temporary
+ * is 4 MiB at 512 and 156 MiB at 1280, the decode 64..400 MiB: each request
+ * wants other large sizes than the one before, made while the step's skip
+ * connections are live, and a pool that kept what it made for one
+ * resolution would hold it through the others. */
+static const uint64_t diffusion_sides[6] = {512, 640, 768, 896, 1024, 1280};
+#define DIFFUSION_STEPS 25
+#define DIFFUSION_LEVELS 4
+static int gen_diffusion(gen *g, const scenario_params *p) {
+    block weights = gen_alloc(g, 2000 * TIDE_MiB, 0);
+    for (uint64_t request = 1; request <= p->requests && !g->stopped; request++) {
+        gen_mark(g, request);
+        uint64_t side = diffusion_sides[gen_random(g) % 6];
+        uint64_t latent_pixels = (side / 8) * (side / 8);
+        uint64_t latent_bytes = latent_pixels * 4 * 2;
+        for (int step = 0; step < DIFFUSION_STEPS && !g->stopped; step++) {
+            block skips[DIFFUSION_LEVELS];
+            for (int level = 0; level < DIFFUSION_LEVELS; level++) {
+                uint64_t activation = (latent_bytes >> level) * 40;
+                block a = gen_alloc(g, activation, 0);
+                skips[level] = gen_alloc(g, activation, 0);
+                gen_free(g, &a);
+                uint64_t tokens = latent_pixels >> (2 * level);
+                block attention = gen_alloc(g, tokens * tokens / 4 + 4 * TIDE_KiB, 0);
+                gen_free(g, &attention);
+            }
+            for (int level = DIFFUSION_LEVELS; level-- > 0;) {
+                block up = gen_alloc(g, TIDE_MiB, 0);
+                gen_free(g, &up);
+                gen_free(g, &skips[level]);
+            }
+            gen_wait(g, 30 * MS);
+        }
+        block decode = gen_alloc(g, side * side * 128 * 2, 0);
+        gen_free(g, &decode);
+        gen_wait(g, 50 * MS);
+    }
+    gen_free(g, &weights);
+    return 0;
+}
+
 GENERATOR(fa_decode)
 GENERATOR(size_rotation)
 GENERATOR(oom_reclaim)
@@ -766,6 +819,7 @@ GENERATOR(batched_serving)
 GENERATOR(heavy_tail)
 GENERATOR(phases)
 GENERATOR(training)
+GENERATOR(diffusion)
 
 static const scenario scenarios[] = {
     {"fa-decode", "flash-attention decode, memory growing with the context (failure mode 1)",
@@ -841,6 +895,12 @@ static const scenario scenarios[] = {
      "100 ms a step",
      "step", SCENARIO_USES(SCENARIO_PARAM_STEPS) | SCENARIO_USES(SCENARIO_PARAM_SEED), {.steps = 200, .seed = 1},
      NULL, 0, NULL, generate_training, NULL},
+    {"diffusion", "an image-diffusion server at random resolutions (model-shaped, not a failure mode)",
+     "2000 MiB of weights; per request a resolution of 512..1280 at random, 25 steps of a 4-level U-Net\n"
+     "(per level two activations, one kept as the skip until the up path, and an attention temporary of\n"
+     "(pixels/64/4^level)^2/4 B + 4 KiB), then a VAE decode temporary; 30 ms a step",
+     "request", SCENARIO_USES(SCENARIO_PARAM_REQUESTS) | SCENARIO_USES(SCENARIO_PARAM_SEED),
+     {.requests = 40, .seed = 1}, NULL, 0, NULL, generate_diffusion, NULL},
     {"graph-churn", "a graph cache under new graph topologies at every request (failure mode 7)",
      "each request runs a graph of a new topology (50..250 nodes) under a new key through the graph\n"
      "cache, then 3 of --hot steady keys; once with the byte cap, once without, on fresh devices.\n"
