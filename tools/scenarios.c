@@ -806,6 +806,45 @@ static int gen_diffusion(gen *g, const scenario_params *p) {
     return 0;
 }
 
+/* ------------------------------------------------------ mixture of experts */
+
+/* A mixture-of-experts layer (not a failure mode: a workload of many
+ * sizes at once). 1500 MiB of weights; every step a batch of 8, 64, 512,
+ * 4096 or 16384 tokens (at random) is routed at random over 64 experts: a
+ * routing buffer of tokens x 64 x 4 B, then per expert an input buffer of
+ * (its tokens, at least 1) x 2048 x 2 B, then per expert an intermediate
+ * of 4 times that, all live together; the intermediates freed, an output
+ * of tokens x 2048 x 2 B, then the inputs, the routing buffer and the
+ * output freed. 5 ms a step. 130 blocks a step of sizes that follow the
+ * routing (4 KiB .. about 1.3 MiB an input at the largest batch), and from
+ * one step to the next the batch, and with it every size, can change 2000
+ * times over. */
+#define MOE_EXPERTS 64
+#define MOE_HIDDEN 2048
+static int gen_moe(gen *g, const scenario_params *p) {
+    static const uint64_t batches[5] = {1, 8, 64, 512, 2048};
+    block weights = gen_alloc(g, 1500 * TIDE_MiB, 0);
+    block inputs[MOE_EXPERTS], intermediates[MOE_EXPERTS];
+    for (uint64_t step = 1; step <= p->steps && !g->stopped; step++) {
+        gen_mark(g, step);
+        uint64_t tokens = batches[gen_random(g) % 5] * 8, counts[MOE_EXPERTS] = {0};
+        for (uint64_t t = 0; t < tokens; t++) counts[gen_random(g) % MOE_EXPERTS]++;
+        block route = gen_alloc(g, tokens * MOE_EXPERTS * 4, 0);
+        for (size_t e = 0; e < MOE_EXPERTS; e++)
+            inputs[e] = gen_alloc(g, (counts[e] ? counts[e] : 1) * MOE_HIDDEN * 2, 0);
+        for (size_t e = 0; e < MOE_EXPERTS; e++)
+            intermediates[e] = gen_alloc(g, (counts[e] ? counts[e] : 1) * MOE_HIDDEN * 8, 0);
+        for (size_t e = 0; e < MOE_EXPERTS; e++) gen_free(g, &intermediates[e]);
+        block out = gen_alloc(g, tokens * MOE_HIDDEN * 2, 0);
+        for (size_t e = 0; e < MOE_EXPERTS; e++) gen_free(g, &inputs[e]);
+        gen_free(g, &route);
+        gen_free(g, &out);
+        gen_wait(g, 5 * MS);
+    }
+    gen_free(g, &weights);
+    return 0;
+}
+
 GENERATOR(fa_decode)
 GENERATOR(size_rotation)
 GENERATOR(oom_reclaim)
@@ -820,6 +859,7 @@ GENERATOR(heavy_tail)
 GENERATOR(phases)
 GENERATOR(training)
 GENERATOR(diffusion)
+GENERATOR(moe)
 
 static const scenario scenarios[] = {
     {"fa-decode", "flash-attention decode, memory growing with the context (failure mode 1)",
@@ -901,6 +941,12 @@ static const scenario scenarios[] = {
      "(pixels/64/4^level)^2/4 B + 4 KiB), then a VAE decode temporary; 30 ms a step",
      "request", SCENARIO_USES(SCENARIO_PARAM_REQUESTS) | SCENARIO_USES(SCENARIO_PARAM_SEED),
      {.requests = 40, .seed = 1}, NULL, 0, NULL, generate_diffusion, NULL},
+    {"moe", "a mixture-of-experts layer, a buffer per expert (model-shaped, not a failure mode)",
+     "1500 MiB of weights; every step 8..16384 tokens routed at random over 64 experts: a routing\n"
+     "buffer, per expert an input of (its tokens, at least 1) x 4 KiB and an intermediate 4 times\n"
+     "that, an output; 5 ms a step",
+     "step", SCENARIO_USES(SCENARIO_PARAM_STEPS) | SCENARIO_USES(SCENARIO_PARAM_SEED), {.steps = 3000, .seed = 1},
+     NULL, 0, NULL, generate_moe, NULL},
     {"graph-churn", "a graph cache under new graph topologies at every request (failure mode 7)",
      "each request runs a graph of a new topology (50..250 nodes) under a new key through the graph\n"
      "cache, then 3 of --hot steady keys; once with the byte cap, once without, on fresh devices.\n"

@@ -133,6 +133,7 @@ static void small_params(const scenario *s, scenario_params *p) {
     if (!strcmp(s->name, "image-requests")) p->requests = 12;
     if (!strcmp(s->name, "batched-serving")) p->steps = 300;
     if (!strcmp(s->name, "heavy-tail")) p->steps = 10000;
+    if (!strcmp(s->name, "moe")) p->steps = 300;
 }
 
 static void test_generated_traces(void) {
