@@ -845,6 +845,59 @@ static int gen_moe(gen *g, const scenario_params *p) {
     return 0;
 }
 
+/* ------------------------------------------------------------- sawtooth */
+
+/* A buffer reallocated larger every step, back to its base size every
+ * 1000 steps (adversarial, not a failure mode: kv-realloc with the slope
+ * and the base drawn from the seed). The seed picks a base of 16, 64 or
+ * 200 MiB and a growth of 4 KiB, 64 KiB or 1 MiB a step; at step s the
+ * buffer is base + growth x (s mod 1000), allocated before the previous one
+ * is freed. Every 13th step a block of 512 KiB, 3 MiB or 12 MiB that lives
+ * 100..5000 steps (uniform) is made. 10 ms a step. Blocks never move, so
+ * the buffer never fits the hole it left and walks through the address
+ * space, the long-lived blocks land in the holes and pin them, and every
+ * 1000 steps the climb starts over among them. */
+#define SAWTOOTH_PERIOD 1000
+#define SAWTOOTH_EVERY 13
+#define SAWTOOTH_LIFE_MIN 100
+#define SAWTOOTH_LIFE_MAX 5000
+typedef struct sawtooth_block {
+    uint64_t until; /* the step at which it is freed */
+    block b;
+} sawtooth_block;
+
+static int gen_sawtooth(gen *g, const scenario_params *p) {
+    /* live at once: those made in the last SAWTOOTH_LIFE_MAX steps */
+    enum { MAX_LIVE = SAWTOOTH_LIFE_MAX / SAWTOOTH_EVERY + 2 };
+    static const uint64_t bases[3] = {16 * TIDE_MiB, 64 * TIDE_MiB, 200 * TIDE_MiB};
+    static const uint64_t growths[3] = {4 * TIDE_KiB, 64 * TIDE_KiB, TIDE_MiB};
+    static const uint64_t long_sizes[3] = {512 * TIDE_KiB, 3 * TIDE_MiB, 12 * TIDE_MiB};
+    uint64_t base = bases[gen_random(g) % 3], growth = growths[gen_random(g) % 3];
+    sawtooth_block live[MAX_LIVE]; /* in the order they were made */
+    size_t live_count = 0;
+    block buffer = {0, 0, 0};
+    for (uint64_t step = 0; step < p->steps && !g->stopped; step++) {
+        gen_mark(g, step + 1);
+        block grown = gen_alloc(g, base + growth * (step % SAWTOOTH_PERIOD), 0);
+        gen_free(g, &buffer);
+        buffer = grown;
+        if (step % SAWTOOTH_EVERY == 0 && live_count < MAX_LIVE) {
+            uint64_t until = step + gen_between(g, SAWTOOTH_LIFE_MIN, SAWTOOTH_LIFE_MAX);
+            live[live_count++] = (sawtooth_block){until, gen_alloc(g, long_sizes[gen_random(g) % 3], 0)};
+        }
+        size_t kept = 0;
+        for (size_t i = 0; i < live_count; i++) {
+            if (live[i].until <= step) gen_free(g, &live[i].b);
+            else live[kept++] = live[i];
+        }
+        live_count = kept;
+        gen_wait(g, 10 * MS);
+    }
+    for (size_t i = 0; i < live_count; i++) gen_free(g, &live[i].b);
+    gen_free(g, &buffer);
+    return 0;
+}
+
 GENERATOR(fa_decode)
 GENERATOR(size_rotation)
 GENERATOR(oom_reclaim)
@@ -860,6 +913,7 @@ GENERATOR(phases)
 GENERATOR(training)
 GENERATOR(diffusion)
 GENERATOR(moe)
+GENERATOR(sawtooth)
 
 static const scenario scenarios[] = {
     {"fa-decode", "flash-attention decode, memory growing with the context (failure mode 1)",
@@ -947,6 +1001,12 @@ static const scenario scenarios[] = {
      "that, an output; 5 ms a step",
      "step", SCENARIO_USES(SCENARIO_PARAM_STEPS) | SCENARIO_USES(SCENARIO_PARAM_SEED), {.steps = 3000, .seed = 1},
      NULL, 0, NULL, generate_moe, NULL},
+    {"sawtooth", "a buffer growing every step, back to its base every 1000 (adversarial, not a failure mode)",
+     "every step a buffer of base + growth x (step mod 1000) is allocated, then the previous one freed\n"
+     "(base 16, 64 or 200 MiB, growth 4 KiB, 64 KiB or 1 MiB a step, both from the seed); every 13th\n"
+     "step a block of 512 KiB, 3 MiB or 12 MiB that lives 100..5000 steps; 10 ms a step",
+     "step", SCENARIO_USES(SCENARIO_PARAM_STEPS) | SCENARIO_USES(SCENARIO_PARAM_SEED), {.steps = 20000, .seed = 1},
+     NULL, 0, NULL, generate_sawtooth, NULL},
     {"graph-churn", "a graph cache under new graph topologies at every request (failure mode 7)",
      "each request runs a graph of a new topology (50..250 nodes) under a new key through the graph\n"
      "cache, then 3 of --hot steady keys; once with the byte cap, once without, on fresh devices.\n"
