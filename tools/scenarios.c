@@ -898,6 +898,52 @@ static int gen_sawtooth(gen *g, const scenario_params *p) {
     return 0;
 }
 
+/* ------------------------------------------------------ speculative decoding */
+
+/* Speculative decoding (not a failure mode: two KV caches growing at
+ * different rates). At context t, every step drafts k = 2..6 tokens: per
+ * draft token i the draft model's KV cache is reallocated to (t + i) x 64
+ * KiB (the new one allocated before the old is freed) and a 300 KiB
+ * temporary made and freed; then the target model's KV cache is
+ * reallocated to (t + k) x 512 KiB and the verify temporaries of k x 4,
+ * k x 16 and k x 4 MiB are made and freed in reverse. 1..k of the drafts
+ * are accepted (t grows by that), and past 4000 tokens the context starts
+ * over at 100. 30 ms a step. Both caches walk through the address space
+ * as kv-realloc's does, the draft's k times a step by 64 KiB, the target's
+ * once a step (1.5 MiB smaller to 3 MiB larger), to about 2 GiB: the holes
+ * each leaves are the wrong size for the other and for the verify
+ * temporaries. */
+#define SPEC_DECODE_START 100
+#define SPEC_DECODE_CONTEXT 4000
+static int gen_spec_decode(gen *g, const scenario_params *p) {
+    static const uint64_t verify_mib[3] = {4, 16, 4};
+    block draft = {0, 0, 0}, target = {0, 0, 0};
+    uint64_t t = SPEC_DECODE_START;
+    for (uint64_t step = 1; step <= p->steps && !g->stopped; step++) {
+        gen_mark(g, step);
+        uint64_t k = gen_between(g, 2, 6);
+        for (uint64_t i = 0; i < k; i++) {
+            block grown = gen_alloc(g, (t + i) * 64 * TIDE_KiB, 0);
+            gen_free(g, &draft);
+            draft = grown;
+            block temporary = gen_alloc(g, 300 * TIDE_KiB, 0);
+            gen_free(g, &temporary);
+        }
+        block grown = gen_alloc(g, (t + k) * 512 * TIDE_KiB, 0);
+        gen_free(g, &target);
+        target = grown;
+        block verify[3];
+        for (size_t i = 0; i < 3; i++) verify[i] = gen_alloc(g, k * verify_mib[i] * TIDE_MiB, 0);
+        gen_free_reverse(g, verify, 3, 0);
+        t += gen_between(g, 1, k);
+        if (t > SPEC_DECODE_CONTEXT) t = SPEC_DECODE_START;
+        gen_wait(g, 30 * MS);
+    }
+    gen_free(g, &draft);
+    gen_free(g, &target);
+    return 0;
+}
+
 GENERATOR(fa_decode)
 GENERATOR(size_rotation)
 GENERATOR(oom_reclaim)
@@ -914,6 +960,7 @@ GENERATOR(training)
 GENERATOR(diffusion)
 GENERATOR(moe)
 GENERATOR(sawtooth)
+GENERATOR(spec_decode)
 
 static const scenario scenarios[] = {
     {"fa-decode", "flash-attention decode, memory growing with the context (failure mode 1)",
@@ -1007,6 +1054,12 @@ static const scenario scenarios[] = {
      "step a block of 512 KiB, 3 MiB or 12 MiB that lives 100..5000 steps; 10 ms a step",
      "step", SCENARIO_USES(SCENARIO_PARAM_STEPS) | SCENARIO_USES(SCENARIO_PARAM_SEED), {.steps = 20000, .seed = 1},
      NULL, 0, NULL, generate_sawtooth, NULL},
+    {"spec-decode", "speculative decoding, a draft and a target KV cache (model-shaped, not a failure mode)",
+     "per step k = 2..6 draft tokens, each reallocating the draft KV cache to (t+i) x 64 KiB, with a\n"
+     "300 KiB temporary; then the target KV cache reallocated to (t+k) x 512 KiB and verify temporaries\n"
+     "of k x 4, 16 and 4 MiB; t grows by 1..k, back to 100 past 4000 tokens; 30 ms a step",
+     "step", SCENARIO_USES(SCENARIO_PARAM_STEPS) | SCENARIO_USES(SCENARIO_PARAM_SEED), {.steps = 4000, .seed = 1},
+     NULL, 0, NULL, generate_spec_decode, NULL},
     {"graph-churn", "a graph cache under new graph topologies at every request (failure mode 7)",
      "each request runs a graph of a new topology (50..250 nodes) under a new key through the graph\n"
      "cache, then 3 of --hot steady keys; once with the byte cap, once without, on fresh devices.\n"
