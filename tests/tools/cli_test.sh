@@ -78,7 +78,7 @@ usage)
     expect 0 "usage: tide demo" "$tide" demo --help
     # --help lists every scenario with its parameters
     expect 0 "usage: tide scenario" "$tide" scenario --help
-    for name in fa-decode size-rotation oom-reclaim high-water out-of-order cross-stream image-requests mixed-lifetimes kv-realloc batched-serving heavy-tail phases training; do
+    for name in fa-decode size-rotation oom-reclaim high-water out-of-order cross-stream image-requests mixed-lifetimes kv-realloc batched-serving heavy-tail phases training diffusion moe sawtooth spec-decode; do
         grep -q "^  $name " "$out" || fail "tide scenario --help does not list $name"
     done
     for param in --context --requests --steps --rounds --minutes --seed; do
@@ -358,6 +358,14 @@ observe)
     expect 0 "segment" "$tide" scenario heavy-tail --pool vmm,segment --fail-on-oom --max-ratio 1.57
     expect 0 "segment" "$tide" scenario phases --pool vmm,segment --fail-on-oom --max-ratio 1.07
     expect 0 "segment" "$tide" scenario training --pool vmm,segment --fail-on-oom --max-ratio 1.54
+    # diffusion, moe, sawtooth and spec-decode on both pools, each gate about 5% above the worse
+    # pool's ratio when they were added (the segment pool's: diffusion 1.002, moe 1.025 (vmm's
+    # too), sawtooth 1.574, spec-decode 1.237). Segment ladder steps of 25% instead of 6% fail
+    # diffusion, sawtooth and spec-decode; medium segments of 200 MiB instead of 20 fail moe
+    expect 0 "segment" "$tide" scenario diffusion --pool vmm,segment --fail-on-oom --max-ratio 1.06
+    expect 0 "segment" "$tide" scenario moe --pool vmm,segment --fail-on-oom --max-ratio 1.08
+    expect 0 "segment" "$tide" scenario sawtooth --pool vmm,segment --fail-on-oom --max-ratio 1.66
+    expect 0 "segment" "$tide" scenario spec-decode --pool vmm,segment --fail-on-oom --max-ratio 1.30
     expect 2 "--max-ratio needs a ratio" "$tide" replay "$trace" --max-ratio 0.5
     expect 1 "missing.csv: cannot open" "$tide" replay "$scratch/missing.csv" --max-ratio 1.01
     expect 0 "3 = |3 a gate failed" "$tide" replay --help
