@@ -456,7 +456,7 @@ static const char *check_image_requests(const scenario_params *p) {
 
 /* ----------------------------------------------------- batched serving */
 
-/* A server decoding a batch of sequences at once (a realistic shape, not a
+/* A server decoding a batch of sequences at once (a model-shaped workload, not a
  * failure mode of docs/failure-modes.md). Before every step sequences join
  * while the batch is below a fresh draw of 4..24 (so it wanders between 4
  * and 24). A joining sequence brings a prompt of 64, 128, 512, 1024, 2048
@@ -665,7 +665,7 @@ static int gen_phases(gen *g, const scenario_params *p) {
 
 /* ------------------------------------------------------------ training */
 
-/* Training steps of dynamic shape (a realistic shape, not a failure mode).
+/* Training steps of dynamic shape (a model-shaped workload, not a failure mode).
  * 12 layers of parameters (16, 32 or 64 MiB each, made first) and of
  * gradients (16 MiB each, made in the first step after its forward pass,
  * kept). Every step a sequence length of 256, 512, 1024, 2048 or 4096
@@ -1011,7 +1011,7 @@ static const scenario scenarios[] = {
      "every --context tokens; 20 ms a token",
      "token", SCENARIO_USES(SCENARIO_PARAM_STEPS) | SCENARIO_USES(SCENARIO_PARAM_CONTEXT),
      {.steps = 6000, .context_tokens = 2000}, NULL, 0, NULL, generate_kv_realloc, NULL},
-    {"batched-serving", "a server decoding a varying batch of sequences (realistic, not a failure mode)",
+    {"batched-serving", "a server decoding a varying batch of sequences (model-shaped, not a failure mode)",
      "sequences join while the batch is below a fresh draw of 4..24, each with a prompt of 64..3200\n"
      "tokens (prefill temporaries) and 8 per-layer KV buffers of 4 KiB a token, reallocated one token\n"
      "larger every step (new allocated, then old freed); per step activations and a logits temporary\n"
@@ -1029,7 +1029,7 @@ static const scenario scenarios[] = {
      "192 KiB, 1 MiB or 3 MiB, one replaced at random 3000 times (1 ms apart)",
      "step", SCENARIO_USES(SCENARIO_PARAM_ROUNDS) | SCENARIO_USES(SCENARIO_PARAM_SEED), {.rounds = 6, .seed = 1},
      NULL, 0, NULL, generate_phases, NULL},
-    {"training", "training steps of dynamic sequence length (realistic, not a failure mode)",
+    {"training", "training steps of dynamic sequence length (model-shaped, not a failure mode)",
      "12 layers of parameters (16/32/64 MiB) and gradients (16 MiB); every step a sequence length of\n"
      "256..4096 x 1..4: forward keeps 3 activations a layer and frees a temporary, backward (last layer\n"
      "first) frees them between two gradient temporaries, then 4 x 32 MiB optimizer temporaries;\n"

@@ -15,9 +15,10 @@ static void scenario_usage(FILE *out) {
     fprintf(out,
             "usage: tide scenario NAME [parameters] [options]\n"
             "       tide scenario NAME [parameters] --out FILE[.gz]\n\n"
-            "Generates a workload -- a failure mode of docs/failure-modes.md, or an adversarial or realistic\n"
-            "shape -- and replays it through pools (the options of tide replay), or writes it as a trace\n"
-            "(tidepool CSV time_us,action,addr,size,stream; gzip when FILE ends in .gz, - for stdout).\n\n"
+            "Generates a workload -- a failure mode of docs/failure-modes.md, an adversarial shape, or the\n"
+            "allocations of a kind of model -- and replays it through pools (the options of tide replay),\n"
+            "or writes it as a trace (tidepool CSV time_us,action,addr,size,stream; gzip when FILE ends in\n"
+            ".gz, - for stdout).\n\n"
             "scenarios and their parameters (default in brackets):\n");
     size_t count;
     const scenario *list = scenario_list(&count);
