@@ -2,24 +2,14 @@
 # SPDX-License-Identifier: MIT
 """test_compare_summary.py -- compare.py's medians over rounds, without torch
 or a GPU: summarize() on made-up runs, and the --rounds option's checks."""
-import importlib.util
 import os
 import subprocess
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-spec = importlib.util.spec_from_file_location("compare", os.path.join(HERE, "compare.py"))
-compare = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(compare)
+from script_checks import HERE, Checks, load_script
 
-failures = 0
-
-
-def check(cond, what):
-    global failures
-    if not cond:
-        failures += 1
-        print("FAIL:", what)
+compare = load_script("compare.py")
+check = Checks("test_compare_summary")
 
 
 def run(mode, gen_s, wall_s, rc=0, scenario="decode_growing_kv"):
@@ -45,7 +35,4 @@ p = subprocess.run([sys.executable, os.path.join(HERE, "compare.py"), "--workloa
                    capture_output=True, text=True)
 check(p.returncode == 2 and "--rounds must be at least 1" in p.stderr, "--rounds 0: rc %d %s" % (p.returncode, p.stderr))
 
-if failures:
-    print("test_compare_summary: %d failure(s)" % failures)
-    sys.exit(1)
-print("test_compare_summary: all checks passed")
+check.finish()

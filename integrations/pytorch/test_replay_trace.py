@@ -13,20 +13,11 @@ import subprocess
 import sys
 import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+from script_checks import HERE, Checks, load_script
+
 SCRIPT = os.path.join(HERE, "replay_trace.py")
-spec = importlib.util.spec_from_file_location("replay_trace", SCRIPT)
-rt = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(rt)
-
-failures = 0
-
-
-def check(cond, what):
-    global failures
-    if not cond:
-        failures += 1
-        print("FAIL:", what)
+rt = load_script("replay_trace.py")
+check = Checks("test_replay_trace")
 
 
 def run(*args):
@@ -114,5 +105,4 @@ if tide:
 else:
     print("note: no tide binary given; the comparison with tide replay is skipped")
 
-print("test_replay_trace: %s" % ("FAILED (%d)" % failures if failures else "ok"))
-sys.exit(1 if failures else 0)
+check.finish()
