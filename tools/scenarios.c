@@ -72,6 +72,14 @@ static void gen_free(gen *g, block *b) {
     *b = (block){0, 0, 0};
 }
 
+/* *b reallocated to bytes on stream, as torch.cat does it: the new
+ * block allocated before the old one (none, if *b is empty) is freed. */
+static void gen_realloc(gen *g, block *b, uint64_t bytes, uint32_t stream) {
+    block grown = gen_alloc(g, bytes, stream);
+    gen_free(g, b);
+    *b = grown;
+}
+
 static void gen_wait(gen *g, uint64_t ns) { g->now_ns += ns; }
 
 static void gen_mark(gen *g, uint64_t unit) {
@@ -315,9 +323,7 @@ static int gen_kv_realloc(gen *g, const scenario_params *p) {
     for (uint64_t step = 0; step < p->steps && !g->stopped; step++) {
         gen_mark(g, step + 1);
         uint64_t token = step % p->context_tokens;
-        block grown = gen_alloc(g, 8 * TIDE_MiB + (token + 1) * 128 * TIDE_KiB, 0);
-        gen_free(g, &buffer);
-        buffer = grown;
+        gen_realloc(g, &buffer, 8 * TIDE_MiB + (token + 1) * 128 * TIDE_KiB, 0);
         if (step % KV_REALLOC_EVERY == 0) ring[(step / KV_REALLOC_EVERY) % RING] = gen_alloc(g, 256 * TIDE_KiB, 0);
         if (step >= KV_REALLOC_LIFE && (step - KV_REALLOC_LIFE) % KV_REALLOC_EVERY == 0)
             gen_free(g, &ring[((step - KV_REALLOC_LIFE) / KV_REALLOC_EVERY) % RING]);
@@ -504,9 +510,7 @@ static int gen_batched_serving(gen *g, const scenario_params *p) {
             batch_sequence *s = &seqs[i];
             s->tokens++;
             for (size_t l = 0; l < BATCH_LAYERS; l++) {
-                block grown = gen_alloc(g, s->tokens * BATCH_KV_BYTES_PER_TOKEN, 0);
-                gen_free(g, &s->kv[l]);
-                s->kv[l] = grown;
+                gen_realloc(g, &s->kv[l], s->tokens * BATCH_KV_BYTES_PER_TOKEN, 0);
             }
         }
         gen_free_reverse(g, acts, 5, 0);
@@ -638,9 +642,7 @@ static int gen_phases(gen *g, const scenario_params *p) {
             uint64_t base = gen_between(g, 200, 600) * TIDE_MiB;
             for (uint64_t token = 0; token < PHASES_GROWTH_STEPS && !g->stopped; token++) {
                 gen_mark(g, ++step);
-                block grown = gen_alloc(g, base + token * 512 * TIDE_KiB, 0);
-                gen_free(g, &buffer);
-                buffer = grown;
+                gen_realloc(g, &buffer, base + token * 512 * TIDE_KiB, 0);
                 block temporary = gen_alloc(g, gen_between(g, 1, 40) * TIDE_MiB, 0);
                 gen_free(g, &temporary);
                 gen_wait(g, 10 * MS);
@@ -878,9 +880,7 @@ static int gen_sawtooth(gen *g, const scenario_params *p) {
     block buffer = {0, 0, 0};
     for (uint64_t step = 0; step < p->steps && !g->stopped; step++) {
         gen_mark(g, step + 1);
-        block grown = gen_alloc(g, base + growth * (step % SAWTOOTH_PERIOD), 0);
-        gen_free(g, &buffer);
-        buffer = grown;
+        gen_realloc(g, &buffer, base + growth * (step % SAWTOOTH_PERIOD), 0);
         if (step % SAWTOOTH_EVERY == 0 && live_count < MAX_LIVE) {
             uint64_t until = step + gen_between(g, SAWTOOTH_LIFE_MIN, SAWTOOTH_LIFE_MAX);
             live[live_count++] = (sawtooth_block){until, gen_alloc(g, long_sizes[gen_random(g) % 3], 0)};
@@ -923,15 +923,11 @@ static int gen_spec_decode(gen *g, const scenario_params *p) {
         gen_mark(g, step);
         uint64_t k = gen_between(g, 2, 6);
         for (uint64_t i = 0; i < k; i++) {
-            block grown = gen_alloc(g, (t + i) * 64 * TIDE_KiB, 0);
-            gen_free(g, &draft);
-            draft = grown;
+            gen_realloc(g, &draft, (t + i) * 64 * TIDE_KiB, 0);
             block temporary = gen_alloc(g, 300 * TIDE_KiB, 0);
             gen_free(g, &temporary);
         }
-        block grown = gen_alloc(g, (t + k) * 512 * TIDE_KiB, 0);
-        gen_free(g, &target);
-        target = grown;
+        gen_realloc(g, &target, (t + k) * 512 * TIDE_KiB, 0);
         block verify[3];
         for (size_t i = 0; i < 3; i++) verify[i] = gen_alloc(g, k * verify_mib[i] * TIDE_MiB, 0);
         gen_free_reverse(g, verify, 3, 0);
