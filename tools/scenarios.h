@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * scenarios.h -- the workloads of the failure modes in docs/failure-modes.md
- * (and the image-request server of its background), and adversarial and
- * realistic shapes beside them, as allocation traces made on the fly.
+ * (and the image-request server of its background), adversarial shapes and
+ * the allocations of kinds of model beside them, as allocation traces made
+ * on the fly.
  *
  * A scenario either generates trace events, which `tide scenario` replays
  * through pools or writes as a trace file and `tide demo` replays side by
