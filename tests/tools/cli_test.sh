@@ -50,6 +50,26 @@ svg_ok() {
     fi
 }
 
+# written_matches_direct POOLS "REPLAY OPTIONS" SCENARIO [PARAMETERS...]: the
+# scenario written with --out and replayed through POOLS (with the replay
+# options that give the scenario's device) gives what replaying it directly
+# gives, a non-zero peak live for every pool among the figures.
+written_matches_direct() {
+    pools=$1 replay_options=$2 name=$3
+    shift 2
+    expect 0 "wrote .*$name.csv.gz" "$tide" scenario "$@" --out "$scratch/$name.csv.gz"
+    "$tide" scenario "$@" --pool "$pools" --json |
+        sed 's/"scenario":"[^"]*",//; s/"ns_per_event":[0-9.]*,//' >"$scratch/direct.json"
+    # $replay_options unquoted: its words are options
+    "$tide" replay "$scratch/$name.csv.gz" $replay_options --pool "$pools" --json |
+        sed 's/"trace":"[^"]*",//; s/"ns_per_event":[0-9.]*,//' >"$scratch/written.json"
+    pool_count=$(echo "$pools" | tr ',' '\n' | wc -l)
+    [ "$(grep -c '"peak_live_bytes":[1-9]' "$scratch/direct.json")" = "$pool_count" ] ||
+        fail "$name: no peak live for every pool in the direct replay"
+    cmp -s "$scratch/direct.json" "$scratch/written.json" ||
+        { fail "$name: written trace replays differently"; diff "$scratch/direct.json" "$scratch/written.json"; }
+}
+
 case $group in
 usage)
     expect 2 "usage: tide COMMAND" "$tide"
@@ -169,25 +189,12 @@ scenario)
     expect 0 "frees out of LIFO order" "$tide" scenario out-of-order --steps 100 --pool ggml-vmm
     expect 0 "ggml-legacy" "$tide" scenario fa-decode --context 2048 --pool segment,ggml-legacy
     # written then replayed gives what replaying directly gives
-    expect 0 "wrote .*ir.csv.gz" "$tide" scenario image-requests --requests 4 --out "$scratch/ir.csv.gz"
-    "$tide" scenario image-requests --requests 4 --pool segment,ggml-legacy --json |
-        sed 's/"scenario":"[^"]*",//; s/"ns_per_event":[0-9.]*,//' >"$scratch/direct.json"
-    "$tide" replay "$scratch/ir.csv.gz" --device sim:6GiB,novmm --occupy 3GiB --pool segment,ggml-legacy --json |
-        sed 's/"trace":"[^"]*",//; s/"ns_per_event":[0-9.]*,//' >"$scratch/written.json"
-    [ -s "$scratch/direct.json" ] || fail "no JSON from the direct replay"
-    cmp -s "$scratch/direct.json" "$scratch/written.json" || { fail "written trace replays differently"; diff "$scratch/direct.json" "$scratch/written.json"; }
-    # the ported shapes too, in fewer steps: the written trace gives the
-    # direct run's figures (peak live among them)
-    for run in "batched-serving --steps 300" "heavy-tail --steps 5000" "phases --rounds 2" "training --steps 20"; do
-        name=${run%% *}
-        expect 0 "wrote .*$name.csv.gz" "$tide" scenario $run --out "$scratch/$name.csv.gz"
-        "$tide" scenario $run --pool vmm,segment --json |
-            sed 's/"scenario":"[^"]*",//; s/"ns_per_event":[0-9.]*,//' >"$scratch/direct.json"
-        "$tide" replay "$scratch/$name.csv.gz" --pool vmm,segment --json |
-            sed 's/"trace":"[^"]*",//; s/"ns_per_event":[0-9.]*,//' >"$scratch/written.json"
-        [ "$(grep -c '"peak_live_bytes":[1-9]' "$scratch/direct.json")" = 2 ] || fail "$name: no peak live in the direct replay"
-        cmp -s "$scratch/direct.json" "$scratch/written.json" || { fail "$name: written trace replays differently"; diff "$scratch/direct.json" "$scratch/written.json"; }
-    done
+    written_matches_direct segment,ggml-legacy "--device sim:6GiB,novmm --occupy 3GiB" image-requests --requests 4
+    # the ported shapes too, in fewer steps
+    written_matches_direct vmm,segment "" batched-serving --steps 300
+    written_matches_direct vmm,segment "" heavy-tail --steps 5000
+    written_matches_direct vmm,segment "" phases --rounds 2
+    written_matches_direct vmm,segment "" training --steps 20
     expect 0 "^time_us,action,addr,size,stream" "$tide" scenario cross-stream --steps 3 --out -
     # a tick a second, as the PyTorch shim's upkeep thread calls it, leaves a
     # busy pool's placement alone: same memory, same device calls
