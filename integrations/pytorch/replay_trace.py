@@ -96,23 +96,39 @@ def events(path):
             yield action == "alloc", addr, size_bytes, stream_id
 
 
+class LiveBlocks:
+    """The trace's live blocks, as the replay and the reader both count them:
+    bytes live now, their peak, and frees of addresses that are not live
+    (skipped). Each block may carry what keeps it alive (a tensor)."""
+
+    def __init__(self, path):
+        self.path, self.blocks, self.bytes, self.peak, self.unknown_frees = path, {}, 0, 0, 0
+
+    def alloc(self, addr, size, payload=None):
+        if addr in self.blocks:
+            raise TraceError("%s: address %s allocated twice without a free" % (self.path, addr))
+        self.blocks[addr] = (size, payload)
+        self.bytes += size
+        self.peak = max(self.peak, self.bytes)
+
+    def free(self, addr):
+        if addr in self.blocks:
+            self.bytes -= self.blocks.pop(addr)[0]  # the payload goes with it
+        else:
+            self.unknown_frees += 1
+
+
 def trace_figures(path):
     """The trace's own figures, with no allocator: events, peak live bytes,
     frees of addresses that are not live (skipped by the replay too)."""
-    live, live_bytes, peak, count, unknown = {}, 0, 0, 0, 0
+    live, count = LiveBlocks(path), 0
     for is_alloc, addr, size, _ in events(path):
         count += 1
         if is_alloc:
-            if addr in live:
-                raise TraceError("%s: address %s allocated twice without a free" % (path, addr))
-            live[addr] = size
-            live_bytes += size
-            peak = max(peak, live_bytes)
-        elif addr in live:
-            live_bytes -= live.pop(addr)
+            live.alloc(addr, size)
         else:
-            unknown += 1
-    return dict(events=count, peak_live=peak, unknown_frees=unknown)
+            live.free(addr)
+    return dict(events=count, peak_live=live.peak, unknown_frees=live.unknown_frees)
 
 
 # ---------------------------------------------------------------- the child
@@ -137,8 +153,7 @@ def child(args):
     device = torch.device("cuda:0")
     torch.cuda.synchronize()
     free0, _ = torch.cuda.mem_get_info()
-    used_peak, streams, current, live = 0, {}, None, {}
-    live_bytes = peak_live = count = unknown = 0
+    used_peak, streams, current, live, count = 0, {}, None, LiveBlocks(path), 0
     error = None
     try:
         for is_alloc, addr, size, stream_id in events(path):
@@ -149,20 +164,17 @@ def child(args):
                         streams[stream_id] = torch.cuda.default_stream() if stream_id == 0 else torch.cuda.Stream()
                     torch.cuda.set_stream(streams[stream_id])
                     current = stream_id
-                live[addr] = (torch.empty(size, dtype=torch.uint8, device=device), size)
-                live_bytes += size
-                peak_live = max(peak_live, live_bytes)
-            elif addr in live:
-                live_bytes -= live.pop(addr)[1]  # the tensor goes with it
+                live.alloc(addr, size, torch.empty(size, dtype=torch.uint8, device=device))
             else:
-                unknown += 1
+                live.free(addr)
             if count % args.sample_every == 0:
                 used_peak = max(used_peak, free0 - torch.cuda.mem_get_info()[0])
         torch.cuda.synchronize()
         used_peak = max(used_peak, free0 - torch.cuda.mem_get_info()[0])
     except Exception as e:  # out of memory, a trace error, ...
         error = "%s: %s" % (type(e).__name__, str(e)[:500])
-    res = dict(trace=os.path.basename(path), mode=mode, error=error, events=count, unknown_frees=unknown,
+    peak_live = live.peak
+    res = dict(trace=os.path.basename(path), mode=mode, error=error, events=count, unknown_frees=live.unknown_frees,
                peak_live=peak_live, used_peak=used_peak, device=torch.cuda.get_device_name(0),
                torch=torch.__version__)
     if lib is None:
