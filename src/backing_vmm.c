@@ -217,11 +217,14 @@ static tp_status map_block(vmm_backing *vmm, uint32_t id, uint64_t *out_need) {
  * merged tag of every free inside it (unref_pages); unmapped pages carry
  * none (a page is only unmapped once its work has completed).
  *
- * Among free ranges in good-fit order, the first whose pages are all
- * usable and mapped wins; failing that, the usable one needing the fewest
- * new pages; failing that, one whose only obstacle is queued work of other
- * streams, each page's named by one stream, after making this stream wait
- * for all of it on the device. */
+ * Among free ranges in good-fit order, the first whose window at its start
+ * has all pages usable and mapped wins; failing that, the first whose
+ * window at its end does (a range whose start was given back, unmapped,
+ * while its end, next to a live block, still has idle pages mapped: the
+ * block takes them instead of new ones); failing that, the usable one
+ * needing the fewest new pages; failing that, one whose only obstacle is
+ * queued work of other streams, each page's named by one stream, after
+ * making this stream wait for all of it on the device. */
 typedef struct placement {
     uint64_t size;
     uint32_t slot;
@@ -229,6 +232,8 @@ typedef struct placement {
     uint64_t best_offset, best_missing;
     uint32_t wait;     /* candidate usable after device-side waits */
     uint64_t wait_offset;
+    uint32_t end;      /* candidate whose window at its end is mapped and usable */
+    uint64_t end_offset;
 } placement;
 
 /* May slot wait (on the device) for every page of [at, at + size) that it
@@ -257,11 +262,23 @@ static tp_status wait_for_window(tpi_core *core, uint32_t slot, uint64_t at, uin
     return TP_OK;
 }
 
+/* Are the pages of [at, at + size) all mapped and usable by slot? */
+static bool window_ready(tpi_core *core, uint32_t slot, uint64_t at, uint64_t size) {
+    tpi_units *units = &core->units;
+    for (uint64_t p = tpi_page_of(units, at), last = tpi_page_of(units, at + size - 1); p <= last; p++) {
+        tpi_unit *unit = &units->units[p];
+        if (unit->state == TPI_UNIT_UNUSED || !tpi_order_tag_usable(&core->order, &unit->tag, slot)) return false;
+    }
+    return true;
+}
+
 /* Looks for a window of pl->size bytes in free range id whose pages the
  * stream may use; a blocked page pushes the window past it. True with
  * *out_offset when the window's pages are all mapped; otherwise notes the
- * range as pl->best, or as pl->wait when its first blocked window could be
- * made usable by waiting on the device for the streams that block it. */
+ * range as pl->end when the window at its end is ready (the first such
+ * range only), as pl->best, or as pl->wait when its first blocked window
+ * could be made usable by waiting on the device for the streams that block
+ * it. */
 static bool place_window(tpi_core *core, placement *pl, uint32_t id, uint64_t *out_offset) {
     tpi_units *units = &core->units;
     const tpi_ra_node *n = tpi_ra_node_at(&core->ra, id);
@@ -296,6 +313,11 @@ static bool place_window(tpi_core *core, placement *pl, uint32_t id, uint64_t *o
         *out_offset = at;
         return true;
     }
+    uint64_t end_at = ((end - pl->size) >> core->ra.shift) << core->ra.shift;
+    if (pl->end == TPI_RA_NONE && end_at > at && window_ready(core, pl->slot, end_at, pl->size)) {
+        pl->end = id;
+        pl->end_offset = end_at;
+    }
     if (missing < pl->best_missing) {
         pl->best = id;
         pl->best_offset = at;
@@ -310,7 +332,7 @@ static tp_status vmm_try_alloc(tpi_backing *b, uint64_t size, uint32_t slot, boo
                                uint64_t *out_need) {
     vmm_backing *vmm = (vmm_backing *)b;
     tpi_core *core = b->core;
-    placement pl = {size, slot, TPI_RA_NONE, 0, UINT64_MAX, TPI_RA_NONE, 0};
+    placement pl = {size, slot, TPI_RA_NONE, 0, UINT64_MAX, TPI_RA_NONE, 0, TPI_RA_NONE, 0};
     tpi_ra_search search;
     tpi_ra_search_begin(&core->ra, size, &search);
     uint32_t id = TPI_RA_NONE;
@@ -322,6 +344,10 @@ static tp_status vmm_try_alloc(tpi_backing *b, uint64_t size, uint32_t slot, boo
             id = candidate;
             break;
         }
+    }
+    if (id == TPI_RA_NONE && pl.end != TPI_RA_NONE) {
+        id = pl.end;
+        offset = pl.end_offset;
     }
     bool needs_pages = id == TPI_RA_NONE; /* an accepted range has every page mapped */
     if (needs_pages && !may_grow) return TP_NOT_READY;
