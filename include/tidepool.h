@@ -626,7 +626,9 @@ TP_API tp_status tp_graph_cache_attach_pool(tp_graph_cache *cache, tp_pool *pool
 /* Also waits for the last launches of evicted executables that pinned the
  * pool's memory and releases those pins, so that the cache keeps nothing of
  * the pool (executables still cached keep theirs: evict them first).
- * TP_ERR_NOT_FOUND if pool is not attached (the pins go all the same). */
+ * TP_ERR_NOT_FOUND if pool is not attached (the pins go all the same).
+ * TP_ERR_BUSY from inside a reclaim callback of that pool: nothing is
+ * detached (call it again after the round). */
 TP_API tp_status tp_graph_cache_detach_pool(tp_graph_cache *cache, tp_pool *pool);
 
 /* Makes key's executable match graph: a known key whose executable can be

@@ -1088,6 +1088,16 @@ tp_status tp_graph_cache_detach_pool(tp_graph_cache *cache, tp_pool *pool) {
     pthread_mutex_unlock(&cache->lock);
     /* Waits for a reclaim round in flight, which may need our lock. */
     tp_status st = attached ? tp_pool_remove_reclaim_callback(pool, gc_reclaim, cache) : TP_ERR_NOT_FOUND;
+    if (st == TP_ERR_BUSY) {
+        /* Called from a reclaim round of this pool: the callback stays, so
+         * the pool stays attached (else destroy would leave the callback
+         * behind, pointing at a freed cache). */
+        pthread_mutex_lock(&cache->lock);
+        cache->pools[cache->pool_count++] = pool; /* (room: it was there a moment ago) */
+        pthread_mutex_unlock(&cache->lock);
+        pthread_mutex_unlock(&cache->attach_lock);
+        return st;
+    }
     /* Evicted keys' pins that wait for their last launch would otherwise be
      * unpinned by a later tick, in a pool the caller may have destroyed. */
     pthread_mutex_lock(&cache->lock);

@@ -175,6 +175,50 @@ static void test_destroy_removes_the_reclaim_callback(void) {
     bad_input_close(&e);
 }
 
+/* Detaching the pool from inside one of its reclaim callbacks is refused
+ * (TP_ERR_BUSY) and leaves the pool attached: it used to drop the pool from
+ * the cache's list while its reclaim callback stayed registered, so destroy
+ * left the callback behind and the next out-of-memory called it on the
+ * freed cache (a use-after-free under ASan; here, reclaim_calls after the
+ * destroy and a second detach answering NOT_FOUND). */
+typedef struct detach_in_reclaim {
+    tp_graph_cache *cache;
+    tp_status status;
+    int calls;
+} detach_in_reclaim;
+
+static uint64_t detach_from_reclaim(void *user, tp_pool *pool, uint64_t bytes_needed) {
+    (void)bytes_needed;
+    detach_in_reclaim *d = user;
+    if (d->calls++ == 0) d->status = tp_graph_cache_detach_pool(d->cache, pool);
+    return 0;
+}
+
+static void test_detach_inside_a_reclaim_round_is_refused(void) {
+    bad_input_env e;
+    bad_input_open(&e);
+    tp_device *dev = e.dev;
+    tp_pool *pool = e.pool;
+    detach_in_reclaim d = {e.cache, TP_OK, 0};
+    CHECK_OK(tp_graph_cache_attach_pool(e.cache, pool));
+    CHECK_OK(tp_pool_add_reclaim_callback(pool, detach_from_reclaim, &d));
+    void *huge = NULL;
+    CHECK_OK(tp_sim_occupy(dev, 900 * TEST_MiB));
+    CHECK_STATUS(tp_pool_alloc(pool, 512 * TEST_MiB, TP_STREAM_DEFAULT, &huge), TP_ERR_OUT_OF_MEMORY);
+    CHECK_EQ_U64(d.calls, 1);
+    CHECK_STATUS(d.status, TP_ERR_BUSY);
+    CHECK_OK(tp_graph_cache_detach_pool(e.cache, pool)); /* still attached: detached now */
+    CHECK_OK(tp_graph_cache_destroy(e.cache));
+    e.cache = NULL;
+    uint64_t reclaim_calls = gt_pool_stats(pool).reclaim_calls;
+    CHECK_STATUS(tp_pool_alloc(pool, 512 * TEST_MiB, TP_STREAM_DEFAULT, &huge), TP_ERR_OUT_OF_MEMORY);
+    /* only the test's own callback ran: the cache's went with the detach */
+    CHECK_EQ_U64(gt_pool_stats(pool).reclaim_calls - reclaim_calls, 1);
+    CHECK_OK(tp_pool_remove_reclaim_callback(pool, detach_from_reclaim, &d));
+    CHECK_OK(tp_sim_occupy(dev, 0));
+    bad_input_close(&e);
+}
+
 static void test_prepare_launch_hit_update(void) {
     test_log log = {0};
     tp_device *dev = gt_open("sim:1GiB,graph_node_bytes=1MiB", &log);
@@ -1247,6 +1291,7 @@ static const test_case tests[] = {
     TEST_CASE(test_attach_and_detach_pool_once),
     TEST_CASE(test_stats_json_sizing),
     TEST_CASE(test_destroy_removes_the_reclaim_callback),
+    TEST_CASE(test_detach_inside_a_reclaim_round_is_refused),
     TEST_CASE(test_prepare_launch_hit_update),
     TEST_CASE(test_count_bound),
     TEST_CASE(test_byte_bound),
