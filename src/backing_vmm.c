@@ -345,6 +345,15 @@ static tp_status vmm_try_alloc(tpi_backing *b, uint64_t size, uint32_t slot, boo
             break;
         }
     }
+    /* Nothing usable among the first candidates (their pages held by other
+     * streams' pending work, which a capture keeps pending): look on, so
+     * that blocked ranges do not hide address space that can take new
+     * pages (an out-of-memory failure otherwise, far below the limit). */
+    while (id == TPI_RA_NONE && may_grow && pl.best == TPI_RA_NONE && pl.end == TPI_RA_NONE) {
+        uint32_t candidate = tpi_ra_search_next(&core->ra, &search);
+        if (candidate == TPI_RA_NONE) break;
+        if (place_window(core, &pl, candidate, &offset)) id = candidate;
+    }
     if (id == TPI_RA_NONE && pl.end != TPI_RA_NONE) {
         id = pl.end;
         offset = pl.end_offset;

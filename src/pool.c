@@ -127,7 +127,13 @@ void tpi_pool_unlock(tp_pool *pool) {
 tp_status tpi_pool_stream_slot_locked(tp_pool *pool, tp_stream stream, uint32_t *out_slot) {
     tp_status st = tpi_order_slot(&pool->core.order, stream, out_slot);
     if (st != TP_OK) return st;
-    return tpi_front_stream_at(&pool->front, *out_slot, stream) ? TP_OK : TP_ERR_HOST_OUT_OF_MEMORY;
+    tpi_front_stream *fs = tpi_front_stream_at(&pool->front, *out_slot, stream);
+    if (!fs) return TP_ERR_HOST_OUT_OF_MEMORY;
+    /* A forgotten stream used again gets its old slot back, its hits off
+     * since the forget: on again, unless a capture keeps them off. */
+    const tpi_stream *s = tpi_order_stream(&pool->core.order, *out_slot);
+    if (!fs->hits && !s->capturing && !s->retired) tpi_front_set_hits(&pool->front, *out_slot, true);
+    return TP_OK;
 }
 
 uint32_t *tpi_pool_pins_locked(tp_pool *pool, uint32_t node) {

@@ -2,6 +2,7 @@
 /* Pools, both kinds: alloc/free, statistics and JSON, trim, idle release,
  * bad input, pins and capture. */
 #include "fixture.h"
+#include "pool_object.h" /* a stream's hit-path flag (forgotten_stream_comes_back_to_the_hit_path) */
 
 #include <stdint.h>
 #include <string.h>
@@ -783,6 +784,101 @@ static void peak_overstatement_is_bounded_by_the_streams_rises(tp_pool_kind kind
     fixture_close(&f);
 }
 
+/* Another stream in a capture, with a free inside it, while many small
+ * holes are held by two other streams' frees: an allocation on one of
+ * those streams must find room (new pages, far below the limit). The VMM
+ * pool looked at 16 candidate ranges only, all of them blocked here, and
+ * failed with TP_ERR_OUT_OF_MEMORY for as long as the capture lasted (the
+ * ladder may not wait out a capturing stream's frees). */
+static void capture_elsewhere_does_not_fail_allocations(tp_pool_kind kind) {
+    fixture f;
+    tp_pool_config no_bins = {.tcache_max_block_bytes = 1};
+    fixture_open(&f, "sim:8GiB", kind, &no_bins);
+    tp_stream a, b, c;
+    CHECK_OK(tp_stream_create(f.dev, &a));
+    CHECK_OK(tp_stream_create(f.dev, &b));
+    CHECK_OK(tp_stream_create(f.dev, &c));
+    enum { N = 64 };
+    void *on_a[N], *on_b[N], *in_capture = NULL, *p = NULL;
+    for (int i = 0; i < N; i++) {
+        REQUIRE_OK(tp_pool_alloc(f.pool, 4096, a, &on_a[i]));
+        REQUIRE_OK(tp_pool_alloc(f.pool, 4096, b, &on_b[i]));
+    }
+    CHECK_OK(tp_pool_capture_begin(f.pool, c));
+    CHECK_OK(tp_pool_alloc(f.pool, 4096, c, &in_capture));
+    CHECK_OK(tp_pool_free(f.pool, in_capture, c));
+    for (int i = 0; i < N; i += 2) {
+        CHECK_OK(tp_pool_free(f.pool, on_a[i], a));
+        CHECK_OK(tp_pool_free(f.pool, on_b[i], b));
+    }
+    CHECK_OK(tp_pool_alloc(f.pool, 4096, a, &p));
+    if (p) CHECK_OK(tp_pool_free(f.pool, p, a));
+    tp_range *ranges = NULL;
+    size_t count = 0;
+    CHECK_OK(tp_pool_capture_end(f.pool, c, &ranges, &count));
+    for (size_t i = 0; i < count; i++)
+        CHECK_OK(tp_pool_unpin(f.pool, (void *)(uintptr_t)ranges[i].address, ranges[i].bytes));
+    tp_pool_free_ranges(f.pool, ranges);
+    for (int i = 1; i < N; i += 2) {
+        CHECK_OK(tp_pool_free(f.pool, on_a[i], a));
+        CHECK_OK(tp_pool_free(f.pool, on_b[i], b));
+    }
+    tp_stream streams[3] = {a, b, c};
+    for (int i = 0; i < 3; i++) {
+        CHECK_OK(tp_pool_forget_stream(f.pool, streams[i]));
+        CHECK_OK(tp_stream_destroy(f.dev, streams[i]));
+    }
+    fixture_close(&f);
+}
+
+/* The front stream of a handle (NULL if the pool has none). */
+static tpi_front_stream *front_stream_of(tp_pool *pool, tp_stream handle) {
+    for (uint32_t slot = 1; slot < pool->front.slot_end; slot++) {
+        tpi_front_stream *fs = pool->front.streams[slot];
+        if (fs && fs->handle == handle) return fs;
+    }
+    return NULL;
+}
+
+/* A stream forgotten and then used again gets its old slot back and must
+ * be served by the hit path again (it stayed on the locked path for the
+ * pool's life: every pair took the pool's lock, serialising it against
+ * every other stream). */
+static void forgotten_stream_comes_back_to_the_hit_path(tp_pool_kind kind) {
+    fixture f;
+    fixture_open(&f, "sim:1GiB", kind, NULL);
+    tp_stream s;
+    CHECK_OK(tp_stream_create(f.dev, &s));
+    void *p = NULL;
+    CHECK_OK(tp_pool_alloc(f.pool, 4096, s, &p));
+    CHECK_OK(tp_pool_free(f.pool, p, s));
+    tpi_front_stream *fs = front_stream_of(f.pool, s);
+    REQUIRE(fs);
+    CHECK(fs->hits);
+    CHECK_OK(tp_pool_forget_stream(f.pool, s));
+    CHECK(!fs->hits);
+    CHECK_OK(tp_pool_alloc(f.pool, 4096, s, &p));
+    CHECK_OK(tp_pool_free(f.pool, p, s));
+    CHECK(front_stream_of(f.pool, s) == fs); /* the old slot */
+    CHECK(fs->hits);
+    /* ... and a capture still keeps them off until it ends. */
+    CHECK_OK(tp_pool_forget_stream(f.pool, s));
+    CHECK_OK(tp_pool_capture_begin(f.pool, s));
+    CHECK_OK(tp_pool_alloc(f.pool, 4096, s, &p));
+    CHECK(!fs->hits);
+    CHECK_OK(tp_pool_free(f.pool, p, s));
+    tp_range *ranges = NULL;
+    size_t count = 0;
+    CHECK_OK(tp_pool_capture_end(f.pool, s, &ranges, &count));
+    for (size_t i = 0; i < count; i++)
+        CHECK_OK(tp_pool_unpin(f.pool, (void *)(uintptr_t)ranges[i].address, ranges[i].bytes));
+    tp_pool_free_ranges(f.pool, ranges);
+    CHECK(fs->hits);
+    CHECK_OK(tp_pool_forget_stream(f.pool, s));
+    CHECK_OK(tp_stream_destroy(f.dev, s));
+    fixture_close(&f);
+}
+
 KIND_TEST(alloc_free)
 KIND_TEST(peaks_are_exact_on_one_stream)
 KIND_TEST(peaks_bound_the_true_peaks_across_streams)
@@ -799,6 +895,8 @@ KIND_TEST(tick_releases_a_block_parked_past_idle_release)
 KIND_TEST(pinned_block_is_held_until_unpinned)
 KIND_TEST(capture_pins_the_capturing_streams_blocks)
 KIND_TEST(reclaim_callback_drops_a_pin)
+KIND_TEST(capture_elsewhere_does_not_fail_allocations)
+KIND_TEST(forgotten_stream_comes_back_to_the_hit_path)
 
 
 /* ggml captures every evaluation into a graph, so each step's temporaries
@@ -861,6 +959,8 @@ static void test_growth_during_captures_goes_back(void) {
 
 static const test_case tests[] = {
     KIND_CASES(alloc_free),
+    KIND_CASES(capture_elsewhere_does_not_fail_allocations),
+    KIND_CASES(forgotten_stream_comes_back_to_the_hit_path),
     TEST_CASE(test_pins_span_adjacent_segments),
     TEST_CASE(test_vmm_growth_maps_chunks_given_back_whole),
     TEST_CASE(test_vmm_chunk_waits_for_the_work_of_all_its_pages),
