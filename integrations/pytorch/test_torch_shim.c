@@ -24,6 +24,18 @@
  *                              the log level and the oom mode through failing
  *                              calls): every JSON shows one whole setting,
  *                              never half of each (and TSan sees no race).
+ *   test_torch_shim fork       TIDEPOOL_TORCH_CONF=...,trace=FILE (plain CSV): after
+ *                              the parent's first rows were written, a child
+ *                              that calls exit(0) and one that allocates and
+ *                              frees more rows than the trace buffers leave
+ *                              the file as it was; at the end it holds
+ *                              exactly the parent's rows, and they parse.
+ *   test_torch_shim fork_exit_threads
+ *                              TIDEPOOL_TORCH_CONF=...,trace=FILE: a thread
+ *                              allocates and frees in a loop while the main
+ *                              thread forks 20 children that call exit(0);
+ *                              none may hang in the shim's exit handler (on
+ *                              a lock the thread held at the fork).
  *   test_torch_shim json DIR   the stats JSON stays valid JSON in valid UTF-8
  *                              whatever the configuration holds: it runs
  *                              itself again (json-child) with a configuration
@@ -42,6 +54,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -476,6 +490,87 @@ static void *trace_thread(void *arg) {
     return NULL;
 }
 
+/* The trace file of device 0 (its "path" in the stats JSON, %p replaced)
+ * into path; false when the JSON has none. */
+static bool trace_path_of_device0(char *path, size_t capacity) {
+    const char *at = strstr(tp_torch_stats_json(0), "\"trace\":{\"path\":\"");
+    if (!at) return false;
+    at += strlen("\"trace\":{\"path\":\"");
+    snprintf(path, capacity, "%.*s", (int)strcspn(at, "\""), at);
+    return true;
+}
+
+/* What a trace file holds: its rows read back as tide replay would. */
+typedef struct trace_figures {
+    bool header_ok;
+    long long allocs, frees; /* rows that parse and fit (a free of a live block) */
+    long long bad_rows;      /* rows that do not parse, or free no live block */
+    long long live, max_live;
+    long long stream_nonzero;
+} trace_figures;
+
+static trace_figures read_trace(const char *path) {
+    trace_figures r = {0};
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        r.bad_rows = -1;
+        return r;
+    }
+    char line[256];
+    r.header_ok = fgets(line, sizeof line, f) && !strcmp(line, "time_us,action,addr,size,stream\n");
+    /* live bytes per address: a small open-addressing table */
+    enum { SLOTS = 1 << 12 };
+    static unsigned long long keys[SLOTS], vals[SLOTS];
+    memset(keys, 0, sizeof keys);
+    size_t count = 0;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long long t, addr, size, stream;
+        char action[8];
+        int end = 0;
+        if (sscanf(line, "%llu,%7[a-z],%llu,%llu,%llu\n%n", &t, action, &addr, &size, &stream, &end) != 5 || !end ||
+            line[end] || !addr || (strcmp(action, "alloc") && strcmp(action, "free"))) {
+            r.bad_rows++;
+            continue;
+        }
+        if (stream) r.stream_nonzero++;
+        size_t h = (size_t)((addr * 0x9E3779B97F4A7C15ull) >> 52) & (SLOTS - 1);
+        while (keys[h] && keys[h] != addr) h = (h + 1) & (SLOTS - 1);
+        if (!strcmp(action, "alloc")) {
+            if (keys[h] || count + 1 >= SLOTS) { /* already live */
+                r.bad_rows++;
+                continue;
+            }
+            keys[h] = addr;
+            vals[h] = size;
+            count++;
+            r.allocs++;
+            r.live += (long long)size;
+            if (r.live > r.max_live) r.max_live = r.live;
+            continue;
+        }
+        if (keys[h] != addr || vals[h] != size) {
+            r.bad_rows++;
+            continue;
+        }
+        r.live -= (long long)vals[h];
+        /* deletion with backward shift */
+        size_t i = h;
+        for (size_t j = (i + 1) & (SLOTS - 1); keys[j]; j = (j + 1) & (SLOTS - 1)) {
+            size_t home = (size_t)((keys[j] * 0x9E3779B97F4A7C15ull) >> 52) & (SLOTS - 1);
+            if (((j - home) & (SLOTS - 1)) >= ((j - i) & (SLOTS - 1))) {
+                keys[i] = keys[j];
+                vals[i] = vals[j];
+                i = j;
+            }
+        }
+        keys[i] = 0;
+        count--;
+        r.frees++;
+    }
+    fclose(f);
+    return r;
+}
+
 static int run_trace(void) {
     pthread_t threads[THREADS];
     for (int t = 0; t < THREADS; t++) pthread_create(&threads[t], NULL, trace_thread, (void *)(uintptr_t)(t + 1));
@@ -490,13 +585,9 @@ static int run_trace(void) {
     CHECK(allocs > 0 && allocs == frees && peak > 0);
     CHECK(strstr(s, "\"open\":true") != NULL);
     /* the file: the resolved path (%p replaced) in the device's "trace" */
-    const char *at = strstr(s, "\"trace\":{\"path\":\"");
-    CHECK(at != NULL);
-    if (!at) return 1;
-    at += strlen("\"trace\":{\"path\":\"");
     char path[1024];
-    size_t n = strcspn(at, "\"");
-    snprintf(path, sizeof path, "%.*s", (int)n, at);
+    CHECK(trace_path_of_device0(path, sizeof path));
+    if (!path[0]) return 1;
     CHECK(strstr(path, "%p") == NULL);
     CHECK(tp_torch_trace_close() == 1);
     CHECK(tp_torch_trace_close() == 0); /* already closed */
@@ -504,53 +595,144 @@ static int run_trace(void) {
     void *late = tp_torch_alloc(4096, 0, NULL); /* not recorded */
     CHECK(late != NULL);
     tp_torch_free(late, 4096, 0, NULL);
-    FILE *f = fopen(path, "r");
-    CHECK(f != NULL);
-    if (!f) return 1;
-    char line[256];
-    CHECK(fgets(line, sizeof line, f) && !strcmp(line, "time_us,action,addr,size,stream\n"));
-    long long rows_alloc = 0, rows_free = 0, live = 0, max_live = 0;
-    /* live bytes per address: a small open-addressing table */
-    enum { SLOTS = 1 << 12 };
-    static unsigned long long keys[SLOTS], vals[SLOTS];
-    while (fgets(line, sizeof line, f)) {
-        unsigned long long t, addr, size, stream;
-        char action[8];
-        if (sscanf(line, "%llu,%7[a-z],%llu,%llu,%llu", &t, action, &addr, &size, &stream) != 5) {
-            CHECK(!"a row does not parse");
-            break;
-        }
-        CHECK(stream == 0);
-        size_t h = (size_t)((addr * 0x9E3779B97F4A7C15ull) >> 52) & (SLOTS - 1);
-        if (!strcmp(action, "alloc")) {
-            while (keys[h]) h = (h + 1) & (SLOTS - 1);
-            keys[h] = addr;
-            vals[h] = size;
-            rows_alloc++;
-            live += (long long)size;
-            if (live > max_live) max_live = live;
-        } else {
-            while (keys[h] && keys[h] != addr) h = (h + 1) & (SLOTS - 1);
-            CHECK(keys[h] == addr && vals[h] == size);
-            live -= (long long)vals[h];
-            /* deletion with backward shift */
-            size_t i = h;
-            for (size_t j = (i + 1) & (SLOTS - 1); keys[j]; j = (j + 1) & (SLOTS - 1)) {
-                size_t home = (size_t)((keys[j] * 0x9E3779B97F4A7C15ull) >> 52) & (SLOTS - 1);
-                if (((j - home) & (SLOTS - 1)) >= ((j - i) & (SLOTS - 1))) {
-                    keys[i] = keys[j];
-                    vals[i] = vals[j];
-                    i = j;
-                }
-            }
-            keys[i] = 0;
-            rows_free++;
-        }
+    trace_figures r = read_trace(path);
+    CHECK(r.header_ok && r.bad_rows == 0 && r.stream_nonzero == 0);
+    CHECK(r.allocs == allocs && r.frees == frees && r.live == 0);
+    CHECK(r.max_live == peak);
+    if (r.max_live != peak) fprintf(stderr, "trace peak %lld, pool peak %lld\n", r.max_live, peak);
+    remove(path);
+    return failures;
+}
+
+/* fork: pairs of alloc and free of 4096.. bytes on device 0 (the trace
+ * buffers about 6000 rows before it writes). */
+static bool alloc_free_pairs(int pairs) {
+    for (int i = 0; i < pairs; i++) {
+        void *p = tp_torch_alloc(4096 + (i % 7) * 512, 0, NULL);
+        if (!p) return false;
+        tp_torch_free(p, 4096 + (i % 7) * 512, 0, NULL);
     }
-    fclose(f);
-    CHECK(rows_alloc == allocs && rows_free == frees && live == 0);
-    CHECK(max_live == peak);
-    if (max_live != peak) fprintf(stderr, "trace peak %lld, pool peak %lld\n", max_live, peak);
+    return true;
+}
+
+static long long file_size(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 ? (long long)st.st_size : -1;
+}
+
+/* Runs child in a fork()ed child; its wait status. */
+static int in_child(void (*child)(void)) {
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid == 0) child(); /* does not return */
+    int status = -1;
+    if (pid < 0 || waitpid(pid, &status, 0) != pid) return -1;
+    return status;
+}
+
+static void child_exits(void) { exit(0); }
+
+static void child_allocates(void) { _exit(alloc_free_pairs(5000) ? 0 : 1); }
+
+/* fork with trace=FILE (plain CSV): the parent has written part of its rows
+ * (16000, more than the buffer holds). A child that calls exit(0) (libc
+ * flushes every FILE there) and a child that allocates and frees 10000
+ * rows, more than the buffer holds, leave the parent's file as it was; at
+ * the end it holds exactly the parent's rows. */
+static int run_fork(void) {
+    enum { PARENT_PAIRS = 8000 };
+    CHECK(alloc_free_pairs(PARENT_PAIRS));
+    char path[1024] = "";
+    CHECK(trace_path_of_device0(path, sizeof path));
+    if (!path[0]) return 1;
+    long long before = file_size(path);
+    CHECK(before > 0); /* the parent's first rows went out */
+    int status = in_child(child_exits);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    long long after_exit = file_size(path);
+    CHECK(after_exit == before);
+    if (after_exit != before) fprintf(stderr, "a child's exit(0) wrote %lld bytes into the trace\n", after_exit - before);
+    status = in_child(child_allocates);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    long long after_allocs = file_size(path);
+    CHECK(after_allocs == after_exit);
+    if (after_allocs != after_exit)
+        fprintf(stderr, "a child's allocations wrote %lld bytes into the trace\n", after_allocs - after_exit);
+    const char *s = tp_torch_stats_json(0);
+    CHECK(json_number(s, "\"rows\"") == 2 * PARENT_PAIRS); /* the parent's count: the children's are their own */
+    CHECK(tp_torch_trace_close() == 1);
+    trace_figures r = read_trace(path);
+    CHECK(r.header_ok && r.bad_rows == 0 && r.live == 0);
+    CHECK(r.allocs == PARENT_PAIRS && r.frees == PARENT_PAIRS);
+    if (r.bad_rows || r.allocs != PARENT_PAIRS)
+        fprintf(stderr, "the trace: %lld allocs, %lld frees, %lld bad rows; the parent made %d of each\n", r.allocs,
+                r.frees, r.bad_rows, PARENT_PAIRS);
+    remove(path);
+    return failures;
+}
+
+/* fork_exit_threads: a thread allocates and frees in a loop (trace= on:
+ * every event takes the trace's lock) while the main thread forks children
+ * that call exit(0), as os.fork() + sys.exit() would. A lock that thread
+ * held at the fork stays held in the child for good: the shim's exit
+ * handler must not wait for it. A child that hangs dies of SIGALRM. */
+static atomic_bool hammer_stop;
+
+static void *hammer_thread(void *arg) {
+    (void)arg;
+    while (!atomic_load(&hammer_stop)) {
+        void *p = tp_torch_alloc(8192, 0, NULL);
+        if (!p) return (void *)1;
+        tp_torch_free(p, 8192, 0, NULL);
+    }
+    return NULL;
+}
+
+/* ThreadSanitizer sleeps a second in every exit (atexit_sleep_ms), a
+ * child's too: fewer forks there. */
+#if defined(__SANITIZE_THREAD__)
+#define TSAN_BUILD 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define TSAN_BUILD 1
+#endif
+#endif
+#ifndef TSAN_BUILD
+#define TSAN_BUILD 0
+#endif
+
+static void child_exits_soon(void) {
+    alarm(2);
+    exit(0);
+}
+
+static int run_fork_exit_threads(void) {
+    void *p = tp_torch_alloc(4096, 0, NULL); /* the pool and its trace exist before the thread starts */
+    CHECK(p != NULL);
+    tp_torch_free(p, 4096, 0, NULL);
+    pthread_t thread;
+    CHECK(pthread_create(&thread, NULL, hammer_thread, NULL) == 0);
+    int hung = 0, other = 0;
+    enum { FORKS = TSAN_BUILD ? 4 : 20 };
+    for (int i = 0; i < FORKS; i++) {
+        usleep(1000);
+        int status = in_child(child_exits_soon);
+        if (WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM) hung++;
+        else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) other++;
+    }
+    atomic_store(&hammer_stop, true);
+    void *r = (void *)1;
+    pthread_join(thread, &r);
+    CHECK(r == NULL);
+    CHECK(hung == 0);
+    CHECK(other == 0);
+    if (hung || other) fprintf(stderr, "of %d forked children, %d hung in exit() and %d failed\n", FORKS, hung, other);
+    char path[1024] = "";
+    CHECK(trace_path_of_device0(path, sizeof path));
+    CHECK(tp_torch_trace_close() == 1);
+    trace_figures t = read_trace(path);
+    CHECK(t.header_ok && t.bad_rows == 0 && t.live == 0 && t.allocs > 0);
     remove(path);
     return failures;
 }
@@ -611,13 +793,15 @@ int main(int argc, char **argv) {
     if (argc == 3 && !strcmp(argv[1], "json")) return run_json(argv[2]) ? 1 : 0;
     if (argc == 3 && !strcmp(argv[1], "json-child")) return run_json_child(argv[2]) ? 1 : 0;
     if (argc != 2) {
-        fprintf(stderr, "usage: test_torch_shim nodevice|sim|trace|config_threads|json DIR\n");
+        fprintf(stderr, "usage: test_torch_shim nodevice|sim|trace|config_threads|fork|fork_exit_threads|json DIR\n");
         return 2;
     }
     int rc = !strcmp(argv[1], "nodevice") ? run_nodevice()
              : !strcmp(argv[1], "sim")    ? run_sim()
              : !strcmp(argv[1], "trace")  ? run_trace()
              : !strcmp(argv[1], "config_threads") ? run_config_threads()
+             : !strcmp(argv[1], "fork")   ? run_fork()
+             : !strcmp(argv[1], "fork_exit_threads") ? run_fork_exit_threads()
                                           : -1;
     if (rc < 0) {
         fprintf(stderr, "unknown mode %s\n", argv[1]);

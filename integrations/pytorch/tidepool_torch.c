@@ -73,7 +73,8 @@
  *
  * Exit: an atexit handler writes every pool's statistics to the stats= path
  * (or stderr with stats=-). Pools are never destroyed: PyTorch can still free
- * tensors after atexit handlers have run.
+ * tensors after atexit handlers have run. A fork()ed child writes neither
+ * the report nor the traces (see "fork" below).
  */
 #include "tidepool.h"
 #include "tidepool_torch_internal.h"
@@ -416,6 +417,7 @@ static struct {
     tpt_slot slots[TPT_MAX_DEVICES];
     atomic_ullong activity;      /* allocs + frees, for the upkeep thread */
     atomic_bool exiting;
+    atomic_bool forked_child;    /* set in a fork()ed child (after_fork_child) */
     bool tick_started;           /* under create_lock */
     /* record_stream table, under rs_lock */
     pthread_mutex_t rs_lock;
@@ -448,6 +450,9 @@ static void forward_log(void *user, tp_log_level level, const char *message) {
 }
 
 static void at_exit(void);
+static void before_fork(void);
+static void after_fork_parent(void);
+static void after_fork_child(void);
 
 /* A configuration with an error is refused as a whole: no pool is created
  * (every allocation fails, naming the item), rather than running on the
@@ -464,6 +469,7 @@ static void global_init(void) {
                 "fails) until it is fixed\n", text, err);
     }
     atexit(at_exit);
+    pthread_atfork(before_fork, after_fork_parent, after_fork_child);
 }
 
 static inline void ensure_init(void) { pthread_once(&g.once, global_init); }
@@ -1303,9 +1309,36 @@ TPT_EXPORT const char *tp_torch_metrics(int device, const char *labels) { return
 /* The memory map of device's pool (tp_pool_snapshot_json); "" when none. */
 TPT_EXPORT const char *tp_torch_snapshot_json(int device) { return tls_pool_text(device, false, NULL); }
 
+/* ------------------------------------------------------------------- fork */
+
+/* fork() copies only the calling thread: a lock another thread holds at
+ * that moment stays held in the child for good. The creation lock and every
+ * trace's lock are held across the fork, so that the child gets them
+ * unlocked and the traces consistent. The pools, the traces' files and the
+ * exit report stay the parent's: in the child the traces stop recording
+ * and the exit handler does nothing (it would take a pool's lock, which a
+ * thread of the parent may have held at the fork; and it would write the
+ * parent's report again). */
+static void before_fork(void) {
+    pthread_mutex_lock(&g.create_lock);
+    for (int d = 0; d < TPT_MAX_DEVICES; d++) tpt_trace_before_fork(g.slots[d].trace);
+}
+
+static void after_fork_parent(void) {
+    for (int d = 0; d < TPT_MAX_DEVICES; d++) tpt_trace_after_fork_parent(g.slots[d].trace);
+    pthread_mutex_unlock(&g.create_lock);
+}
+
+static void after_fork_child(void) {
+    atomic_store(&g.forked_child, true);
+    for (int d = 0; d < TPT_MAX_DEVICES; d++) tpt_trace_after_fork_child(g.slots[d].trace);
+    pthread_mutex_unlock(&g.create_lock);
+}
+
 /* ------------------------------------------------------------------- exit */
 
 static void at_exit(void) {
+    if (atomic_load(&g.forked_child)) return; /* the parent's report and traces (see before_fork) */
     atomic_store(&g.exiting, true);
     if (tp_torch_trace_close() < 0) fprintf(stderr, TPT_PREFIX ": writing a trace failed\n");
     char path[sizeof g.config.stats_path];

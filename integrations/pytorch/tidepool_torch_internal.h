@@ -53,6 +53,13 @@ void tpt_trace_observer(void *user, const struct tp_pool_event *event);
  * allocated: a late observer call finds it closed). 1 when written, 0 when
  * already closed or in a forked child, -1 on a write error. */
 int tpt_trace_close(tpt_trace *trace);
+/* pthread_atfork handlers, called for each trace: before_fork takes the
+ * trace's lock, after_fork_parent releases it, after_fork_child releases it
+ * in the child after stopping the child's copy (no row of the child, nor
+ * one buffered at the fork, reaches the parent's file). */
+void tpt_trace_before_fork(tpt_trace *trace);
+void tpt_trace_after_fork_parent(tpt_trace *trace);
+void tpt_trace_after_fork_child(tpt_trace *trace);
 const char *tpt_trace_path(const tpt_trace *trace);
 uint64_t tpt_trace_rows(tpt_trace *trace);
 bool tpt_trace_is_open(tpt_trace *trace);

@@ -19,9 +19,14 @@
  *
  * Locking: the observer runs under the pool's lock and takes the trace's
  * own lock; closing takes the trace's lock only (never the pool's), so the
- * two cannot deadlock. After a fork, only the process that opened the
- * trace writes it (a child's copy of the buffer is dropped, not written
- * into the parent's file).
+ * two cannot deadlock.
+ *
+ * fork(): the trace's lock is held across the fork (pthread_atfork, in
+ * tidepool_torch.c), so the child's copy is consistent and unlocked. In the
+ * child it stops recording (tpt_trace_after_fork_child): the rows buffered
+ * at the fork and the child's own are dropped, never written into the
+ * parent's file. The plain FILE is unbuffered, so the child's exit(), which
+ * flushes every FILE, has none of the parent's rows to write either.
  */
 #include "tidepool.h"
 #include "tidepool_torch_internal.h"
@@ -152,6 +157,10 @@ tpt_trace *tpt_trace_open(const char *path, char *err, size_t err_capacity) {
             free(t);
             return NULL;
         }
+        /* The trace buffers its rows itself: nothing may wait in stdio's
+         * buffer, where a fork()ed child's exit() would write it into this
+         * file a second time. */
+        setvbuf(t->plain, NULL, _IONBF, 0);
     }
     pthread_mutex_init(&t->lock, NULL);
     tpi_map_init(&t->streams, NULL);
@@ -207,6 +216,21 @@ int tpt_trace_close(tpt_trace *t) {
     }
     pthread_mutex_unlock(&t->lock);
     return rc;
+}
+
+void tpt_trace_before_fork(tpt_trace *t) {
+    if (t) pthread_mutex_lock(&t->lock);
+}
+
+void tpt_trace_after_fork_parent(tpt_trace *t) {
+    if (t) pthread_mutex_unlock(&t->lock);
+}
+
+void tpt_trace_after_fork_child(tpt_trace *t) {
+    if (!t) return;
+    t->open = false; /* the observer drops the child's rows; closing writes nothing */
+    t->len = 0;      /* the parent's buffered rows: the parent writes them */
+    pthread_mutex_unlock(&t->lock);
 }
 
 const char *tpt_trace_path(const tpt_trace *t) { return t ? t->path : ""; }
