@@ -5,7 +5,7 @@
  *
  *   test_ggml_adapter CASE     (config, bad_env, growth_vmm, growth_segment,
  *                               shared_pool, graph_churn, context_ids,
- *                               capture_misuse, oom,
+ *                               capture_misuse, oom, oom_abort,
  *                               contexts_threads)
  *
  * Temporaries are RAII objects freed right after their kernels are queued
@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cinttypes>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -31,6 +32,9 @@
 #include <thread>
 #include <unordered_map>
 #include <vector>
+
+#include <sys/wait.h>
+#include <unistd.h>
 
 namespace {
 
@@ -301,8 +305,13 @@ void case_config() {
     CHECK_MSG(err.find("limit=0.5") != std::string::npos, "message: %s", err.c_str());
     CHECK(!tp_ggml::configure("limit=1.5B", &err));
     CHECK(!tp_ggml::configure("release_threshold=2.25", &err));
+    CHECK(!tp_ggml::configure("oom=maybe", &err));
+    CHECK_MSG(err.find("oom=maybe: expected abort or null") != std::string::npos, "message: %s", err.c_str());
     CHECK(tp_ggml::configure("limit=1.5GiB,release_threshold=2.0", &err));
     CHECK(tp_ggml::config_string().find("limit=1610612736,release_threshold=2,") != std::string::npos);
+    CHECK(tp_ggml::config_string().find(",oom=abort") != std::string::npos); /* the default */
+    CHECK(tp_ggml::configure("oom=null", &err));
+    CHECK(tp_ggml::config_string().find(",oom=null") != std::string::npos);
 
     configure_or_die("kind=vmm,limit=20GiB,graph_cache_bytes=256MiB,graph_cache_execs=64,log=warn,device=sim:24GiB");
     std::string text = tp_ggml::config_string();
@@ -697,7 +706,7 @@ void case_capture_misuse() {
 
 void case_oom() {
     configure_or_die("kind=vmm,limit=2GiB,device=sim:2GiB+graph_node_bytes=1MiB,graph_cache_execs=16,"
-                     "graph_cache_bytes=unlimited,log=warn");
+                     "graph_cache_bytes=unlimited,log=warn,oom=null");
     tp_ggml::device_ref ref(0);
     REQUIRE(ref.ok());
     tp_device *dev = ref.device();
@@ -744,7 +753,7 @@ void case_oom() {
         CHECK(eager == (int)(cbefore.execs - cafter.execs));
         CHECK(log_errors() == 0);
 
-        /* Beyond the limit whatever is evicted: NULL, with the report. */
+        /* Beyond the limit whatever is evicted: NULL (oom=null), with the report. */
         {
             std::lock_guard<std::mutex> lock(g_log.mu);
             g_log.echo = false;
@@ -769,6 +778,47 @@ void case_oom() {
     CHECK_OK(tp_stream_destroy(dev, s));
     CHECK_OK(tp_stream_destroy(dev, s2));
     CHECK(log_errors() == 0);
+}
+
+/* oom=abort, the default: ggml's callers (ggml_cuda_pool_alloc<T>::alloc)
+ * do not check the pointer, so a failed allocation aborts, as ggml's own
+ * pools do, with one line on stderr even with log=off. In a child process:
+ * its stderr and its end (SIGABRT) are checked here. */
+void case_oom_abort() {
+    int fds[2];
+    REQUIRE(pipe(fds) == 0);
+    std::fflush(stdout);
+    std::fflush(stderr);
+    pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        dup2(fds[1], 2);
+        close(fds[0]);
+        close(fds[1]);
+        configure_or_die("kind=vmm,limit=1GiB,device=sim:2GiB,log=off");
+        tp_ggml::pool pool(0, TP_STREAM_DEFAULT);
+        size_t actual = 0;
+        void *p = pool.alloc(3 * GiB / 2, &actual);
+        std::fprintf(stderr, "alloc returned %p\n", p);
+        std::_Exit(3); /* not aborted: the test fails */
+    }
+    close(fds[1]);
+    std::string text;
+    char buf[512];
+    ssize_t n;
+    while ((n = read(fds[0], buf, sizeof buf)) > 0) text.append(buf, (size_t)n);
+    close(fds[0]);
+    int status = 0;
+    REQUIRE(waitpid(pid, &status, 0) == pid);
+    std::printf("  child: %s; stderr: %s", WIFSIGNALED(status) ? strsignal(WTERMSIG(status)) : "exited",
+                text.c_str());
+    CHECK_MSG(WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT, "status 0x%x", status);
+    CHECK_MSG(std::count(text.begin(), text.end(), '\n') == 1, "stderr: %s", text.c_str()); /* log=off: that line only */
+    CHECK_MSG(text.find("tidepool-ggml[0]") == 0, "%s", text.c_str());
+    CHECK_MSG(text.find("1.50 GiB") != std::string::npos, "%s", text.c_str());
+    CHECK_MSG(text.find("device 0 (sim:2GiB") != std::string::npos, "%s", text.c_str());
+    CHECK_MSG(text.find("TP_ERR_OUT_OF_MEMORY") != std::string::npos, "%s", text.c_str());
+    CHECK_MSG(text.find("abort") != std::string::npos, "%s", text.c_str());
 }
 
 /* --------------------------------------------- several contexts at once */
@@ -866,6 +916,7 @@ int main(int argc, char **argv) {
         {"context_ids", case_context_ids},
         {"capture_misuse", case_capture_misuse},
         {"oom", case_oom},
+        {"oom_abort", case_oom_abort},
         {"contexts_threads", case_contexts_threads},
     };
     for (const auto &c : cases) {

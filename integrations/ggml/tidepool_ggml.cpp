@@ -55,6 +55,7 @@ struct config {
     int log_level = TP_LOG_WARN;          /* or kLogOff */
     std::string device = "cuda";          /* "cuda", or a sim spec */
     bool check = false;                   /* pool invariants after every op */
+    bool oom_abort = true;                /* a failed alloc aborts (as ggml's own pools), or returns NULL */
 };
 
 const char *level_name(int level) {
@@ -154,7 +155,7 @@ bool parse_ms(const std::string &text, uint64_t *out_ns) {
 }
 
 const char *const kKeys = "kind, limit, release_threshold, idle_release_ms, graph_cache_bytes, graph_cache_execs, "
-                          "graph_idle_ms, log, device, check";
+                          "graph_idle_ms, log, device, check, oom";
 
 bool parse_item(config &c, const std::string &key, const std::string &value, std::string &err) {
     auto bad = [&](const std::string &why) {
@@ -209,6 +210,10 @@ bool parse_item(config &c, const std::string &key, const std::string &value, std
         } else {
             return bad("expected cuda, sim, sim:SIZE or sim:SIZE+OPTION...");
         }
+    } else if (key == "oom") {
+        if (value == "abort") c.oom_abort = true;
+        else if (value == "null") c.oom_abort = false;
+        else return bad("expected abort or null");
     } else if (key == "check") {
         if (value == "1" || value == "on") c.check = true;
         else if (value == "0" || value == "off") c.check = false;
@@ -279,6 +284,7 @@ std::string format_config(const config &c) {
     s += std::string(",log=") + level_name(c.log_level);
     s += ",device=" + spec;
     s += std::string(",check=") + (c.check ? "1" : "0");
+    s += std::string(",oom=") + (c.oom_abort ? "abort" : "null");
     return s;
 }
 
@@ -312,6 +318,7 @@ struct entry {
     tp_pool *pool = nullptr;
     tp_graph_cache *cache = nullptr;
     int users = 0; /* under the registry mutex */
+    bool oom_abort = true; /* oom= when the entry was opened */
     std::mutex mu; /* streams */
     std::unordered_map<tp_stream, int> streams;
     /* Streams in a pool capture begun through a graph_context: stream -> the
@@ -387,6 +394,7 @@ detail::entry *acquire(int ordinal) {
     const config &c = r.cfg;
     auto *e = new detail::entry;
     e->ordinal = ordinal;
+    e->oom_abort = c.oom_abort;
     e->spec = c.device == "cuda" ? "cuda:" + std::to_string(ordinal) : c.device;
     tp_device_config dc{};
     if (c.log_level != kLogOff) {
@@ -564,6 +572,18 @@ void *binding::alloc(size_t size, size_t *actual_size) {
     } else {
         log_msg(device_, TP_LOG_ERROR, "%s pool: allocating %s on stream %p failed: %s", entry_->spec.c_str(), want,
              (void *)stream_, tp_status_name(st));
+    }
+    if (entry_->oom_abort) {
+        /* ggml's callers (ggml_cuda_pool_alloc<T>::alloc) do not check the
+         * pointer: a NULL would reach a kernel. ggml's own pools abort here
+         * too. One line straight to stderr, whatever the log level and the
+         * sink, so that the abort is never silent. */
+        std::fprintf(stderr,
+                     "tidepool-ggml[%d]: allocating %s on device %d (%s, stream %p) failed: %s; aborting (oom=abort: "
+                     "ggml's callers do not check for NULL)\n",
+                     device_, want, device_, entry_->spec.c_str(), (void *)stream_, tp_status_name(st));
+        std::fflush(stderr);
+        std::abort();
     }
     return nullptr;
 }

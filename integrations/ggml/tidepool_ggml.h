@@ -92,7 +92,9 @@ public:
      * stream. *actual_size = size: the bytes the caller may use (tidepool
      * rounds the block up to its alignment internally; free does not need
      * the size). Out of memory: logs tidepool's out-of-memory report at
-     * ERROR and returns NULL with *actual_size = 0. */
+     * ERROR, then with oom=abort (the default) writes one line to stderr
+     * and aborts (ggml's callers do not check the pointer); with oom=null
+     * returns NULL with *actual_size = 0. */
     void *alloc(size_t size, size_t *actual_size);
     /* Frees once the work queued on the stream so far is done. NULL: no-op.
      * A pointer the pool does not own is logged at ERROR. */
