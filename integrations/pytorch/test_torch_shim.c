@@ -16,6 +16,11 @@
  *                              one row per alloc and free, and its peak of
  *                              live bytes is the pool's requested peak; later
  *                              events are not recorded.
+ *   test_torch_shim trace_full TIDEPOOL_TORCH_CONF=...,log=error,trace=/dev/full:
+ *                              every write fails; the first failure is logged
+ *                              once, the stats JSON says "write_failed" and
+ *                              counts "rows_lost" apart from the rows
+ *                              recorded, tp_torch_trace_close returns -1.
  *   test_torch_shim config_threads
  *                              TIDEPOOL_TORCH_CONF=log=off,oom=null: before any
  *                              pool, two threads replace the configuration
@@ -737,6 +742,50 @@ static int run_fork_exit_threads(void) {
     return failures;
 }
 
+/* trace_full: trace=/dev/full, where every write fails (ENOSPC). The
+ * first failure is logged once at ERROR (stderr is read back here); the
+ * stats JSON says so ("write_failed") and counts the rows that never
+ * reached the file ("rows_lost") apart from the rows recorded; closing
+ * reports the failure, and then every row is lost. */
+static int run_trace_full(void) {
+    FILE *log = tmpfile();
+    CHECK(log != NULL);
+    if (!log) return 1;
+    fflush(stderr);
+    int saved = dup(2);
+    dup2(fileno(log), 2);
+    enum { PAIRS = 20000 }; /* 40000 rows: the buffer (about 6000) is written several times */
+    bool ok = alloc_free_pairs(PAIRS);
+    const char *s = tp_torch_stats_json(0);
+    printf("%s\n", s);
+    CHECK(ok);
+    CHECK(strstr(s, "\"trace\":{\"path\":\"/dev/full\"") != NULL);
+    CHECK(strstr(s, "\"write_failed\":true") != NULL);
+    CHECK(strstr(s, "\"open\":true") != NULL);
+    long long rows = json_number(s, "\"rows\""), lost = json_number(s, "\"rows_lost\"");
+    CHECK(rows == 2 * PAIRS);
+    CHECK(lost > 0 && lost < rows && rows - lost < 10000); /* all but the rows still buffered */
+    CHECK(tp_torch_trace_close() == -1);
+    s = tp_torch_stats_json(0);
+    CHECK(json_number(s, "\"rows_lost\"") == rows); /* the rest went at the close */
+    CHECK(strstr(s, "\"write_failed\":true") != NULL && strstr(s, "\"open\":false") != NULL);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    static char text[1 << 14];
+    rewind(log);
+    size_t n = fread(text, 1, sizeof text - 1, log);
+    fclose(log);
+    text[n] = '\0';
+    fprintf(stderr, "stderr: %s", text);
+    int lines = 0;
+    for (size_t i = 0; i < n; i++) lines += text[i] == '\n';
+    CHECK(lines == 1); /* logged once */
+    CHECK(strstr(text, "tidepool-torch error: ") == text);
+    CHECK(strstr(text, "/dev/full") != NULL);
+    return failures;
+}
+
 /* config_threads: settings A and B differ in two keys; a reader must see
  * both keys of one of them (or the environment's, before the first call). */
 #define CONF_A "backend=sim:4GiB,kind=vmm,tick_ms=5,log=off,oom=null"
@@ -792,14 +841,19 @@ static int run_config_threads(void) {
 int main(int argc, char **argv) {
     if (argc == 3 && !strcmp(argv[1], "json")) return run_json(argv[2]) ? 1 : 0;
     if (argc == 3 && !strcmp(argv[1], "json-child")) return run_json_child(argv[2]) ? 1 : 0;
+    if (argc == 2 && !strcmp(argv[1], "trace_full") && access("/dev/full", W_OK) != 0) {
+        printf("trace_full: no /dev/full: skipped\n");
+        return 77;
+    }
     if (argc != 2) {
-        fprintf(stderr, "usage: test_torch_shim nodevice|sim|trace|config_threads|fork|fork_exit_threads|json DIR\n");
+        fprintf(stderr, "usage: test_torch_shim nodevice|sim|trace|trace_full|config_threads|fork|fork_exit_threads|json DIR\n");
         return 2;
     }
     int rc = !strcmp(argv[1], "nodevice") ? run_nodevice()
              : !strcmp(argv[1], "sim")    ? run_sim()
              : !strcmp(argv[1], "trace")  ? run_trace()
              : !strcmp(argv[1], "config_threads") ? run_config_threads()
+             : !strcmp(argv[1], "trace_full") ? run_trace_full()
              : !strcmp(argv[1], "fork")   ? run_fork()
              : !strcmp(argv[1], "fork_exit_threads") ? run_fork_exit_threads()
                                           : -1;

@@ -432,15 +432,28 @@ static struct {
        .rs = {.host = &tpi_map_libc_allocator},
        .rs_free = RS_NONE};
 
-static void log_line(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void log_line(int level, const char *fmt, ...) {
+static void log_va(int level, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0)));
+static void log_va(int level, const char *fmt, va_list ap) {
     if (level < atomic_load_explicit(&g.log_level, memory_order_relaxed)) return;
     char buf[512];
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    fprintf(stderr, TPT_PREFIX " %s: %s\n", level_name(level), buf);
+}
+
+static void log_line(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void log_line(int level, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
+    log_va(level, fmt, ap);
     va_end(ap);
-    fprintf(stderr, TPT_PREFIX " %s: %s\n", level_name(level), buf);
+}
+
+/* The same, for tidepool_torch_trace.c. */
+void tpt_log(int level, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    log_va(level, fmt, ap);
+    va_end(ap);
 }
 
 /* tidepool's log callback: user is the slot's spec string. */
@@ -1180,8 +1193,10 @@ static bool sb_device(sbuf *b, int d, bool include_unused) {
     if (trace) {
         sb_appendf(b, "\"trace\":{\"path\":");
         sb_json_string(b, tpt_trace_path(trace));
-        sb_appendf(b, ",\"rows\":%llu,\"open\":%s,\"gzip\":%s},", (unsigned long long)tpt_trace_rows(trace),
-                   tpt_trace_is_open(trace) ? "true" : "false", tpt_trace_has_gzip() ? "true" : "false");
+        tpt_trace_state ts = tpt_trace_get_state(trace);
+        sb_appendf(b, ",\"rows\":%llu,\"rows_lost\":%llu,\"write_failed\":%s,\"open\":%s,\"gzip\":%s},",
+                   (unsigned long long)ts.rows, (unsigned long long)ts.rows_lost, ts.write_failed ? "true" : "false",
+                   ts.open ? "true" : "false", tpt_trace_has_gzip() ? "true" : "false");
     } else if (trace_error[0]) {
         sb_appendf(b, "\"trace\":{\"error\":");
         sb_json_string(b, trace_error);

@@ -38,6 +38,10 @@ int tpt_last_failure_was_oom(void);
 typedef void (*tpt_oom_handler)(const char *message);
 tpt_oom_handler tpt_get_oom_handler(void);
 
+/* A line on stderr at level (a tp_log_level) if the configured log level
+ * lets it through, as the shim's own messages. */
+void tpt_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
 /* trace=PATH (tidepool_torch_trace.c). */
 struct tp_pool_event;
 typedef struct tpt_trace tpt_trace;
@@ -61,8 +65,14 @@ void tpt_trace_before_fork(tpt_trace *trace);
 void tpt_trace_after_fork_parent(tpt_trace *trace);
 void tpt_trace_after_fork_child(tpt_trace *trace);
 const char *tpt_trace_path(const tpt_trace *trace);
-uint64_t tpt_trace_rows(tpt_trace *trace);
-bool tpt_trace_is_open(tpt_trace *trace);
+/* One consistent reading of a trace's counts, for the stats JSON. */
+typedef struct tpt_trace_state {
+    uint64_t rows;      /* rows recorded (written, buffered, or lost) */
+    uint64_t rows_lost; /* rows that never reached the file (a write failed) */
+    bool open;
+    bool write_failed;  /* a write or the close failed (logged once at ERROR) */
+} tpt_trace_state;
+tpt_trace_state tpt_trace_get_state(tpt_trace *trace);
 
 #ifdef __cplusplus
 }

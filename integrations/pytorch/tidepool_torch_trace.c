@@ -7,7 +7,9 @@
  * A pool observer (tp_pool_set_observer) receives every event with the
  * pool's lock held; alloc and free events become rows in a buffer of this
  * trace, written out (gzip-compressed when built with zlib) when it fills
- * and when the trace is closed (tp_torch_trace_close, or at exit).
+ * and when the trace is closed (tp_torch_trace_close, or at exit). A write
+ * that fails is logged once at ERROR and ends the writing; the rows that
+ * never reach the file are counted (rows_lost in the stats JSON).
  *   time_us  the event's device clock (tp_pool_event.time_ns) / 1000
  *   addr     the block's address, decimal (identity only)
  *   size     the bytes the caller asked for
@@ -58,11 +60,13 @@ struct tpt_trace {
 #endif
     FILE *plain;
     bool open;
-    bool write_failed;
+    bool write_failed;        /* a write failed: nothing is written any more */
     pid_t owner;
     tpi_map streams;          /* stream pointer -> id (1, 2, ...) */
     uint64_t next_stream_id;
-    uint64_t rows;
+    uint64_t rows;            /* rows recorded: written, in buf, or lost */
+    uint64_t rows_in_buf;
+    uint64_t rows_lost;       /* rows that never reached the file */
     char path[PATH_MAX];
     size_t len;
     char buf[TRACE_BUFFER];
@@ -118,16 +122,38 @@ void tpt_trace_resolve(const char *pattern, int device, char *out, size_t capaci
     snprintf(out, capacity, "%s", tmp);
 }
 
-/* Writes the buffer out; lock held. */
+/* The first write that fails is logged (once: the next ones would fail
+ * alike); lock held. */
+static void note_write_failure(tpt_trace *t, const char *why) {
+    if (t->write_failed) return;
+    t->write_failed = true;
+    tpt_log(TP_LOG_ERROR, "trace %s: writing failed (%s); nothing more is written to it: %llu rows lost so far, and "
+            "every later row (\"rows_lost\" in the stats JSON)", t->path, why,
+            (unsigned long long)(t->rows_lost + t->rows_in_buf));
+}
+
+/* Writes the buffer out; lock held. After a failed write nothing more is
+ * written: a trace with rows missing in the middle would replay wrong
+ * (frees of blocks it never allocated), one cut short replays what it
+ * holds. The rows that never reach the file are counted apart. */
 static void flush_locked(tpt_trace *t) {
     if (!t->len) return;
-    bool ok;
+    if (!t->write_failed) {
 #ifdef TPT_HAVE_ZLIB
-    if (t->gz) ok = gzwrite(t->gz, t->buf, (unsigned)t->len) == (int)t->len;
-    else
+        if (t->gz) {
+            if (gzwrite(t->gz, t->buf, (unsigned)t->len) != (int)t->len) {
+                int code = Z_OK;
+                const char *why = gzerror(t->gz, &code);
+                note_write_failure(t, code == Z_ERRNO ? strerror(errno) : why);
+            }
+        } else
 #endif
-        ok = fwrite(t->buf, 1, t->len, t->plain) == t->len;
-    if (!ok) t->write_failed = true;
+        if (fwrite(t->buf, 1, t->len, t->plain) != t->len) {
+            note_write_failure(t, strerror(errno));
+        }
+    }
+    if (t->write_failed) t->rows_lost += t->rows_in_buf;
+    t->rows_in_buf = 0;
     t->len = 0;
 }
 
@@ -191,6 +217,7 @@ void tpt_trace_observer(void *user, const tp_pool_event *e) {
     if (n > 0 && (size_t)n < sizeof t->buf - t->len) {
         t->len += (size_t)n;
         t->rows++;
+        t->rows_in_buf++;
     }
 out:
     pthread_mutex_unlock(&t->lock);
@@ -204,11 +231,12 @@ int tpt_trace_close(tpt_trace *t) {
         t->open = false;
         if (getpid() == t->owner) { /* a forked child leaves the parent's file alone */
             flush_locked(t);
+            /* Rows a failed close loses (zlib's buffer) cannot be counted. */
 #ifdef TPT_HAVE_ZLIB
-            if (t->gz && gzclose(t->gz) != Z_OK) t->write_failed = true;
+            if (t->gz && gzclose(t->gz) != Z_OK) note_write_failure(t, "closing the gzip stream failed");
             t->gz = NULL;
 #endif
-            if (t->plain && fclose(t->plain) != 0) t->write_failed = true;
+            if (t->plain && fclose(t->plain) != 0) note_write_failure(t, strerror(errno));
             t->plain = NULL;
             rc = t->write_failed ? -1 : 1;
         }
@@ -230,23 +258,20 @@ void tpt_trace_after_fork_child(tpt_trace *t) {
     if (!t) return;
     t->open = false; /* the observer drops the child's rows; closing writes nothing */
     t->len = 0;      /* the parent's buffered rows: the parent writes them */
+    t->rows_in_buf = 0;
     pthread_mutex_unlock(&t->lock);
 }
 
 const char *tpt_trace_path(const tpt_trace *t) { return t ? t->path : ""; }
 
-uint64_t tpt_trace_rows(tpt_trace *t) {
-    if (!t) return 0;
+tpt_trace_state tpt_trace_get_state(tpt_trace *t) {
+    tpt_trace_state s = {0};
+    if (!t) return s;
     pthread_mutex_lock(&t->lock);
-    uint64_t rows = t->rows;
+    s.rows = t->rows;
+    s.rows_lost = t->rows_lost;
+    s.open = t->open;
+    s.write_failed = t->write_failed;
     pthread_mutex_unlock(&t->lock);
-    return rows;
-}
-
-bool tpt_trace_is_open(tpt_trace *t) {
-    if (!t) return false;
-    pthread_mutex_lock(&t->lock);
-    bool open = t->open;
-    pthread_mutex_unlock(&t->lock);
-    return open;
+    return s;
 }
