@@ -693,6 +693,26 @@ void case_capture_misuse() {
             other.capture_abort(s);
         }
         finish_case_on_stream(ref, s, "capture misuse");
+        /* A backend context destroyed as the README's wiring says while its
+         * graph context has a capture open: the graph context first (it
+         * ends the capture), then the pool, which can then forget its
+         * stream (TP_ERR_CAPTURE, logged, in the other order) before the
+         * stream is destroyed. */
+        tp_stream s2;
+        CHECK_OK(tp_stream_create(dev, &s2));
+        {
+            auto pool = std::make_unique<tp_ggml::pool>(0, s2);
+            auto ctx = std::make_unique<tp_ggml::graph_context>(0);
+            CHECK_OK(ctx->capture_begin(s2));
+            {
+                pool_alloc<char> tmp(*pool, MiB);
+                CHECK(tmp.get() != nullptr);
+            }
+            ctx.reset();
+            pool.reset();
+        }
+        CHECK(log_errors() == 0);
+        finish_case_on_stream(ref, s2, "context destroyed mid-capture");
         /* The last users go while a context is mid-capture on the default
          * stream: the context is destroyed first, then ref. */
         tp_ggml::graph_context last(0);
