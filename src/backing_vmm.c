@@ -102,7 +102,10 @@ static tp_status map_run(tpi_core *core, uint64_t first, uint64_t last) {
  * pool runs below its high-water mark and tight when it reaches a new one.
  * The look-ahead (below) stays under the hard cap too: mapped past it, it
  * was what a pool whose buffers move held above its peak (1.12x on
- * spec-decode, up to 1.21x on phases; 1.06x with it kept under). */
+ * spec-decode, up to 1.21x on phases; 1.06x with it kept under). And while
+ * the pool grows back below its high-water mark, under the soft cap
+ * (training, its activations freed and made again every step: 1.063x with
+ * the hard cap, 1.020x with the soft). */
 #define SOFT_HEADROOM_DIV 128
 #define HARD_HEADROOM_DIV 16
 #define VMM_CAP_RELEASE_MIN_IDLE_NS 100000000ull
@@ -181,8 +184,11 @@ static tp_status map_block(vmm_backing *vmm, uint32_t id, uint64_t *out_need) {
     /* The look-ahead is a bet that the pool keeps growing: it never takes
      * the pool past its hard cap (nor its limit). Past the cap, pages mapped
      * ahead are memory above the promise, and the next growth would unmap
-     * fresh idle pages to stay under it while they stay mapped. */
+     * fresh idle pages to stay under it while they stay mapped. Below its
+     * high-water mark the pool is only filling up to a level it has held
+     * before, so the bet is smaller: the soft cap. */
     uint64_t ceiling = TPI_MIN(limit, hard);
+    if (core->stats.pub.allocated_bytes.current + n->size <= high_water(core)) ceiling = TPI_MIN(ceiling, cap);
     extra = TPI_MIN(extra, (ceiling > reserved + missing ? ceiling - reserved - missing : 0) >> units->page_shift);
     uint64_t end = last + extra;
     uint64_t max_run = TPI_MAX(core->config.max_map_bytes >> units->page_shift, 1);
