@@ -115,14 +115,14 @@ void plot_xml_text(FILE *out, const char *text) {
 }
 
 /* "0", "256 MiB", "1.5 GiB": a byte count for an axis label. */
-static void axis_bytes(uint64_t bytes, char *buf, size_t capacity) {
+static void axis_bytes(double bytes, char *buf, size_t capacity) {
     static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-    if (!bytes) {
+    if (bytes <= 0) {
         snprintf(buf, capacity, "0");
         return;
     }
     int unit = 0;
-    double value = (double)bytes;
+    double value = bytes;
     while (value >= 1024.0 && unit < 5) {
         value /= 1024.0;
         unit++;
@@ -249,11 +249,12 @@ static plot_frame draw_frame(FILE *out, double top, const char *title, uint64_t 
     if (x_max <= 0) x_max = 1;
     uint64_t y_step = 1;
     while (y_step < y_max / 8 + (y_max % 8 != 0)) y_step *= 2;
-    uint64_t y_top = (y_max + y_step - 1) / y_step * y_step;
+    /* the top in steps, not bytes: a y_max near 2^64 rounded up would wrap */
+    uint64_t y_steps = y_max / y_step + (y_max % y_step != 0);
     plot_frame f;
     f.plot_top = top + PLOT_TOP_OFFSET;
     f.bottom = f.plot_top + PLOT_HEIGHT;
-    f.y_scale = PLOT_HEIGHT / (double)y_top;
+    f.y_scale = PLOT_HEIGHT / ((double)y_steps * (double)y_step);
     f.x_scale = (PLOT_RIGHT - PLOT_LEFT) / x_max;
 
     fprintf(out, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"15\" font-weight=\"bold\">", PLOT_LEFT, top + 24);
@@ -261,8 +262,9 @@ static plot_frame draw_frame(FILE *out, double top, const char *title, uint64_t 
     fprintf(out, "</text>\n");
 
     char label[48];
-    for (uint64_t v = 0; v <= y_top; v += y_step) {
-        double y = f.bottom - (double)v * f.y_scale;
+    for (uint64_t k = 0; k <= y_steps; k++) {
+        double v = (double)k * (double)y_step;
+        double y = f.bottom - v * f.y_scale;
         fprintf(out, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#e3e3e3\"/>\n", PLOT_LEFT, y,
                 PLOT_RIGHT, y);
         axis_bytes(v, label, sizeof label);
@@ -420,7 +422,7 @@ static void draw_panel(FILE *out, const plot_panel *panel, double top) {
             m->x = PLOT_LEFT + sample_x(&axis, &r->samples[peak]) * x_scale;
             m->y = bottom - (double)r->peak_reserved_bytes * y_scale;
             m->colour = colour;
-            axis_bytes(r->peak_reserved_bytes, bytes, sizeof bytes);
+            axis_bytes((double)r->peak_reserved_bytes, bytes, sizeof bytes);
             snprintf(m->text, sizeof m->text, "%s peak %s", r->pool, bytes);
             fprintf(out, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"4\" fill=\"%s\" stroke=\"#fff\"/>\n", m->x, m->y,
                     colour);

@@ -15,7 +15,7 @@
  *   - a free of an address the trace never allocated is counted, not fatal;
  *   - replay_file gives the same figures and curves whatever its threads
  *     (parse workers, lane threads);
- *   - the chart escapes its title.
+ *   - the chart escapes its title and draws bytes near 2^64.
  * argv[1]: a scratch directory.
  */
 #include "../check.h"
@@ -507,6 +507,19 @@ static void test_plot(void) {
     bare.samples = NULL;
     bare.sample_count = 0;
     CHECK(plot_replay_svg(path, "x", &bare, 1, err, sizeof err) == -1 && strstr(err, "no samples"));
+    /* Bytes near 2^64 (a trace's huge request): the y axis's top rounded up
+     * wrapped to 0 and every coordinate was -nan. */
+    replay_sample huge_samples[2] = {{1, 1000, 0, 0, 0}, {2, 2000, UINT64_MAX - 100, UINT64_MAX - 100, 0}};
+    replay_result huge = results[0];
+    huge.samples = huge_samples;
+    huge.sample_count = 2;
+    huge.peak_live_bytes = huge.peak_reserved_bytes = UINT64_MAX;
+    CHECK_EQ_U64(plot_replay_svg(path, "huge", &huge, 1, err, sizeof err), 0);
+    svg = slurp(path);
+    REQUIRE(svg != NULL);
+    CHECK_CONTAINS(svg, "</svg>");
+    CHECK_MSG(!strstr(svg, "nan") && !strstr(svg, "inf"), "a coordinate is not a number");
+    free(svg);
     replay_free(run);
 }
 
