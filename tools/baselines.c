@@ -292,6 +292,7 @@ typedef struct ggml_vmm_pool {
     uint64_t base, reserved_va, granularity;
     uint64_t mapped, used, peak_mapped;
     uint64_t device_calls, device_allocs, lifo_violations;
+    uint64_t exhausted_by; /* the request that did not fit the reserved space (0: a map call failed) */
 } ggml_vmm_pool;
 
 static void *ggml_vmm_create(tp_device *device, const tp_pool_config *config, char *err, size_t cap) {
@@ -315,11 +316,20 @@ static void *ggml_vmm_create(tp_device *device, const tp_pool_config *config, ch
 static replay_status ggml_vmm_alloc(void *impl, uint64_t bytes, tp_stream stream, uint64_t *out) {
     (void)stream;
     ggml_vmm_pool *p = impl;
+    /* more than the reserved space left: GGML_ASSERT (pool exhausted); checked
+     * first, so that rounding a request near 2^64 up cannot wrap */
+    if (bytes > p->reserved_va - p->used) {
+        p->exhausted_by = bytes;
+        return REPLAY_FATAL;
+    }
     uint64_t size = (bytes + GGML_VMM_ALIGNMENT - 1) / GGML_VMM_ALIGNMENT * GGML_VMM_ALIGNMENT;
     uint64_t available = p->mapped - p->used;
     if (size > available) {
         uint64_t grow = (size - available + p->granularity - 1) / p->granularity * p->granularity;
-        if (p->mapped + grow > p->reserved_va) return REPLAY_FATAL; /* GGML_ASSERT: pool exhausted */
+        if (p->mapped + grow > p->reserved_va) { /* GGML_ASSERT: pool exhausted */
+            p->exhausted_by = bytes;
+            return REPLAY_FATAL;
+        }
         p->device_calls++;
         tp_status st = tp_device_map(p->device, p->base + p->mapped, grow);
         if (st != TP_OK) return REPLAY_FATAL; /* CU_CHECK aborts */
@@ -335,6 +345,10 @@ static replay_status ggml_vmm_alloc(void *impl, uint64_t bytes, tp_stream stream
 static replay_status ggml_vmm_free(void *impl, uint64_t address, uint64_t bytes, tp_stream stream) {
     (void)stream;
     ggml_vmm_pool *p = impl;
+    if (bytes > p->used) { /* more than is in use (also: no wrap rounding a size near 2^64) */
+        p->lifo_violations++;
+        return REPLAY_OK;
+    }
     uint64_t size = (bytes + GGML_VMM_ALIGNMENT - 1) / GGML_VMM_ALIGNMENT * GGML_VMM_ALIGNMENT;
     if (size > p->used) {
         p->lifo_violations++;
@@ -364,7 +378,13 @@ static void ggml_vmm_destroy(void *impl) {
 
 static void ggml_vmm_oom_report(void *impl, char *buf, size_t cap) {
     ggml_vmm_pool *p = impl;
-    char mapped[32], used[32];
+    char mapped[32], used[32], asked[32], reserved[32];
+    if (p->exhausted_by) {
+        snprintf(buf, cap, "a request of %s does not fit the pool's %s of address space with %s in use; ggml aborts (GGML_ASSERT)",
+                 tp_format_bytes(p->exhausted_by, asked, sizeof asked),
+                 tp_format_bytes(p->reserved_va, reserved, sizeof reserved), tp_format_bytes(p->used, used, sizeof used));
+        return;
+    }
     snprintf(buf, cap, "mapping more of the pool failed with %s mapped, %s in use; ggml aborts (no retry)",
              tp_format_bytes(p->mapped, mapped, sizeof mapped), tp_format_bytes(p->used, used, sizeof used));
 }

@@ -156,6 +156,10 @@ replay)
     expect 0 '"unknown_frees":3,' "$tide" replay "$scratch/frees_first.csv.gz" --json --pool vmm,segment,ggml-legacy,ggml-vmm
     [ "$(grep -c '"unknown_frees":3,' "$out")" -eq 4 ] || fail "frees_first.csv.gz: not every pool counted 3 unknown frees"
     expect 0 "3 frees of addresses the trace never allocated" "$tide" replay "$scratch/frees_first.csv.gz" --plot "$scratch/frees_first.svg"
+    # a request near 2^64: ggml-vmm's rounding up wrapped and it "succeeded"
+    # (16384 PiB live in 2 MiB held); it is past the pool's address space
+    printf 'time_us,action,addr,size,stream\n1,alloc,256,18446744073709551615,0\n2,alloc,512,4096,0\n' >"$scratch/huge.csv"
+    expect 0 "aborted at event 1: a request of 16384.00 PiB does not fit the pool's 32.00 GiB" "$tide" replay "$scratch/huge.csv" --pool ggml-vmm
     # malformed files: exit 1, file and line named
     printf 'time_us,action,addr,size,stream\n1,alloc,1,2,0\n2,alloc,3,four,0\n' >"$scratch/bad.csv"
     expect 1 "bad.csv:3: bad size 'four'" "$tide" replay "$scratch/bad.csv"
