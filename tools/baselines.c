@@ -188,9 +188,14 @@ static replay_status legacy_alloc(void *impl, uint64_t bytes, tp_stream stream, 
         *out = s.address;
         return REPLAY_OK;
     }
-    /* look-ahead: 1.05 x the request, rounded up to 256 bytes */
-    uint64_t look_ahead = (uint64_t)(1.05 * (double)bytes);
-    look_ahead = 256 * ((look_ahead + 255) / 256);
+    /* look-ahead: 1.05 x the request, rounded up to 256 bytes. Above 2^64 -
+     * 4096 (a request over ~15.2 EiB) it is clamped to the largest multiple
+     * of 256: converting a double past 2^64 is undefined, and the + 255
+     * would wrap; the device call then fails as cudaMalloc would. */
+    double scaled = 1.05 * (double)bytes;
+    uint64_t look_ahead = scaled >= 18446744073709547520.0 /* 2^64 - 4096 */
+                              ? UINT64_MAX & ~(uint64_t)255
+                              : 256 * (((uint64_t)scaled + 255) / 256);
     uint64_t address = 0;
     p->device_calls++;
     tp_status st = tp_device_mem_alloc(p->device, look_ahead, &address);
