@@ -55,6 +55,7 @@ static const struct {
 typedef struct map_range {
     uint64_t address, bytes, stream, requested, idle_ns;
     int state;
+    char other_state[32]; /* STATE_OTHER: the file's name for the state */
 } map_range;
 
 typedef struct map_doc {
@@ -64,6 +65,7 @@ typedef struct map_doc {
     map_range *ranges;
     size_t count, capacity;
     char other_state[32]; /* the first unknown state's name */
+    bool other_states_differ; /* unknown states of more than one name */
 } map_doc;
 
 /* --------------------------------------------------------------- JSON */
@@ -241,8 +243,11 @@ static bool parse_range(json *j, map_doc *d) {
             r.state = STATE_OTHER;
             for (int s = 0; s < STATE_OTHER; s++)
                 if (!strcmp(state, states[s].name)) r.state = s;
-            if (ok && r.state == STATE_OTHER && !d->other_state[0])
-                snprintf(d->other_state, sizeof d->other_state, "%s", state);
+            if (ok && r.state == STATE_OTHER) {
+                snprintf(r.other_state, sizeof r.other_state, "%s", state);
+                if (!d->other_state[0]) snprintf(d->other_state, sizeof d->other_state, "%s", state);
+                else if (strcmp(d->other_state, state)) d->other_states_differ = true;
+            }
         } else ok = json_skip(j, 2);
         if (!ok) return false;
         int more = json_next(j, '}');
@@ -447,7 +452,7 @@ static int render(const char *path, const char *title, const map_doc *d, const m
                      "stroke-width=\"0.5\"/>",
                 ly - 10, states[s].colour);
         fprintf(out, "<text x=\"50\" y=\"%.1f\" font-size=\"12\">", ly);
-        if (s == STATE_OTHER) plot_xml_text(out, d->other_state);
+        if (s == STATE_OTHER) plot_xml_text(out, d->other_states_differ ? "other states" : d->other_state);
         else fputs(states[s].name, out);
         fprintf(out, ": %s in %llu range%s (%s)</text></g>\n", tide_bytes(state_bytes[s], a, sizeof a),
                 (unsigned long long)state_count[s], state_count[s] == 1 ? "" : "s", states[s].meaning);
@@ -510,8 +515,9 @@ static int render(const char *path, const char *title, const map_doc *d, const m
                 ROW_HEIGHT, states[r->state].colour, w > 3 ? " stroke=\"#fff\" stroke-width=\"0.4\"" : "");
         if (tooltips++ < MAX_TOOLTIPS) {
             hex(r->address, a, sizeof a);
-            fprintf(out, "<title>%s %s, %s", a, tide_bytes(r->bytes, b, sizeof b),
-                    r->state == STATE_OTHER ? d->other_state : states[r->state].name);
+            fprintf(out, "<title>%s %s, ", a, tide_bytes(r->bytes, b, sizeof b));
+            if (r->state == STATE_OTHER) plot_xml_text(out, r->other_state); /* the file's text: escaped */
+            else fputs(states[r->state].name, out);
             if (r->requested) fprintf(out, " (%s requested)", tide_bytes(r->requested, b, sizeof b));
             if (r->stream) fprintf(out, ", stream 0x%llx", (unsigned long long)r->stream);
             if (r->idle_ns) {

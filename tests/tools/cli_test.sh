@@ -344,6 +344,13 @@ observe)
         done
     done
     grep -q 'unmapped: .*rows compressed' "$scratch/snap.vmm.svg" || fail "snap.vmm.svg: the unmapped run is not compressed"
+    # states this tide does not know: the file's names, escaped, each range its own
+    printf '{"kind":"vmm","ranges":[{"address":4096,"bytes":4096,"state":"a<b&c"},{"address":8192,"bytes":4096,"state":"zz>"}]}' >"$scratch/states.json"
+    expect 0 "wrote .*states.svg" "$tide" map "$scratch/states.json" --plot "$scratch/states.svg"
+    svg_ok "$scratch/states.svg"
+    grep -q '<title>0x1000 4.00 KiB, a&lt;b&amp;c</title>' "$scratch/states.svg" || fail "states.svg: the first range's state not escaped"
+    grep -q '<title>0x2000 4.00 KiB, zz&gt;</title>' "$scratch/states.svg" || fail "states.svg: the second range not labelled with its own state"
+    grep -q '>other states: 8.00 KiB in 2 ranges' "$scratch/states.svg" || fail "states.svg: the legend does not say other states"
     expect 2 "--plot OUT.svg is required" "$tide" map "$scratch/snap.vmm.json"
     expect 2 "--snapshot writes one trace" "$tide" replay "$trace" "$trace" --snapshot "$scratch/x"
     printf '{"kind":"vmm","ranges":[{"address":1,"bytes":}]}' >"$scratch/bad_map.json"
