@@ -36,6 +36,7 @@
  */
 #include "replay.h"
 #include "tide.h"
+#include "tide_run.h"
 
 #include <pthread.h>
 #include <sched.h>
@@ -70,8 +71,8 @@ static void bench_usage(FILE *out) {
             "options:\n"
             "  --device SPEC   device (default sim:64GiB,nocheck; cuda:0 on a GPU)\n"
             "  --size SIZE     the same-size request (default 1MiB)\n"
-            "  --pairs N       pairs per timed run (default 1000000)\n"
-            "  --runs N        timed runs; the median is reported (default 7)\n"
+            "  --pairs N       pairs per timed run, 1 to 10^12 (default 1000000)\n"
+            "  --runs N        timed runs, 1 to 64; the median is reported (default 7)\n"
             "  --threads N     also 1..N threads on one default pool and on a pool each, 4 KiB\n"
             "                  pairs, a stream each (default 2; at most the number of online CPUs)\n"
             "  --json          one JSON object\n"
@@ -412,22 +413,20 @@ int tide_bench(int argc, char **argv) {
             device_spec = v;
             i++;
         } else if (!strcmp(a, "--size")) {
-            if (!tide_parse_bytes_option(a, v, &size) || size == 0) return 2;
-            i++;
-        } else if (!strcmp(a, "--pairs") && v) {
-            pairs = strtoull(v, NULL, 10);
-            i++;
-            if (pairs == 0) {
-                fprintf(stderr, "tide bench: --pairs needs a positive number\n");
+            if (!tide_parse_bytes_option(a, v, &size)) return 2;
+            if (size == 0) {
+                fprintf(stderr, "tide bench: --size needs at least 1 byte, got '%s'\n", v);
                 return 2;
             }
-        } else if (!strcmp(a, "--runs") && v) {
-            runs = atoi(v);
             i++;
-            if (runs < 1 || runs > 64) {
-                fprintf(stderr, "tide bench: --runs must be 1..64\n");
-                return 2;
-            }
+        } else if (!strcmp(a, "--pairs")) {
+            if (!tide_parse_count_option("tide bench", a, v, 1, 1000000000000ull, &pairs)) return 2;
+            i++;
+        } else if (!strcmp(a, "--runs")) {
+            uint64_t n;
+            if (!tide_parse_count_option("tide bench", a, v, 1, 64, &n)) return 2;
+            runs = (int)n;
+            i++;
         } else if (!strcmp(a, "--threads") && v) {
             char *end = NULL;
             long n = strtol(v, &end, 10);

@@ -124,6 +124,11 @@ usage)
             fail "tide bench --json: floor_ratio.$key is not a positive number"
     done
     expect 2 "--threads must be" "$tide" bench --threads 0
+    # bench's counts: a message for 0 bytes, no trailing junk, no -1 read as 2^64 - 1 pairs (ran forever)
+    expect 2 "--size needs at least 1 byte" "$tide" bench --size 0
+    expect 2 "--pairs needs a whole number from 1 to" "$tide" bench --pairs 1000x --runs 1
+    expect 2 "--runs needs a whole number from 1 to 64, got '2y'" "$tide" bench --pairs 1000 --runs 2y
+    expect 2 "--pairs needs a whole number from 1 to" "$tide" bench --pairs -1 --runs 1
     ;;
 replay)
     expect 0 "peak live" "$tide" replay "$data/qwen2vl_excerpt.csv" "$data/qwen2vl_excerpt.csv.gz" --pool vmm,segment
