@@ -4,6 +4,7 @@
  */
 #include "tide.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -29,7 +30,22 @@ static void usage(FILE *out) {
                  "traces: tidepool CSV (time_us,action,addr,size,stream), PyTorch memory snapshots (the pickle of\n"
                  "        torch.cuda.memory._snapshot() after _record_memory_history(), read directly) and RAPIDS\n"
                  "        RMM logs; gzip or plain\n"
-                 "exit status: 0 success; 1 error; 2 bad usage; 3 a gate failed (--fail-on-oom, --max-ratio)\n");
+                 "exit status: 0 success; 1 error (also: the output could not be written); 2 bad usage;\n"
+                 "             3 a gate failed (--fail-on-oom, --max-ratio)\n");
+}
+
+/* Results printed but never delivered (stdout on a full disk, a closed
+ * file) are an error: exit 1 with a message, not the command's 0 (or 3). A
+ * usage error keeps its 2. */
+static int finish(const char *what, int status) {
+    errno = 0;
+    bool failed = fflush(stdout) != 0;
+    int error = errno;
+    if (failed || ferror(stdout)) {
+        fprintf(stderr, "%s: writing the output failed%s%s\n", what, error ? ": " : "", error ? strerror(error) : "");
+        return status == 2 ? 2 : 1;
+    }
+    return status;
 }
 
 int main(int argc, char **argv) {
@@ -39,14 +55,18 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
         usage(stdout);
-        return 0;
+        return finish("tide", 0);
     }
     if (!strcmp(argv[1], "--version")) {
         printf("tide %d.%d.%d\n", TP_VERSION_MAJOR, TP_VERSION_MINOR, TP_VERSION_PATCH);
-        return 0;
+        return finish("tide", 0);
     }
     for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
-        if (!strcmp(argv[1], commands[i].name)) return commands[i].run(argc - 1, argv + 1);
+        if (!strcmp(argv[1], commands[i].name)) {
+            char what[32];
+            snprintf(what, sizeof what, "tide %s", commands[i].name);
+            return finish(what, commands[i].run(argc - 1, argv + 1));
+        }
     fprintf(stderr, "tide: unknown command '%s'\n\n", argv[1]);
     usage(stderr);
     return 2;

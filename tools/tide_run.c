@@ -71,8 +71,8 @@ void tide_run_options_help(FILE *out) {
 }
 
 void tide_exit_codes_help(FILE *out) {
-    fprintf(out, "\nexit status: 0 success; 1 error (unreadable trace, pool errors or hazards, a file not\n"
-                 "written); 2 bad usage; 3 a gate failed (--fail-on-oom, --max-ratio)\n");
+    fprintf(out, "\nexit status: 0 success; 1 error (unreadable trace, pool errors or hazards, a file or the\n"
+                 "output not written); 2 bad usage; 3 a gate failed (--fail-on-oom, --max-ratio)\n");
 }
 
 /* The value of option argv[*index], or NULL (message printed). */

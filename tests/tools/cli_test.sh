@@ -76,6 +76,18 @@ usage)
     expect 0 "replay.*scenario|scenario.*replay" "$tide" --help
     expect 0 "demo" "$tide" --help
     expect 2 "unknown command 'frobnicate'" "$tide" frobnicate
+    # output that could not be written (a full disk) is an error, not a silent 0
+    if [ -w /dev/full ]; then
+        full_fails() {
+            "$@" >/dev/full 2>"$err"
+            got=$?
+            [ "$got" -eq 1 ] || fail "$* >/dev/full exited $got, expected 1"
+            grep -q "writing the output failed: No space left on device" "$err" || fail "$* >/dev/full: no message"
+        }
+        full_fails "$tide" --help
+        full_fails "$tide" replay "$data/qwen2vl_excerpt.csv" --json
+        full_fails "$tide" scenario fa-decode --context 300
+    fi
     expect 2 "no trace file given" "$tide" replay
     expect 2 "unknown option '--bogus'" "$tide" replay "$data/qwen2vl_excerpt.csv" --bogus
     expect 2 "--limit needs a size" "$tide" replay "$data/qwen2vl_excerpt.csv" --limit 12XB
