@@ -225,7 +225,7 @@ tp_status replay_open_device(const char *spec, tp_device **out, char *err, size_
 
 /* The live table, in two parts. The run's slot table (shared by its lanes,
  * filled once per batch before any lane replays it) gives each live trace
- * address a slot: an alloc of bytes > 0 takes a new slot (from a free list,
+ * address a slot: an alloc (of any size, zero bytes too) takes a new slot (from a free list,
  * else the next never used) or, when its address is live already (an alloc
  * the trace never freed), that address's slot; a free gives its address's
  * slot back. The slot replaces the event's address (trace addresses are
@@ -245,7 +245,7 @@ typedef struct live_block {
     uint64_t bytes;
 } live_block;
 
-#define SLOT_NONE UINT32_MAX /* no slot: a zero-byte alloc, a free of an address not live */
+#define SLOT_NONE UINT32_MAX /* no slot: a free of an address not live (or no memory for the table) */
 
 typedef struct slot_table {
     tpi_map map;        /* trace address -> slot */
@@ -272,7 +272,7 @@ static void slots_resolve(void *user, trace_event *events, size_t count) {
     for (size_t i = 0; i < count; i++) {
         trace_event *e = &events[i];
         uint32_t slot = SLOT_NONE;
-        if (e->action == TRACE_ALLOC && e->bytes) {
+        if (e->action == TRACE_ALLOC) { /* zero bytes too: its free is then known (and frees nothing) */
             uint64_t *known = tpi_map_find(&t->map, e->address);
             if (known) {
                 slot = (uint32_t)*known;
@@ -442,7 +442,10 @@ static void lane_event(replay_lane *lane, const trace_event *e, bool follow_time
     if (r->fatal) return;
     if (e->action == TRACE_ALLOC) {
         r->allocs++;
-        if (!e->bytes) return; /* zero-byte requests are not memory */
+        if (!e->bytes) { /* zero-byte requests are not memory: an empty block, so that its free frees nothing */
+            if (slot != SLOT_NONE && lane_reserve(lane, slot)) lane->blocks[slot] = (live_block){0, 0};
+            return;
+        }
         uint64_t address = 0;
         replay_status st;
         if (lane->direct_pool) { /* tidepool_alloc without the calls through pointers */

@@ -179,6 +179,11 @@ replay)
     expect 0 "aborted at event 1: a request of 16384.00 PiB does not fit the pool's 32.00 GiB" "$tide" replay "$scratch/huge.csv" --pool ggml-vmm
     # ggml-legacy's 1.05x look-ahead of it: a double past 2^64 converted (undefined; UBSan stops)
     expect 0 "aborted at event 1: cudaMalloc of 16384.00 PiB \(request 16384.00 PiB x 1.05\) failed" "$tide" replay "$scratch/huge.csv" --pool ggml-legacy
+    # a zero-byte alloc is live until freed (its free was counted unknown) and
+    # frees nothing (its slot must not keep the block freed before it: a double free)
+    printf 'time_us,action,addr,size,stream\n1,alloc,256,4096,0\n2,free,256,0,0\n3,alloc,256,0,0\n4,free,256,0,0\n5,free,256,0,0\n' >"$scratch/zero.csv"
+    expect 0 '"errors":0,"unknown_frees":1,' "$tide" replay "$scratch/zero.csv" --json --pool vmm,segment,ggml-legacy,ggml-vmm
+    [ "$(grep -c '"errors":0,"unknown_frees":1,' "$out")" -eq 4 ] || fail "zero.csv: not every pool counted one unknown free and no error"
     # malformed files: exit 1, file and line named
     printf 'time_us,action,addr,size,stream\n1,alloc,1,2,0\n2,alloc,3,four,0\n' >"$scratch/bad.csv"
     expect 1 "bad.csv:3: bad size 'four'" "$tide" replay "$scratch/bad.csv"
