@@ -246,6 +246,9 @@ typedef struct live_block {
 } live_block;
 
 #define SLOT_NONE UINT32_MAX /* no slot: a free of an address not live (or no memory for the table) */
+/* Beside the slot in an alloc's address: the address was live already (the
+ * trace never freed the older block); the alloc takes the same slot. */
+#define SLOT_DUPLICATE (1ull << 32)
 
 typedef struct slot_table {
     tpi_map map;        /* trace address -> slot */
@@ -264,7 +267,8 @@ static void slots_destroy(slot_table *t) {
     free(t->free);
 }
 
-/* Replaces each event's address by its slot (SLOT_NONE: none). A map or
+/* Replaces each event's address by its slot (SLOT_NONE: none; an alloc of
+ * an address live already: its slot and SLOT_DUPLICATE). A map or
  * free-list that cannot grow leaves the alloc without a slot (its free is
  * then unknown). A trace_batch_hook (user: the slot_table). */
 static void slots_resolve(void *user, trace_event *events, size_t count) {
@@ -272,10 +276,12 @@ static void slots_resolve(void *user, trace_event *events, size_t count) {
     for (size_t i = 0; i < count; i++) {
         trace_event *e = &events[i];
         uint32_t slot = SLOT_NONE;
+        uint64_t duplicate = 0;
         if (e->action == TRACE_ALLOC) { /* zero bytes too: its free is then known (and frees nothing) */
             uint64_t *known = tpi_map_find(&t->map, e->address);
             if (known) {
                 slot = (uint32_t)*known;
+                duplicate = SLOT_DUPLICATE;
             } else if (t->free_count || t->used < SLOT_NONE) {
                 uint32_t fresh = t->free_count ? t->free[t->free_count - 1] : t->used;
                 if (tpi_map_put(&t->map, e->address, fresh)) {
@@ -300,7 +306,7 @@ static void slots_resolve(void *user, trace_event *events, size_t count) {
                 if (t->free_count < t->free_capacity) t->free[t->free_count++] = slot;
             }
         }
-        e->address = slot;
+        e->address = duplicate | slot;
     }
 }
 
@@ -425,6 +431,18 @@ static bool lane_reserve(replay_lane *lane, uint32_t slot) {
     return true;
 }
 
+/* Frees the pool's block in slot (nothing for a failed or zero-byte alloc). */
+static void lane_release(replay_lane *lane, uint32_t slot, uint32_t trace_stream) {
+    live_block block = lane->blocks[slot];
+    lane->blocks[slot] = (live_block){0, 0};
+    if (!block.address) return;
+    tp_stream stream = lane_stream(lane, trace_stream);
+    bool freed = lane->direct_pool ? tp_pool_free(lane->direct_pool, (void *)(uintptr_t)block.address, stream) == TP_OK
+                                   : lane->factory->ops->free(lane->impl, block.address, block.bytes, stream) == REPLAY_OK;
+    if (!freed) lane->result.errors++;
+    lane->live_bytes -= block.bytes;
+}
+
 /* One event whose address is its slot (slots_resolve). */
 static void lane_event(replay_lane *lane, const trace_event *e, bool follow_time, uint64_t tick_ns) {
     replay_result *r = &lane->result;
@@ -442,6 +460,12 @@ static void lane_event(replay_lane *lane, const trace_event *e, bool follow_time
     if (r->fatal) return;
     if (e->action == TRACE_ALLOC) {
         r->allocs++;
+        if (e->address & SLOT_DUPLICATE) {
+            /* an alloc of an address already live: the older block, which
+             * the trace never freed, is freed first, as if the trace had */
+            r->duplicate_allocs++;
+            if (slot < lane->block_capacity) lane_release(lane, slot, e->stream);
+        }
         if (!e->bytes) { /* zero-byte requests are not memory: an empty block, so that its free frees nothing */
             if (slot != SLOT_NONE && lane_reserve(lane, slot)) lane->blocks[slot] = (live_block){0, 0};
             return;
@@ -488,15 +512,7 @@ static void lane_event(replay_lane *lane, const trace_event *e, bool follow_time
             r->unknown_frees++;
             return;
         }
-        live_block block = lane->blocks[slot];
-        if (block.address) {
-            tp_stream stream = lane_stream(lane, e->stream);
-            bool freed = lane->direct_pool
-                             ? tp_pool_free(lane->direct_pool, (void *)(uintptr_t)block.address, stream) == TP_OK
-                             : lane->factory->ops->free(lane->impl, block.address, block.bytes, stream) == REPLAY_OK;
-            if (!freed) r->errors++;
-            lane->live_bytes -= block.bytes;
-        }
+        lane_release(lane, slot, e->stream);
     }
 }
 
@@ -853,13 +869,14 @@ void replay_result_json(const replay_result *r, FILE *out) {
             "{\"pool\":\"%s\",\"device\":\"%s\",\"events\":%llu,\"allocs\":%llu,\"frees\":%llu,"
             "\"peak_live_bytes\":%llu,\"peak_reserved_bytes\":%llu,\"reserved_to_live_ratio\":%.4f,"
             "\"end_reserved_bytes\":%llu,\"device_calls\":%llu,\"device_allocs\":%llu,\"ooms\":%llu,"
-            "\"errors\":%llu,\"unknown_frees\":%llu,\"hazards\":%llu,\"lifo_violations\":%llu,"
+            "\"errors\":%llu,\"unknown_frees\":%llu,\"duplicate_allocs\":%llu,\"hazards\":%llu,\"lifo_violations\":%llu,"
             "\"oom_recoveries\":%llu,\"fatal\":%s,\"ns_per_event\":%.1f",
             r->pool, r->device, (unsigned long long)r->events, (unsigned long long)r->allocs,
             (unsigned long long)r->frees, (unsigned long long)r->peak_live_bytes,
             (unsigned long long)r->peak_reserved_bytes, replay_ratio(r), (unsigned long long)r->end_reserved_bytes,
             (unsigned long long)r->device_calls, (unsigned long long)r->device_allocs, (unsigned long long)r->ooms,
-            (unsigned long long)r->errors, (unsigned long long)r->unknown_frees, (unsigned long long)r->hazards,
+            (unsigned long long)r->errors, (unsigned long long)r->unknown_frees,
+            (unsigned long long)r->duplicate_allocs, (unsigned long long)r->hazards,
             (unsigned long long)r->lifo_violations, (unsigned long long)r->oom_recoveries, r->fatal ? "true" : "false",
             r->events ? (double)r->replay_ns / (double)r->events : 0.0);
     if (r->ooms) fprintf(out, ",\"first_oom_event\":%llu", (unsigned long long)r->first_oom_event);

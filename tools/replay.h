@@ -87,6 +87,10 @@ typedef struct replay_result {
     uint64_t ooms;
     uint64_t errors;         /* frees the pool refused, statuses other than OOM */
     uint64_t unknown_frees;  /* frees of addresses the trace never allocated */
+    /* allocs of an address the trace holds live already: the older block,
+     * never freed by the trace, is freed (as if the trace had) before the
+     * new one is allocated */
+    uint64_t duplicate_allocs;
     uint64_t hazards;
     uint64_t lifo_violations;
     uint64_t oom_recoveries; /* see replay_counters */

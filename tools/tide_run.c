@@ -211,6 +211,9 @@ static void print_table_row(const replay_result *r) {
            r->events ? (double)r->replay_ns / (double)r->events : 0.0, r->fatal ? "  (aborted)" : "");
     if (r->unknown_frees)
         printf("%-12s %llu frees of addresses the trace never allocated\n", "", (unsigned long long)r->unknown_frees);
+    if (r->duplicate_allocs)
+        printf("%-12s %llu allocs of addresses already live (the older block, never freed, was freed first)\n", "",
+               (unsigned long long)r->duplicate_allocs);
     if (r->lifo_violations) printf("%-12s %llu frees out of LIFO order\n", "", (unsigned long long)r->lifo_violations);
     if (r->oom_recoveries)
         printf("%-12s %llu out-of-memory recoveries (cache released, then retried)\n", "",

@@ -184,6 +184,12 @@ replay)
     printf 'time_us,action,addr,size,stream\n1,alloc,256,4096,0\n2,free,256,0,0\n3,alloc,256,0,0\n4,free,256,0,0\n5,free,256,0,0\n' >"$scratch/zero.csv"
     expect 0 '"errors":0,"unknown_frees":1,' "$tide" replay "$scratch/zero.csv" --json --pool vmm,segment,ggml-legacy,ggml-vmm
     [ "$(grep -c '"errors":0,"unknown_frees":1,' "$out")" -eq 4 ] || fail "zero.csv: not every pool counted one unknown free and no error"
+    # an alloc of an address already live: counted, and the older block (the
+    # trace never freed it) freed first; it leaked (peak live 3 MiB, not 2)
+    printf 'time_us,action,addr,size,stream\n1,alloc,256,1048576,0\n2,alloc,256,2097152,0\n3,free,256,0,0\n4,alloc,512,4096,0\n' >"$scratch/dup_alloc.csv"
+    expect 0 '"peak_live_bytes":2097152,.*"errors":0,"unknown_frees":0,"duplicate_allocs":1,' "$tide" replay "$scratch/dup_alloc.csv" --json --pool vmm,segment,ggml-legacy,ggml-vmm
+    [ "$(grep -c '"peak_live_bytes":2097152,.*"errors":0,"unknown_frees":0,"duplicate_allocs":1,' "$out")" -eq 4 ] || fail "dup_alloc.csv: not every pool freed the older block and counted it"
+    expect 0 "1 allocs of addresses already live" "$tide" replay "$scratch/dup_alloc.csv"
     # malformed files: exit 1, file and line named
     printf 'time_us,action,addr,size,stream\n1,alloc,1,2,0\n2,alloc,3,four,0\n' >"$scratch/bad.csv"
     expect 1 "bad.csv:3: bad size 'four'" "$tide" replay "$scratch/bad.csv"
