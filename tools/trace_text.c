@@ -87,13 +87,16 @@ static bool parse_rmm_time(const char *s, uint64_t *out_ns) {
     if (head_len == 0 || head_len >= sizeof head) return false;
     memcpy(head, s, head_len);
     head[head_len] = '\0';
-    if (strchr(head, ':')) {
-        unsigned h, m, sec;
-        char tail;
-        if (sscanf(head, "%u:%u:%u%c", &h, &m, &sec, &tail) != 3 || m > 59 || sec > 60) return false;
-        for (const char *c = head; *c; c++)
-            if (!isdigit((unsigned char)*c) && *c != ':') return false;
-        whole = (uint64_t)h * 3600 + m * 60 + sec;
+    if (strchr(head, ':')) { /* H:MM:SS, each part digits only (no sscanf: its %u wraps hours past 2^32) */
+        char *minutes = strchr(head, ':'), *seconds = strchr(minutes + 1, ':');
+        if (!seconds || strchr(seconds + 1, ':')) return false;
+        *minutes++ = '\0';
+        *seconds++ = '\0';
+        uint64_t h, m, sec;
+        if (!parse_u64(head, &h) || !parse_u64(minutes, &m) || !parse_u64(seconds, &sec) || m > 59 || sec > 60 ||
+            h > UINT64_MAX / 1000000000ull / 3600 - 1)
+            return false;
+        whole = h * 3600 + m * 60 + sec;
     } else if (!parse_u64(head, &whole)) {
         return false;
     }

@@ -183,6 +183,9 @@ static void test_malformed_lines(void) {
         const char *what;
     } rmm_bad[] = {
         {"1,25:99:00,allocate,0x1,1,0x0", "bad Time"},
+        {"1,4294967296:00:00.5,allocate,0x1,1,0x0", "bad Time"}, /* hours past 2^32 wrapped to 00:00:00.5 */
+        {"1,1:2:3:4,allocate,0x1,1,0x0", "bad Time"},
+        {"1,1:+2:3,allocate,0x1,1,0x0", "bad Time"},
         {"1,1.,allocate,0x1,1,0x0", "bad Time"},
         {"1,1.5,alloc,0x1,1,0x0", "bad Action"},
         {"1,1.5,allocate,zz,1,0x0", "bad Pointer"},
