@@ -150,6 +150,7 @@ struct trace_reader {
     bool have_origin;
     uint64_t origin_ns; /* time of the first event */
     bool order_stopped; /* a block that ends the events (an error) was ordered */
+    uint64_t day_ns, last_clock_ns; /* RMM HH:MM:SS times: the days passed (midnights), the last time of day */
     trace_batch_hook hook; /* trace_set_batch_hook, or NULL */
     void *hook_user;
     uint64_t position_bytes; /* source bytes behind the blocks taken */
@@ -502,6 +503,19 @@ static void order_events(trace_reader *r, text_block *b) {
     size_t n = b->parsed.events;
     if (!n) return;
     trace_event *e = b->events;
+    if (r->format == TRACE_FORMAT_RMM) {
+        /* RMM logs times of day (HH:MM:SS.ffffff): one that falls back by
+         * more than 12 h has passed midnight, and a day is added (else the
+         * rest of the log was clamped to the time before midnight) */
+        const uint64_t day = 86400000000000ull, half = day / 2;
+        for (size_t i = 0; i < n; i++) {
+            uint64_t t = e[i].time_ns;
+            if (t > day + 1000000000ull) continue; /* seconds since the epoch, not a time of day */
+            if (r->last_clock_ns > t && r->last_clock_ns - t > half) r->day_ns += day;
+            r->last_clock_ns = t;
+            e[i].time_ns = t + r->day_ns;
+        }
+    }
     if (!r->have_origin) {
         r->have_origin = true;
         r->origin_ns = e[0].time_ns;

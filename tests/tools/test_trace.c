@@ -129,6 +129,20 @@ static void test_rmm_details(void) {
     n = read_memory(clock, e, 8, err, sizeof err);
     CHECK_EQ_U64(n, 2);
     CHECK_EQ_U64(e[1].time_ns, 60ull * 1000000000ull + 499996000ull);
+    /* past midnight (twice): a day later, not clamped to the time before it;
+     * a time falling back less than 12 h is out of order, no day added */
+    const char *midnight = "Thread,Time,Action,Pointer,Size,Stream\n"
+                           "1,23:59:59.5,allocate,0x1,1,0x0\n"
+                           "1,00:00:00.25,free,0x1,1,0x0\n"
+                           "1,23:00:00,allocate,0x2,1,0x0\n"
+                           "1,00:00:01,free,0x2,1,0x0\n"
+                           "1,00:00:00,allocate,0x3,1,0x0\n";
+    n = read_memory(midnight, e, 8, err, sizeof err);
+    CHECK_MSG(n == 5, "%ld (%s)", n, err);
+    CHECK_EQ_U64(e[1].time_ns, 750000000ull);
+    CHECK_EQ_U64(e[2].time_ns, 82800500000000ull); /* 23:00 the next day: 23 h - 0.5 s after the first */
+    CHECK_EQ_U64(e[3].time_ns, 86401500000000ull); /* 00:00:01 two days on */
+    CHECK_EQ_U64(e[4].time_ns, 86400500000000ull); /* 1 s back */
 }
 
 /* Accepted variations: CRLF, a byte-order mark, blank lines, no final newline, hex addresses. */
