@@ -51,8 +51,10 @@ void tide_run_options_help(FILE *out) {
             "  --json               one JSON object per pool, one per line\n"
             "  --plot FILE.svg      chart of live/reserved/cached bytes over the run\n"
             "  --limit SIZE         pool byte limit (e.g. 6GiB)\n"
-            "  --release-threshold SIZE   idle bytes a tidepool pool keeps cached\n"
-            "  --idle-release-ms N  how long idle memory above the threshold stays\n"
+            "  --release-threshold SIZE   idle bytes a tidepool pool keeps cached (default 64 MiB vmm,\n"
+            "                       16 MiB segment; 0: none)\n"
+            "  --idle-release-ms N  how long idle memory above the threshold stays (default 10000; 0:\n"
+            "                       released at the next tick or allocation)\n"
             "  --tick-ms N          call tidepool's tp_pool_tick every N ms of trace time (the PyTorch\n"
             "                       shim's upkeep thread ticks every 1000 ms)\n"
             "  --no-trace-time      do not move the simulated clock with the events' timestamps\n"
@@ -135,6 +137,8 @@ int tide_run_parse_option(const char *command, int argc, char **argv, int *index
         if (!tide_parse_bytes_option(a, v, &o->replay.pool_config.limit_bytes)) return -1;
     } else if (!strcmp(a, "--release-threshold")) {
         if (!tide_parse_bytes_option(a, v, &o->replay.pool_config.release_threshold_bytes)) return -1;
+        /* the library reads 0 as its default (64 MiB VMM, 16 MiB segment); here 0 keeps nothing: 1 byte */
+        if (!o->replay.pool_config.release_threshold_bytes) o->replay.pool_config.release_threshold_bytes = 1;
     } else if (!strcmp(a, "--occupy")) {
         if (!tide_parse_bytes_option(a, v, &o->replay.occupied_bytes)) return -1;
         o->occupy_given = true;
@@ -145,7 +149,8 @@ int tide_run_parse_option(const char *command, int argc, char **argv, int *index
     } else { /* --idle-release-ms */
         uint64_t ms;
         if (!tide_parse_count_option(command, a, v, 0, UINT64_MAX / 1000000ull, &ms)) return -1;
-        o->replay.pool_config.idle_release_ns = ms * 1000000ull;
+        /* the library reads 0 as its default (10 s); here 0 releases at once: 1 ns */
+        o->replay.pool_config.idle_release_ns = ms ? ms * 1000000ull : 1;
     }
     return 1;
 }

@@ -190,6 +190,12 @@ replay)
     expect 0 '"peak_live_bytes":2097152,.*"errors":0,"unknown_frees":0,"duplicate_allocs":1,' "$tide" replay "$scratch/dup_alloc.csv" --json --pool vmm,segment,ggml-legacy,ggml-vmm
     [ "$(grep -c '"peak_live_bytes":2097152,.*"errors":0,"unknown_frees":0,"duplicate_allocs":1,' "$out")" -eq 4 ] || fail "dup_alloc.csv: not every pool freed the older block and counted it"
     expect 0 "1 allocs of addresses already live" "$tide" replay "$scratch/dup_alloc.csv"
+    # --release-threshold 0 keeps nothing idle and --idle-release-ms 0 releases
+    # at once (0 was the library's default: 16 MiB kept, 10 s): 20 MiB and 66 MiB held at the end
+    printf 'time_us,action,addr,size,stream\n0,alloc,4096,8388608,0\n1000,free,4096,0,0\n20000000,alloc,8192,4096,0\n20001000,alloc,16384,4096,0\n' >"$scratch/idle_small.csv"
+    expect 0 '"end_reserved_bytes":2097152,' "$tide" replay "$scratch/idle_small.csv" --pool segment --json --release-threshold 0
+    printf 'time_us,action,addr,size,stream\n0,alloc,4096,67108864,0\n1000,free,4096,0,0\n2000000,alloc,8192,4096,0\n2001000,alloc,16384,4096,0\n' >"$scratch/idle_big.csv"
+    expect 0 '"end_reserved_bytes":2097152,' "$tide" replay "$scratch/idle_big.csv" --pool segment --json --idle-release-ms 0
     # malformed files: exit 1, file and line named
     printf 'time_us,action,addr,size,stream\n1,alloc,1,2,0\n2,alloc,3,four,0\n' >"$scratch/bad.csv"
     expect 1 "bad.csv:3: bad size 'four'" "$tide" replay "$scratch/bad.csv"
