@@ -249,7 +249,8 @@ bool tide_metrics_add_run(tide_metrics *m, const char *label_key, const char *la
     tide_label_escape(unique, escaped, sizeof escaped);
     for (size_t i = 0; i < count; i++) {
         const replay_result *r = &results[i];
-        /* a pool named twice (--pool vmm,vmm): pool="vmm", then "vmm.2" */
+        /* a pool named twice (the command line refuses --pool vmm,vmm; a caller of
+         * replay_begin may not): pool="vmm", then "vmm.2" */
         char pool[48];
         unsigned seen = 1;
         for (size_t k = 0; k < i; k++) seen += !strcmp(results[k].pool, r->pool);

@@ -44,7 +44,7 @@ void tide_run_options_init(tide_run_options *options) {
 
 void tide_run_options_help(FILE *out) {
     fprintf(out,
-            "  --pool LIST          pools, comma-separated: %s\n"
+            "  --pool LIST          pools, comma-separated, each once: %s\n"
             "                       (default: vmm where the device has VMM, else segment)\n"
             "  --device SPEC        device for every pool (default sim:1TiB; e.g. sim:6GiB,novmm, cuda:0)\n"
             "  --occupy SIZE        device memory another tenant holds throughout (e.g. model weights)\n"
@@ -164,12 +164,25 @@ bool tide_run_resolve_pools(const char *command, tide_run_options *o) {
             return false;
         }
         char *save = NULL;
+        const char *named[sizeof names / 2 + 1]; /* at most one name a character and a comma */
+        size_t count = 0;
         for (char *name = strtok_r(names, ",", &save); name; name = strtok_r(NULL, ",", &save)) {
             while (*name == ' ') name++;
             if (!replay_find_pool(name)) {
                 fprintf(stderr, "%s: unknown pool '%s' (known: %s)\n", command, name, replay_pool_names());
                 return false;
             }
+            /* the same pool twice replays the same figures twice, under one name */
+            for (size_t k = 0; k < count; k++)
+                if (!strcmp(named[k], name)) {
+                    fprintf(stderr, "%s: pool '%s' named twice in --pool\n", command, name);
+                    return false;
+                }
+            named[count++] = name;
+        }
+        if (!count) {
+            fprintf(stderr, "%s: --pool names no pool (known: %s)\n", command, replay_pool_names());
+            return false;
         }
         return true;
     }

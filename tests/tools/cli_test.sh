@@ -96,6 +96,11 @@ usage)
     expect 2 "takes --device, --json and --plot" "$tide" scenario graph-churn --tick-ms 1000
     expect 2 "--device needs a value" "$tide" replay "$data/qwen2vl_excerpt.csv" --device
     expect 2 "unknown pool 'nope'" "$tide" replay "$data/qwen2vl_excerpt.csv" --pool vmm,nope
+    # no pool, or one twice: usage errors, before the trace is opened
+    expect 2 "--pool names no pool" "$tide" replay "$scratch/missing.csv" --pool ""
+    expect 2 "--pool names no pool" "$tide" replay "$scratch/missing.csv" --pool ,
+    expect 2 "pool 'vmm' named twice in --pool" "$tide" replay "$scratch/missing.csv" --pool vmm,segment,vmm
+    expect 2 "pool 'segment' named twice in --pool" "$tide" scenario fa-decode --context 300 --pool segment,segment
     expect 2 "--idle-release-ms needs a whole number" "$tide" replay "$data/qwen2vl_excerpt.csv" --idle-release-ms soon
     expect 2 "cannot open device 'warp:9'" "$tide" replay "$data/qwen2vl_excerpt.csv" --device warp:9
     expect 0 "usage: tide replay" "$tide" replay --help
