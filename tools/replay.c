@@ -30,7 +30,7 @@
 #include <time.h>
 
 #define SAMPLE_TARGET 2048
-#define MAX_STREAMS 63
+#define MAX_STREAMS REPLAY_MAX_STREAMS
 
 uint64_t replay_now_ns(void) {
     struct timespec ts;
@@ -331,6 +331,7 @@ typedef struct replay_lane {
     size_t block_capacity;
     stream_entry streams[MAX_STREAMS];
     size_t stream_count;
+    tpi_map folded; /* trace streams past MAX_STREAMS (or not created), replayed on the default stream */
     uint64_t live_bytes;
     uint64_t sample_every, next_sample, samples_capacity;
     replay_result result;
@@ -410,9 +411,13 @@ static tp_stream lane_stream(replay_lane *lane, uint32_t trace_id) {
     for (size_t i = 0; i < lane->stream_count; i++)
         if (lane->streams[i].trace_id == trace_id) return lane->streams[i].stream;
     tp_stream s = TP_STREAM_DEFAULT;
-    if (lane->stream_count < MAX_STREAMS && tp_stream_create(lane->device, &s) == TP_OK)
+    if (lane->stream_count < MAX_STREAMS && tp_stream_create(lane->device, &s) == TP_OK) {
         lane->streams[lane->stream_count++] = (stream_entry){trace_id, s};
-    return s;
+        return s;
+    }
+    /* no stream of its own: the default one, and the stream counted once */
+    if (!tpi_map_find(&lane->folded, trace_id) && tpi_map_put(&lane->folded, trace_id, 1)) lane->result.folded_streams++;
+    return TP_STREAM_DEFAULT;
 }
 
 static void lane_oom_report(replay_lane *lane, char *buf, size_t capacity) {
@@ -541,6 +546,7 @@ replay_run *replay_begin(const char *pool_names, const replay_options *options, 
         }
         replay_lane *lane = &run->lanes[run->lane_count];
         lane->factory = f;
+        tpi_map_init(&lane->folded, NULL);
         if (replay_open_device(run->options.device_spec, &lane->device, err, cap) != TP_OK) goto fail;
         run->lane_count++;
         tp_device_info info;
@@ -774,6 +780,7 @@ void replay_free(replay_run *run) {
         replay_lane *lane = &run->lanes[l];
         if (lane->impl) lane->factory->ops->destroy(lane->impl);
         for (size_t i = 0; i < lane->stream_count; i++) tp_stream_destroy(lane->device, lane->streams[i].stream);
+        tpi_map_destroy(&lane->folded);
         if (lane->device) tp_device_close(lane->device);
         free(lane->blocks);
         free(lane->result.samples);
@@ -869,14 +876,15 @@ void replay_result_json(const replay_result *r, FILE *out) {
             "{\"pool\":\"%s\",\"device\":\"%s\",\"events\":%llu,\"allocs\":%llu,\"frees\":%llu,"
             "\"peak_live_bytes\":%llu,\"peak_reserved_bytes\":%llu,\"reserved_to_live_ratio\":%.4f,"
             "\"end_reserved_bytes\":%llu,\"device_calls\":%llu,\"device_allocs\":%llu,\"ooms\":%llu,"
-            "\"errors\":%llu,\"unknown_frees\":%llu,\"duplicate_allocs\":%llu,\"hazards\":%llu,\"lifo_violations\":%llu,"
+            "\"errors\":%llu,\"unknown_frees\":%llu,\"duplicate_allocs\":%llu,\"folded_streams\":%llu,\"hazards\":%llu,\"lifo_violations\":%llu,"
             "\"oom_recoveries\":%llu,\"fatal\":%s,\"ns_per_event\":%.1f",
             r->pool, r->device, (unsigned long long)r->events, (unsigned long long)r->allocs,
             (unsigned long long)r->frees, (unsigned long long)r->peak_live_bytes,
             (unsigned long long)r->peak_reserved_bytes, replay_ratio(r), (unsigned long long)r->end_reserved_bytes,
             (unsigned long long)r->device_calls, (unsigned long long)r->device_allocs, (unsigned long long)r->ooms,
             (unsigned long long)r->errors, (unsigned long long)r->unknown_frees,
-            (unsigned long long)r->duplicate_allocs, (unsigned long long)r->hazards,
+            (unsigned long long)r->duplicate_allocs, (unsigned long long)r->folded_streams,
+            (unsigned long long)r->hazards,
             (unsigned long long)r->lifo_violations, (unsigned long long)r->oom_recoveries, r->fatal ? "true" : "false",
             r->events ? (double)r->replay_ns / (double)r->events : 0.0);
     if (r->ooms) fprintf(out, ",\"first_oom_event\":%llu", (unsigned long long)r->first_oom_event);

@@ -66,6 +66,10 @@ const replay_pool_factory *replay_find_pool(const char *name);
 /* "vmm, segment, ggml-legacy, ggml-vmm" */
 const char *replay_pool_names(void);
 
+/* Streams a replay creates on each pool's device for the trace's streams;
+ * events of further streams run on the default stream (folded_streams). */
+#define REPLAY_MAX_STREAMS 63
+
 typedef struct replay_sample {
     uint64_t event;
     uint64_t time_ns;
@@ -91,6 +95,9 @@ typedef struct replay_result {
      * never freed by the trace, is freed (as if the trace had) before the
      * new one is allocated */
     uint64_t duplicate_allocs;
+    /* streams of the trace beyond REPLAY_MAX_STREAMS: their events ran
+     * on the default stream (ordering and cross-stream behaviour not as traced) */
+    uint64_t folded_streams;
     uint64_t hazards;
     uint64_t lifo_violations;
     uint64_t oom_recoveries; /* see replay_counters */

@@ -232,6 +232,9 @@ static void print_table_row(const replay_result *r) {
     if (r->duplicate_allocs)
         printf("%-12s %llu allocs of addresses already live (the older block, never freed, was freed first)\n", "",
                (unsigned long long)r->duplicate_allocs);
+    if (r->folded_streams)
+        printf("%-12s %llu streams past the %d a replay creates ran on the default stream\n", "",
+               (unsigned long long)r->folded_streams, REPLAY_MAX_STREAMS);
     if (r->lifo_violations) printf("%-12s %llu frees out of LIFO order\n", "", (unsigned long long)r->lifo_violations);
     if (r->oom_recoveries)
         printf("%-12s %llu out-of-memory recoveries (cache released, then retried)\n", "",

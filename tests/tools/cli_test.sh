@@ -201,6 +201,13 @@ replay)
     expect 0 '"end_reserved_bytes":2097152,' "$tide" replay "$scratch/idle_small.csv" --pool segment --json --release-threshold 0
     printf 'time_us,action,addr,size,stream\n0,alloc,4096,67108864,0\n1000,free,4096,0,0\n2000000,alloc,8192,4096,0\n2001000,alloc,16384,4096,0\n' >"$scratch/idle_big.csv"
     expect 0 '"end_reserved_bytes":2097152,' "$tide" replay "$scratch/idle_big.csv" --pool segment --json --idle-release-ms 0
+    # 70 streams: the 7 past the 63 a replay creates run on the default
+    # stream, counted and said (they were folded silently)
+    i=1; { echo 'time_us,action,addr,size,stream'; while [ $i -le 70 ]; do
+        echo "$((2 * i)),alloc,$((i * 4096)),1024,$i"; echo "$((2 * i + 1)),free,$((i * 4096)),1024,$i"; i=$((i + 1)); done; } >"$scratch/streams70.csv"
+    expect 0 '"folded_streams":7,' "$tide" replay "$scratch/streams70.csv" --json --pool vmm,segment,ggml-legacy,ggml-vmm
+    [ "$(grep -c '"folded_streams":7,' "$out")" -eq 4 ] || fail "streams70.csv: not every pool counted 7 folded streams"
+    expect 0 "7 streams past the 63 a replay creates ran on the default stream" "$tide" replay "$scratch/streams70.csv"
     # malformed files: exit 1, file and line named
     printf 'time_us,action,addr,size,stream\n1,alloc,1,2,0\n2,alloc,3,four,0\n' >"$scratch/bad.csv"
     expect 1 "bad.csv:3: bad size 'four'" "$tide" replay "$scratch/bad.csv"

@@ -389,9 +389,9 @@ static bool same_result(const replay_result *a, const replay_result *b) {
 #define SAME(field) (a->field == b->field)
     bool same = SAME(events) && SAME(allocs) && SAME(frees) && SAME(peak_live_bytes) && SAME(peak_reserved_bytes) &&
                 SAME(end_reserved_bytes) && SAME(device_calls) && SAME(device_allocs) && SAME(ooms) && SAME(errors) &&
-                SAME(unknown_frees) && SAME(duplicate_allocs) && SAME(hazards) && SAME(lifo_violations) &&
-                SAME(oom_recoveries) && SAME(fatal) && SAME(fatal_event) && SAME(first_oom_event) &&
-                SAME(first_recovery_event) && SAME(sample_count);
+                SAME(unknown_frees) && SAME(duplicate_allocs) && SAME(folded_streams) && SAME(hazards) &&
+                SAME(lifo_violations) && SAME(oom_recoveries) && SAME(fatal) && SAME(fatal_event) &&
+                SAME(first_oom_event) && SAME(first_recovery_event) && SAME(sample_count);
 #undef SAME
     same = same && !strcmp(a->pool, b->pool) && !strcmp(a->first_oom_report, b->first_oom_report) &&
            !strcmp(a->first_recovery_report, b->first_recovery_report) && !strcmp(a->extra, b->extra);
