@@ -881,7 +881,10 @@ static bool read_header(trace_reader *r, char *err, size_t cap) {
     } else if (strcmp(header, RMM_HEADER) == 0) {
         r->format = TRACE_FORMAT_RMM;
     } else {
-        snprintf(err, cap, "%s:1: unknown header '%.80s' (expected '%s' or '%s')", r->name, header, TIDEPOOL_HEADER,
+        char shown[81];
+        snprintf(shown, sizeof shown, "%.80s", header);
+        trace_text_printable(shown); /* the file's bytes: no terminal escapes */
+        snprintf(err, cap, "%s:1: unknown header '%s' (expected '%s' or '%s')", r->name, shown, TIDEPOOL_HEADER,
                  RMM_HEADER);
         return false;
     }

@@ -117,9 +117,16 @@ static bool parse_rmm_time(const char *s, uint64_t *out_ns) {
 
 static uint32_t fold_stream(uint64_t v) { return (uint32_t)(v ^ (v >> 32)); }
 
+void trace_text_printable(char *text) {
+    for (unsigned char *c = (unsigned char *)text; *c; c++)
+        if (*c < 0x20 || *c == 0x7f) *c = '?';
+}
+
+/* what echoes the file's bytes: control bytes (a terminal's escapes) become '?' */
 #define BAD(...)                                    \
     do {                                            \
         snprintf(what, what_capacity, __VA_ARGS__); \
+        trace_text_printable(what);                 \
         return -1;                                  \
     } while (0)
 

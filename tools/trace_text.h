@@ -46,4 +46,8 @@ bool trace_text_parse(trace_format format, const char *text, size_t length, trac
 int trace_text_parse_line(trace_format format, const char *line, size_t length, trace_event *event, char *what,
                           size_t what_capacity);
 
+/* Replaces bytes below 0x20 and 0x7f (DEL) in text by '?', so that a
+ * message quoting a file's bytes sends no terminal escapes. */
+void trace_text_printable(char *text);
+
 #endif

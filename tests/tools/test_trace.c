@@ -185,6 +185,7 @@ static void test_malformed_lines(void) {
         {"1,alloc,1,18446744073709551616,0", "bad size"},
         {"1,alloc,1,2, 0", "bad stream"},
         {"18446744073709552,alloc,1,2,0", "bad time_us"},
+        {"1,alloc,1,\x1b]0;x\x07\x7f,0", "bad size '?]0;x?\?'"}, /* the file's bytes quoted: no terminal escapes */
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         /* two good lines first, so the bad one is line 4 */
@@ -209,6 +210,14 @@ static void test_malformed_lines(void) {
     for (size_t i = 0; i < sizeof rmm_bad / sizeof *rmm_bad; i++) {
         snprintf(text, sizeof text, "%s%s\n", rh, rmm_bad[i].line);
         expect_bad(text, "<memory>", 2, rmm_bad[i].what);
+    }
+    /* A header with a terminal's escape: quoted with '?' for the control bytes. */
+    {
+        static const char escape_header[] = "\x1b[2Jtime,what\n1\n";
+        char header_err[512] = "";
+        trace_reader *hr = trace_open_memory(escape_header, sizeof escape_header - 1, header_err, sizeof header_err);
+        if (hr) trace_close(hr);
+        CHECK_MSG(!hr && strstr(header_err, "unknown header '?[2Jtime,what'"), "'%s'", header_err);
     }
     /* A line longer than the reader's buffer is an error at that line. */
     static char long_text[4096];
