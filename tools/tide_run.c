@@ -51,6 +51,8 @@ void tide_run_options_help(FILE *out) {
             "  --json               one JSON object per pool, one per line\n"
             "  --plot FILE.svg      chart of live/reserved/cached bytes over the run\n"
             "  --limit SIZE         pool byte limit (e.g. 6GiB)\n"
+            "                       --limit, --release-threshold, --idle-release-ms and --tick-ms apply to\n"
+            "                       tidepool pools (vmm, segment) only; the ggml baselines ignore them\n"
             "  --release-threshold SIZE   idle bytes a tidepool pool keeps cached (default 64 MiB vmm,\n"
             "                       16 MiB segment; 0: none)\n"
             "  --idle-release-ms N  how long idle memory above the threshold stays (default 10000; 0:\n"
@@ -112,6 +114,12 @@ int tide_run_parse_option(const char *command, int argc, char **argv, int *index
     if (!takes_value) return 0;
     const char *v = option_value(command, argc, argv, index);
     if (!v) return -1;
+    if (!strcmp(a, "--limit") || !strcmp(a, "--release-threshold") || !strcmp(a, "--idle-release-ms") ||
+        !strcmp(a, "--tick-ms")) { /* noted for the baselines, which ignore them (tide_run_resolve_pools) */
+        size_t used = strlen(o->tidepool_only);
+        if (!strstr(o->tidepool_only, a))
+            snprintf(o->tidepool_only + used, sizeof o->tidepool_only - used, "%s%s", used ? ", " : "", a);
+    }
     if (!strcmp(a, "--pool")) {
         o->pools = v;
     } else if (!strcmp(a, "--device")) {
@@ -179,6 +187,8 @@ bool tide_run_resolve_pools(const char *command, tide_run_options *o) {
                     return false;
                 }
             named[count++] = name;
+            if (o->tidepool_only[0] && !replay_is_tidepool(name))
+                fprintf(stderr, "%s: note: %s ignores %s (tidepool pools only)\n", command, name, o->tidepool_only);
         }
         if (!count) {
             fprintf(stderr, "%s: --pool names no pool (known: %s)\n", command, replay_pool_names());

@@ -38,6 +38,7 @@ typedef struct tide_run_options {
     bool json;
     bool device_given;     /* --device was on the command line */
     bool occupy_given;     /* --occupy was on the command line */
+    char tidepool_only[96]; /* the options given that only tidepool pools heed ("--limit, --tick-ms"), or "" */
     replay_options replay;
 } tide_run_options;
 

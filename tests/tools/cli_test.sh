@@ -96,6 +96,11 @@ usage)
     expect 2 "takes --device, --json and --plot" "$tide" scenario graph-churn --tick-ms 1000
     expect 2 "--device needs a value" "$tide" replay "$data/qwen2vl_excerpt.csv" --device
     expect 2 "unknown pool 'nope'" "$tide" replay "$data/qwen2vl_excerpt.csv" --pool vmm,nope
+    # the options a baseline ignores: a note for each baseline, none for tidepool's pools
+    expect 0 "note: ggml-legacy ignores --limit, --tick-ms \(tidepool pools only\)" "$tide" replay "$data/qwen2vl_excerpt.csv" --pool segment,ggml-legacy --limit 8GiB --tick-ms 1000 --limit 8GiB
+    grep -q "note: segment" "$err" && fail "a note for the segment pool"
+    "$tide" replay "$data/qwen2vl_excerpt.csv" --pool segment,ggml-vmm >"$out" 2>"$err"
+    [ -s "$err" ] && fail "a note on stderr without a tidepool-only option"
     # no pool, or one twice: usage errors, before the trace is opened
     expect 2 "--pool names no pool" "$tide" replay "$scratch/missing.csv" --pool ""
     expect 2 "--pool names no pool" "$tide" replay "$scratch/missing.csv" --pool ,
