@@ -80,7 +80,7 @@ typedef struct replay_sample {
 
 typedef struct replay_result {
     char pool[32];
-    char device[64];
+    char device[256]; /* the spec as given: tp_device_open accepts up to 255 bytes */
     uint64_t events;
     uint64_t allocs, frees;
     uint64_t peak_live_bytes;

@@ -213,6 +213,9 @@ replay)
     expect 0 '"folded_streams":7,' "$tide" replay "$scratch/streams70.csv" --json --pool vmm,segment,ggml-legacy,ggml-vmm
     [ "$(grep -c '"folded_streams":7,' "$out")" -eq 4 ] || fail "streams70.csv: not every pool counted 7 folded streams"
     expect 0 "7 streams past the 63 a replay creates ran on the default stream" "$tide" replay "$scratch/streams70.csv"
+    # a device spec of 88 characters (tp_device_open takes up to 255): whole in the JSON (cut at 63)
+    long_spec="sim:$(printf '%080d' 0)1TiB"
+    expect 0 "\"device\":\"$long_spec\"" "$tide" replay "$data/qwen2vl_excerpt.csv" --device "$long_spec" --pool segment --json
     # malformed files: exit 1, file and line named
     printf 'time_us,action,addr,size,stream\n1,alloc,1,2,0\n2,alloc,3,four,0\n' >"$scratch/bad.csv"
     expect 1 "bad.csv:3: bad size 'four'" "$tide" replay "$scratch/bad.csv"
