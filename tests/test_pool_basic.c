@@ -784,6 +784,17 @@ static void peak_overstatement_is_bounded_by_the_streams_rises(tp_pool_kind kind
     fixture_close(&f);
 }
 
+/* Ends the pool's capture on stream and gives back the pins of its
+ * footprint (what a graph's destruction would). */
+static void end_capture_and_unpin(tp_pool *pool, tp_stream stream) {
+    tp_range *ranges = NULL;
+    size_t count = 0;
+    CHECK_OK(tp_pool_capture_end(pool, stream, &ranges, &count));
+    for (size_t i = 0; i < count; i++)
+        CHECK_OK(tp_pool_unpin(pool, (void *)(uintptr_t)ranges[i].address, ranges[i].bytes));
+    tp_pool_free_ranges(pool, ranges);
+}
+
 /* Another stream in a capture, with a free inside it, while many small
  * holes are held by two other streams' frees: an allocation on one of
  * those streams must find room (new pages, far below the limit). The VMM
@@ -813,12 +824,7 @@ static void capture_elsewhere_does_not_fail_allocations(tp_pool_kind kind) {
     }
     CHECK_OK(tp_pool_alloc(f.pool, 4096, a, &p));
     if (p) CHECK_OK(tp_pool_free(f.pool, p, a));
-    tp_range *ranges = NULL;
-    size_t count = 0;
-    CHECK_OK(tp_pool_capture_end(f.pool, c, &ranges, &count));
-    for (size_t i = 0; i < count; i++)
-        CHECK_OK(tp_pool_unpin(f.pool, (void *)(uintptr_t)ranges[i].address, ranges[i].bytes));
-    tp_pool_free_ranges(f.pool, ranges);
+    end_capture_and_unpin(f.pool, c);
     for (int i = 1; i < N; i += 2) {
         CHECK_OK(tp_pool_free(f.pool, on_a[i], a));
         CHECK_OK(tp_pool_free(f.pool, on_b[i], b));
@@ -867,12 +873,7 @@ static void forgotten_stream_comes_back_to_the_hit_path(tp_pool_kind kind) {
     CHECK_OK(tp_pool_alloc(f.pool, 4096, s, &p));
     CHECK(!fs->hits);
     CHECK_OK(tp_pool_free(f.pool, p, s));
-    tp_range *ranges = NULL;
-    size_t count = 0;
-    CHECK_OK(tp_pool_capture_end(f.pool, s, &ranges, &count));
-    for (size_t i = 0; i < count; i++)
-        CHECK_OK(tp_pool_unpin(f.pool, (void *)(uintptr_t)ranges[i].address, ranges[i].bytes));
-    tp_pool_free_ranges(f.pool, ranges);
+    end_capture_and_unpin(f.pool, s);
     CHECK(fs->hits);
     CHECK_OK(tp_pool_forget_stream(f.pool, s));
     CHECK_OK(tp_stream_destroy(f.dev, s));
