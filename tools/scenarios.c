@@ -731,7 +731,7 @@ const scenario_param_info scenario_param_table[SCENARIO_PARAM_COUNT_] = {
     [SCENARIO_PARAM_SEED] = {"--seed", "seed of the random choices", offsetof(scenario_params, seed), 0, UINT64_MAX},
     [SCENARIO_PARAM_HOT] = {"--hot", "hot keys run again between requests", offsetof(scenario_params, hot_keys), 0,
                             1000},
-    [SCENARIO_PARAM_CAP_MIB] = {"--cap-mib", "graph cache byte cap in MiB (0: run only without a cap)",
+    [SCENARIO_PARAM_CAP_MIB] = {"--cap-mib", "graph cache byte cap in MiB (0: run only without a cap; a graph larger runs eagerly)",
                                 offsetof(scenario_params, cap_mib), 0, 1u << 30},
 };
 

@@ -278,6 +278,15 @@ scenario)
     [ "${nocap_end:-0}" -ge $((1024 * 1048576)) ] || fail "graph-churn without a cap held only $nocap_end bytes"
     [ "$(field "$cap_line" graph_evictions)" -gt 100 ] 2>/dev/null || fail "graph-churn capped run evicted too little"
     [ "$(field "$cap_line" hot_reinstantiations_after_warmup)" = 0 ] || fail "graph-churn evicted hot keys"
+    # a cap smaller than a hot key's executable (about 4.7 MiB): hot keys and
+    # requests alike run eagerly (TP_ERR_RUN_EAGER), counted, not an error
+    expect 0 "cap 4 MiB .* [1-9][0-9]*$" "$tide" scenario graph-churn --requests 50 --cap-mib 4
+    expect 0 '"eager_fallbacks":[1-9]' "$tide" scenario graph-churn --requests 50 --cap-mib 4 --json
+    [ "$(grep -c '^{.*}$' "$out")" = 2 ] || fail "graph-churn --cap-mib 4 --json: not two JSON lines"
+    if command -v python3 >/dev/null 2>&1; then
+        python3 -c 'import json, sys; [json.loads(l) for l in sys.stdin]' <"$out" ||
+            fail "graph-churn --cap-mib 4 --json is not valid JSON"
+    fi
     expect 2 "no trace to write" "$tide" scenario graph-churn --out "$scratch/gc.csv"
     expect 2 "takes --device, --json and --plot" "$tide" scenario graph-churn --pool vmm
     expect 2 "graph-churn takes no --steps" "$tide" scenario graph-churn --steps 3
