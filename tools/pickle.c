@@ -3,9 +3,20 @@
  * pickle.c -- the pickle reader (see pickle.h).
  *
  * Values live in chunks of an arena, freed at once; the item arrays of
- * lists and dicts are grown with realloc and listed so pk_free finds them.
- * The memo holds pointers to values already built (a value may be shared,
- * and a list may even hold itself: nothing here walks values recursively).
+ * lists and dicts are grown with realloc, and pk_free finds them by walking
+ * the chunks. The memo holds pointers to values already built (a value may
+ * be shared, and a list may even hold itself: nothing here walks values
+ * recursively).
+ *
+ * Memory is bounded by the input: every byte the reader asks malloc for
+ * (values' chunks, item arrays, the stack, marks and memo) counts against
+ * PK_MEMORY_PER_BYTE per byte of the pickle read so far (up to the opcode
+ * at hand) plus PK_MEMORY_BASE, and a pickle that takes more is refused as
+ * malformed as soon as it does. Without it a few bytes could cost far more:
+ * a LONG_BINPUT 4096 entries on takes 32 KiB of memo for 5 bytes, and a
+ * 50 MiB run of EMPTY_LIST (a 50 KB gzip file) took 3 GB. Item arrays start
+ * at the items first added (a tuple's hold exactly its items) and double
+ * from there; None, booleans and the empty tuple are shared values.
  */
 #include "pickle.h"
 
@@ -14,6 +25,18 @@
 #include <string.h>
 
 #define CHUNK_VALUES 4096
+/* The memory budget (see above). PyTorch's snapshots take about 4 bytes per
+ * byte of pickle (tests/tools/data/h200_torch_snapshot.pickle.gz: 3.9).
+ * Python's pickler writes every value in 2 bytes or more (EMPTY_LIST and
+ * EMPTY_DICT with a MEMOIZE) but None, booleans and the empty tuple; what
+ * costs most per byte -- a long list of small ints or of empty lists, a
+ * list nested a million deep -- takes up to 24 to 32 (a 32-byte value, an
+ * item and a stack or memo slot, arrays doubled, for 2 bytes). A run of
+ * values nothing consumes (the 3 GB EMPTY_LIST run: a value and a stack
+ * slot, 40 to 48 a byte) or of memo indices skipped ahead is refused
+ * within its first MiB or so. */
+#define PK_MEMORY_PER_BYTE 32
+#define PK_MEMORY_BASE (1u << 20)
 /* Python's pickler numbers memo entries 0, 1, 2, ...: an index far beyond
  * the entries so far is not one of its pickles (and would cost memory). */
 #define MEMO_SLACK 4096
@@ -26,8 +49,8 @@ typedef struct chunk {
 
 struct pk_doc {
     chunk *chunks;
-    pk_value **containers; /* lists and dicts, whose items arrays pk_free frees */
-    size_t container_count, container_capacity;
+    uint64_t allocated, budget; /* bytes; budget: for the bytes read so far */
+    bool over_budget;           /* an allocation was refused for the budget */
     pk_value **stack;
     size_t depth, stack_capacity;
     size_t *marks; /* stack depths at each MARK */
@@ -39,15 +62,36 @@ struct pk_doc {
 };
 
 static pk_value none_value = {.type = PK_NONE};
+/* Booleans are immutable: two values serve every NEWTRUE and NEWFALSE. */
+static pk_value true_value = {.type = PK_BOOL, .u.i = 1};
+static pk_value false_value = {.type = PK_BOOL, .u.i = 0};
+/* So is the empty tuple (a list here, which nothing may append to: Python
+ * refuses that too, a tuple having no append). */
+static pk_value empty_tuple_value = {.type = PK_LIST};
 
-/* Grows *array (of element size) to hold at least need elements. */
-static bool grow(void *array_ptr, size_t *capacity, size_t need, size_t element) {
+/* Counts bytes against the document's budget; false (and over_budget set)
+ * when they do not fit. */
+static bool charge(pk_doc *d, uint64_t bytes) {
+    if (bytes > d->budget - d->allocated) {
+        d->over_budget = true;
+        return false;
+    }
+    d->allocated += bytes;
+    return true;
+}
+
+/* Grows *array (of element size) to hold at least need elements: to
+ * exactly need when it has none yet and need is above first (a tuple's
+ * items, known at once), else doubling from first. */
+static bool grow(pk_doc *d, void *array_ptr, size_t *capacity, size_t need, size_t element, size_t first) {
     if (need <= *capacity) return true;
-    size_t cap = *capacity ? *capacity : 16;
+    size_t cap = *capacity ? *capacity : first;
     while (cap < need) {
         if (cap > SIZE_MAX / 2 / element) return false;
         cap *= 2;
     }
+    if (!*capacity && need > first) cap = need;
+    if (!charge(d, (uint64_t)(cap - *capacity) * element)) return false;
     void **array = array_ptr;
     void *grown = realloc(*array, cap * element);
     if (!grown) return false;
@@ -58,6 +102,7 @@ static bool grow(void *array_ptr, size_t *capacity, size_t need, size_t element)
 
 static pk_value *new_value(pk_doc *d, pk_type type) {
     if (!d->chunks || d->chunks->used == CHUNK_VALUES) {
+        if (!charge(d, sizeof(chunk))) return NULL;
         chunk *c = malloc(sizeof *c);
         if (!c) return NULL;
         c->next = d->chunks;
@@ -67,26 +112,25 @@ static pk_value *new_value(pk_doc *d, pk_type type) {
     pk_value *v = &d->chunks->values[d->chunks->used++];
     memset(v, 0, sizeof *v);
     v->type = (uint8_t)type;
-    if (type == PK_LIST || type == PK_DICT) {
-        if (!grow(&d->containers, &d->container_capacity, d->container_count + 1, sizeof *d->containers))
-            return NULL;
-        d->containers[d->container_count++] = v;
-    }
     return v;
 }
 
-static bool seq_push(pk_value *seq, pk_value *item) {
-    if (!grow(&seq->u.seq.items, &seq->u.seq.capacity, seq->u.seq.count + 1, sizeof *seq->u.seq.items)) return false;
-    seq->u.seq.items[seq->u.seq.count++] = item;
+/* Appends items[0, n) to a list or dict; its first array holds exactly n. */
+static bool seq_append(pk_doc *d, pk_value *seq, pk_value *const *items, size_t n) {
+    if (!n) return true;
+    if (!grow(d, &seq->u.seq.items, &seq->u.seq.capacity, seq->u.seq.count + n, sizeof *seq->u.seq.items, 1))
+        return false;
+    memcpy(seq->u.seq.items + seq->u.seq.count, items, n * sizeof *items);
+    seq->u.seq.count += n;
     return true;
 }
 
 void pk_free(pk_doc *d) {
     if (!d) return;
-    for (size_t i = 0; i < d->container_count; i++) free(d->containers[i]->u.seq.items);
-    free(d->containers);
     for (chunk *c = d->chunks, *next; c; c = next) {
         next = c->next;
+        for (size_t i = 0; i < c->used; i++)
+            if (c->values[i].type == PK_LIST || c->values[i].type == PK_DICT) free(c->values[i].u.seq.items);
         free(c);
     }
     free(d->stack);
@@ -156,14 +200,23 @@ static void decode_long(pk_value *v, const unsigned char *p, uint64_t n) {
             FAIL("truncated pickle: opcode 0x%02x needs %llu bytes, %zu left", op, \
                  (unsigned long long)(n), length - pos);                           \
     } while (0)
+/* An allocation failed: for the budget, or the system's memory. */
+#define OUT_OF_MEMORY()                                                            \
+    do {                                                                           \
+        if (d->over_budget)                                                        \
+            FAIL("malformed pickle: its first %zu bytes take more than %llu bytes of memory to read (%d a " \
+                 "byte plus %u; a snapshot takes about 4 a byte)",                \
+                 at + 1, (unsigned long long)d->budget, PK_MEMORY_PER_BYTE, PK_MEMORY_BASE); \
+        FAIL("out of memory");                                                     \
+    } while (0)
 #define PUSH(value)                                                                \
     do {                                                                           \
-        if (!grow(&d->stack, &d->stack_capacity, d->depth + 1, sizeof *d->stack)) FAIL("out of memory"); \
+        if (!grow(d, &d->stack, &d->stack_capacity, d->depth + 1, sizeof *d->stack, 64)) OUT_OF_MEMORY(); \
         d->stack[d->depth++] = (value);                                            \
     } while (0)
 #define NEW(var, type)                                                             \
     do {                                                                           \
-        if (!((var) = new_value(d, (type)))) FAIL("out of memory");                \
+        if (!((var) = new_value(d, (type)))) OUT_OF_MEMORY();                      \
     } while (0)
 
 /* Index of the topmost MARK's first item; -1 when there is no mark. */
@@ -179,6 +232,7 @@ pk_doc *pk_parse(const unsigned char *data, size_t length, char *err, size_t cap
     size_t pos = 0;
     while (pos < length) {
         at = pos;
+        d->budget = (uint64_t)(at + 1) * PK_MEMORY_PER_BYTE + PK_MEMORY_BASE; /* data in memory: < 2^58 bytes */
         unsigned char op = data[pos++];
         pk_value *v = NULL;
         switch (op) {
@@ -193,17 +247,17 @@ pk_doc *pk_parse(const unsigned char *data, size_t length, char *err, size_t cap
             break;
         case '}': NEW(v, PK_DICT); PUSH(v); break;
         case ']': NEW(v, PK_LIST); PUSH(v); break;
-        case ')': NEW(v, PK_LIST); PUSH(v); break;
+        case ')': PUSH(&empty_tuple_value); break;
         case 0x8f: NEW(v, PK_LIST); PUSH(v); break; /* EMPTY_SET: read as a list */
         case '(': /* MARK */
-            if (!grow(&d->marks, &d->mark_capacity, d->mark_count + 1, sizeof *d->marks)) FAIL("out of memory");
+            if (!grow(d, &d->marks, &d->mark_capacity, d->mark_count + 1, sizeof *d->marks, 16)) OUT_OF_MEMORY();
             d->marks[d->mark_count++] = d->depth;
             break;
         case 's': { /* SETITEM */
             if (d->depth < 3 || (long long)d->depth - 3 < top_mark(d)) FAIL("SETITEM needs a dict, a key and a value");
             pk_value *dict = d->stack[d->depth - 3];
             if (dict->type != PK_DICT) FAIL("SETITEM on a %s, not a dict", pk_type_name(dict));
-            if (!seq_push(dict, d->stack[d->depth - 2]) || !seq_push(dict, d->stack[d->depth - 1])) FAIL("out of memory");
+            if (!seq_append(d, dict, d->stack + d->depth - 2, 2)) OUT_OF_MEMORY();
             d->depth -= 2;
             break;
         }
@@ -219,8 +273,9 @@ pk_doc *pk_parse(const unsigned char *data, size_t length, char *err, size_t cap
             if (op != 'u' && target->type != PK_LIST) FAIL("%s on a %s, not a list", op == 'e' ? "APPENDS" : "ADDITEMS",
                                                           pk_type_name(target));
             if (op == 'u' && items % 2) FAIL("SETITEMS with a key without a value");
-            for (size_t i = (size_t)mark; i < d->depth; i++)
-                if (!seq_push(target, d->stack[i])) FAIL("out of memory");
+            if (target == &empty_tuple_value && items)
+                FAIL("%s to an empty tuple", op == 'e' ? "APPENDS" : "ADDITEMS");
+            if (!seq_append(d, target, d->stack + mark, items)) OUT_OF_MEMORY();
             d->depth = (size_t)mark;
             d->mark_count--;
             break;
@@ -229,7 +284,8 @@ pk_doc *pk_parse(const unsigned char *data, size_t length, char *err, size_t cap
             if (d->depth < 2 || (long long)d->depth - 2 < top_mark(d)) FAIL("APPEND needs a list and an item");
             pk_value *list = d->stack[d->depth - 2];
             if (list->type != PK_LIST) FAIL("APPEND to a %s, not a list", pk_type_name(list));
-            if (!seq_push(list, d->stack[d->depth - 1])) FAIL("out of memory");
+            if (list == &empty_tuple_value) FAIL("APPEND to an empty tuple");
+            if (!seq_append(d, list, d->stack + d->depth - 1, 1)) OUT_OF_MEMORY();
             d->depth--;
             break;
         }
@@ -292,9 +348,7 @@ pk_doc *pk_parse(const unsigned char *data, size_t length, char *err, size_t cap
         }
         case 0x88: /* NEWTRUE */
         case 0x89: /* NEWFALSE */
-            NEW(v, PK_BOOL);
-            v->u.i = op == 0x88;
-            PUSH(v);
+            PUSH(op == 0x88 ? &true_value : &false_value);
             break;
         case 'N': PUSH(&none_value); break;
         case 0x85: /* TUPLE1 */
@@ -303,8 +357,7 @@ pk_doc *pk_parse(const unsigned char *data, size_t length, char *err, size_t cap
             size_t n = (size_t)(op - 0x84);
             if (d->depth < n || (long long)(d->depth - n) < top_mark(d)) FAIL("TUPLE%zu needs %zu items", n, n);
             NEW(v, PK_LIST);
-            for (size_t i = d->depth - n; i < d->depth; i++)
-                if (!seq_push(v, d->stack[i])) FAIL("out of memory");
+            if (!seq_append(d, v, d->stack + d->depth - n, n)) OUT_OF_MEMORY();
             d->depth -= n;
             PUSH(v);
             break;
@@ -314,8 +367,7 @@ pk_doc *pk_parse(const unsigned char *data, size_t length, char *err, size_t cap
             long long mark = top_mark(d);
             if (mark < 0) FAIL("%s without a MARK", op == 't' ? "TUPLE" : "FROZENSET");
             NEW(v, PK_LIST);
-            for (size_t i = (size_t)mark; i < d->depth; i++)
-                if (!seq_push(v, d->stack[i])) FAIL("out of memory");
+            if (!seq_append(d, v, d->stack + mark, d->depth - (size_t)mark)) OUT_OF_MEMORY();
             d->depth = (size_t)mark;
             d->mark_count--;
             PUSH(v);
@@ -334,7 +386,7 @@ pk_doc *pk_parse(const unsigned char *data, size_t length, char *err, size_t cap
             }
             if (index > d->memo_count + MEMO_SLACK)
                 FAIL("memo index %llu far beyond the %zu entries so far", (unsigned long long)index, d->memo_count);
-            if (!grow(&d->memo, &d->memo_capacity, (size_t)index + 1, sizeof *d->memo)) FAIL("out of memory");
+            if (!grow(d, &d->memo, &d->memo_capacity, (size_t)index + 1, sizeof *d->memo, 64)) OUT_OF_MEMORY();
             for (size_t i = d->memo_count; i <= index; i++) d->memo[i] = NULL;
             if (index >= d->memo_count) d->memo_count = (size_t)index + 1;
             d->memo[index] = d->stack[d->depth - 1];

@@ -9,7 +9,9 @@
  *
  * The reader is a stack machine over the bytes (no recursion), so nesting
  * depth costs memory, not stack; every length is checked against the bytes
- * left before it is used. Strings point into the caller's buffer, which
+ * left before it is used. Its memory is bounded by the bytes read: more than
+ * 32 a byte plus 1 MiB (a snapshot takes about 4), and the pickle is refused
+ * as malformed. Strings point into the caller's buffer, which
  * must outlive the document.
  */
 #ifndef TIDEPOOL_PICKLE_H

@@ -23,7 +23,8 @@ static void replay_usage(FILE *out) {
             "  PyTorch snapshot     the pickle of torch.cuda.memory._snapshot(), read directly: in the\n"
             "                       program, torch.cuda.memory._record_memory_history() before the work, then\n"
             "                       torch.cuda.memory._dump_snapshot(\"run.pickle\") (or pickle.dump of\n"
-            "                       _snapshot()) after it; alloc and free_requested become the trace\n"
+            "                       _snapshot()) after it; alloc and free_requested become the trace. It\n"
+            "                       is read whole: at most %llu GiB of it (inflated), a larger one is refused\n"
             "  RAPIDS RMM log       Thread,Time,Action,Pointer,Size,Stream (Time in seconds, or a time of\n"
             "                       day HH:MM:SS.ffffff: one falling back by over 12 h is the next day)\n\n"
             "options:\n"
@@ -32,7 +33,8 @@ static void replay_usage(FILE *out) {
             "                       included (default: the CPUs online, at most 16; 1: one thread); with\n"
             "                       several pools and N >= 3, up to one per pool replays; the rest parse\n"
             "                       (at most 4, in a process of their own). Any N gives the same figures;\n"
-            "                       the heading says how many were used and where the time went\n");
+            "                       the heading says how many were used and where the time went\n",
+            (unsigned long long)(TRACE_SNAPSHOT_MAX_BYTES >> 30));
     tide_run_options_help(out);
     fprintf(out, "  -h, --help           this text\n");
     tide_exit_codes_help(out);

@@ -125,6 +125,7 @@ struct trace_reader {
     unsigned pt_device; /* PyTorch snapshot: which device's trace */
     size_t block_bytes; /* BLOCK_BYTES, or the options' */
     bool stream_gzip;   /* options: never inflate whole */
+    uint64_t snapshot_max_bytes; /* TRACE_SNAPSHOT_MAX_BYTES, or the options' */
     uint64_t file_bytes; /* the file's size as stored (0: not known) */
     /* The source: a region of text, or a stream (fd). */
     const char *region;
@@ -926,7 +927,9 @@ static trace_reader *new_reader(const char *name, const trace_open_options *opti
     r->fd = -1;
     snprintf(r->name, sizeof r->name, "%s", name);
     r->block_bytes = BLOCK_BYTES;
+    r->snapshot_max_bytes = TRACE_SNAPSHOT_MAX_BYTES;
     if (options) {
+        if (options->snapshot_max_bytes) r->snapshot_max_bytes = options->snapshot_max_bytes;
         r->pt_device = options->pt_device;
         r->stream_gzip = options->stream_gzip;
         if (options->block_bytes) r->block_bytes = options->block_bytes;
@@ -991,8 +994,22 @@ void trace_position(const trace_reader *r, uint64_t *bytes_read, uint64_t *bytes
 
 /* ------------------------------------------------ PyTorch memory snapshots */
 
-/* The whole (decompressed) file into memory; NULL with err filled. */
+/* A snapshot past r->snapshot_max_bytes: the error. */
+static unsigned char *too_large(trace_reader *r, char *err, size_t cap) {
+    char limit[64] = "";
+    if (r->snapshot_max_bytes % (1ull << 30) == 0)
+        snprintf(limit, sizeof limit, " (%llu GiB)", (unsigned long long)(r->snapshot_max_bytes >> 30));
+    snprintf(err, cap, "%s: the snapshot is larger than %llu bytes%s%s, the most tide reads (it reads a snapshot whole)",
+             r->name, (unsigned long long)r->snapshot_max_bytes, limit, r->gzip ? " inflated" : "");
+    return NULL;
+}
+
+/* The whole (decompressed) file into memory, at most r->snapshot_max_bytes
+ * of it; NULL with err filled. */
 static unsigned char *slurp(trace_reader *r, size_t *out_length, char *err, size_t cap) {
+    const uint64_t max = r->snapshot_max_bytes < SIZE_MAX - 1 ? r->snapshot_max_bytes : SIZE_MAX - 1;
+    if (r->region && r->region_length > max) return too_large(r, err, cap);
+    if (!r->region && r->carry_length > max) return too_large(r, err, cap);
     if (r->region) {
         unsigned char *copy = malloc(r->region_length ? r->region_length : 1);
         if (!copy) snprintf(err, cap, "%s: out of memory", r->name);
@@ -1001,6 +1018,7 @@ static unsigned char *slurp(trace_reader *r, size_t *out_length, char *err, size
         return copy;
     }
     size_t length = r->carry_length, capacity = (size_t)1 << 20;
+    if (capacity > max + 1) capacity = (size_t)max + 1; /* room for one byte past the limit */
     if (capacity < length) capacity = length;
     unsigned char *buf = malloc(capacity);
     if (buf) memcpy(buf, r->carry, length);
@@ -1010,11 +1028,16 @@ static unsigned char *slurp(trace_reader *r, size_t *out_length, char *err, size
             snprintf(err, cap, "%s: out of memory reading the snapshot", r->name);
             return NULL;
         }
+        if (length > max) {
+            free(buf);
+            return too_large(r, err, cap);
+        }
         if (length == capacity) {
-            unsigned char *grown = capacity <= SIZE_MAX / 2 ? realloc(buf, capacity * 2) : NULL;
+            size_t larger = capacity <= max / 2 ? capacity * 2 : (size_t)max + 1; /* > capacity: length <= max */
+            unsigned char *grown = realloc(buf, larger);
             if (!grown) free(buf);
             buf = grown;
-            capacity *= 2;
+            capacity = larger;
             continue;
         }
         long n = stream_read(r, (char *)buf + length, capacity - length < (1u << 30) ? capacity - length : (1u << 30));

@@ -23,7 +23,8 @@
  * built with libdeflate); with threads, worker threads (in the caller's
  * process, or in a worker process) parse blocks ahead (and run the batch
  * hook on them, in order) while the caller takes them in order. A snapshot is read whole at open (a
- * pickle is one object), its events kept. trace.c says how.
+ * pickle is one object), its events kept: at most TRACE_SNAPSHOT_MAX_BYTES
+ * of it. trace.c says how.
  */
 #ifndef TIDEPOOL_TRACE_H
 #define TIDEPOOL_TRACE_H
@@ -54,14 +55,24 @@ trace_reader *trace_open(const char *path, char *err, size_t err_capacity);
 /* Opens a trace held in memory (for tests and the fuzzer). */
 trace_reader *trace_open_memory(const char *data, size_t length, char *err, size_t err_capacity);
 
+/* The most bytes of a PyTorch snapshot (inflated, when gzip) a reader
+ * takes: a snapshot is read whole, then parsed into values that take a few
+ * times its size (pickle.c bounds them at 32 a byte), so a gzip bomb --
+ * 4 MiB of gzip inflate to 4 GiB -- is refused here. Snapshots of
+ * _record_memory_history(max_entries=10_000_000) take about a GiB. CSV and
+ * RMM traces stream and have no such limit. */
+#define TRACE_SNAPSHOT_MAX_BYTES (4ull << 30)
+
 typedef struct trace_open_options {
     unsigned pt_device; /* PyTorch snapshots: the device whose trace is read (default 0) */
     /* For tests and measurements (0/false: the defaults): the bytes of text
-     * in a block (at least 1024; default 1 MiB), and gzip inflated by zlib
-     * as a stream even where libdeflate could take the file whole (also
-     * the environment's TIDE_INFLATE=zlib). */
+     * in a block (at least 1024; default 1 MiB), gzip inflated by zlib as a
+     * stream even where libdeflate could take the file whole (also the
+     * environment's TIDE_INFLATE=zlib), and the most bytes of a snapshot
+     * (default TRACE_SNAPSHOT_MAX_BYTES). */
     size_t block_bytes;
     bool stream_gzip;
+    uint64_t snapshot_max_bytes;
 } trace_open_options;
 /* The same with options (NULL: the defaults). A snapshot that cannot be
  * read, or has no trace for the device, fails here with the reason

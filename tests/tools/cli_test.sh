@@ -499,6 +499,15 @@ pickle)
     expect 1 "cut.pickle: not a readable pickle: offset [0-9]+: truncated pickle" "$tide" replay "$scratch/cut.pickle"
     printf '\200\002cos\nsystem\n.' >"$scratch/evil.pickle"
     expect 1 "evil.pickle: not a readable pickle: offset 2: unsupported pickle opcode 0x63 \(GLOBAL\)" "$tide" replay "$scratch/evil.pickle"
+    # a gzip bomb: 32 KiB of gzip, 32 MiB of EMPTY_LIST (the reader took 40 to
+    # 64 bytes of memory for each) refused within its first MiB, under a
+    # 512 MiB address-space limit where the build allows one (not ASan's)
+    { printf '\200\002'; head -c $((32 << 20)) /dev/zero | tr '\000' ']'; printf .; } | gzip -c >"$scratch/bomb.pickle.gz"
+    limited=""
+    sh -c 'ulimit -v 524288 && exec "$0" --help' "$tide" >/dev/null 2>&1 && limited="ulimit -v 524288 &&"
+    expect 1 "bomb.pickle.gz: not a readable pickle: offset [0-9]+: malformed pickle: its first [0-9]+ bytes take more than [0-9]+ bytes of memory to read \(32 a byte plus 1048576; a snapshot takes about 4 a byte\)" \
+        sh -c "$limited exec \"\$0\" replay \"\$1\"" "$tide" "$scratch/bomb.pickle.gz"
+    expect 0 "at most 4 GiB" "$tide" replay --help
     expect 0 "torch.cuda.memory._record_memory_history\\(\\)" "$tide" replay --help
     grep -q "tidepool CSV" "$out" || fail "tide replay --help does not name the tidepool CSV format"
     grep -q "PyTorch snapshot" "$out" || fail "tide replay --help does not name PyTorch snapshots"

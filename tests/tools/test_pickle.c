@@ -171,13 +171,14 @@ static void test_huge_lengths_and_memo(void) {
 
 static void test_deep_nesting(void) {
     enum { DEPTH = 1000000 };
-    /* a list in a list ... a million deep: EMPTY_LIST x N, APPEND x N-1 */
-    size_t length = 2 + DEPTH + (DEPTH - 1) + 1;
+    /* a list in a list ... a million deep, as Python's pickler writes it:
+     * (EMPTY_LIST MEMOIZE) x N, APPEND x N-1 */
+    size_t length = 2 + 2 * DEPTH + (DEPTH - 1) + 1;
     unsigned char *text = malloc(length);
     REQUIRE(text != NULL);
-    text[0] = 0x80, text[1] = 0x02;
-    memset(text + 2, ']', DEPTH);
-    memset(text + 2 + DEPTH, 'a', DEPTH - 1);
+    text[0] = 0x80, text[1] = 0x04;
+    for (size_t i = 0; i < DEPTH; i++) text[2 + 2 * i] = ']', text[3 + 2 * i] = 0x94;
+    memset(text + 2 + 2 * DEPTH, 'a', DEPTH - 1);
     text[length - 1] = '.';
     char err[256];
     pk_doc *doc = pk_parse(text, length, err, sizeof err);
@@ -240,6 +241,103 @@ static void test_not_a_snapshot(void) {
     CHECK_CONTAINS(open_error(none, sizeof none - 1), "holds no device trace");
 }
 
+/* Memory is bounded by the bytes read: a run of values nothing consumes
+ * (a gzip bomb's EMPTY_LISTs) or of memo indices skipped ahead is refused
+ * within its first MiB or so; what Python's pickler writes at the most
+ * memory per byte -- a million small ints, a million empty lists -- is not. */
+static void test_memory_bounded_by_input(void) {
+    enum { RUN = 8 << 20, COUNT = 1000000, BATCH = 1000 };
+    unsigned char *text = malloc(RUN + 16);
+    REQUIRE(text != NULL);
+    char err[256];
+    /* PROTO 2, EMPTY_LIST x 8 Mi, STOP */
+    size_t length = 0;
+    text[length++] = 0x80, text[length++] = 0x02;
+    memset(text + length, ']', RUN), length += RUN;
+    text[length++] = '.';
+    pk_doc *doc = pk_parse(text, length, err, sizeof err);
+    CHECK(doc == NULL);
+    pk_free(doc);
+    CHECK_CONTAINS(err, "malformed pickle: its first ");
+    CHECK_CONTAINS(err, "bytes of memory to read (32 a byte plus 1048576; a snapshot takes about 4 a byte)");
+    unsigned long long at = 0;
+    CHECK_MSG(sscanf(err, "offset %llu", &at) == 1 && at < (1u << 18), "refused late: %s", err);
+    CHECK_CONTAINS(open_error(text, length), "<memory>: not a readable pickle: offset ");
+    /* PROTO 2, None, LONG_BINPUT 4096, 8192, ... (32 KiB of memo each) */
+    length = 0;
+    text[length++] = 0x80, text[length++] = 0x02, text[length++] = 'N';
+    for (uint32_t i = 1; i <= 1000; i++) {
+        uint32_t index = i * 4096;
+        text[length++] = 'r';
+        for (int b = 0; b < 4; b++) text[length++] = (unsigned char)(index >> (8 * b));
+    }
+    text[length++] = '.';
+    doc = pk_parse(text, length, err, sizeof err);
+    CHECK(doc == NULL);
+    pk_free(doc);
+    CHECK_CONTAINS(err, "malformed pickle: its first ");
+    free(text);
+    /* what pickle.dumps([i % 256 for i in range(COUNT)], 4) and
+     * pickle.dumps([[] for _ in range(COUNT)], 4) write: EMPTY_LIST MEMOIZE,
+     * then batches of MARK, BATCH items, APPENDS */
+    for (int empty_lists = 0; empty_lists <= 1; empty_lists++) {
+        text = malloc(4 + (size_t)COUNT * 2 + (COUNT / BATCH) * 2 + 1);
+        REQUIRE(text != NULL);
+        length = 0;
+        text[length++] = 0x80, text[length++] = 0x04, text[length++] = ']', text[length++] = 0x94;
+        for (size_t i = 0; i < COUNT; i++) {
+            if (i % BATCH == 0) text[length++] = '(';
+            if (empty_lists) text[length++] = ']', text[length++] = 0x94;
+            else text[length++] = 'K', text[length++] = (unsigned char)i;
+            if (i % BATCH == BATCH - 1) text[length++] = 'e';
+        }
+        text[length++] = '.';
+        doc = pk_parse(text, length, err, sizeof err);
+        CHECK_MSG(doc != NULL, "%s: %s", empty_lists ? "empty lists" : "small ints", err);
+        if (doc) CHECK_EQ_U64(pk_list_count(pk_root(doc)), COUNT);
+        pk_free(doc);
+        free(text);
+    }
+}
+
+/* A snapshot larger than the limit (TRACE_SNAPSHOT_MAX_BYTES; here the
+ * options' lower one) is refused at open, inflated or plain, whole or
+ * streamed; one at the limit is read. */
+static void test_snapshot_size_limit(void) {
+    static trace_event events[MAX_EVENTS];
+    size_t gz_length = 0, plain_length = 0;
+    unsigned char *gz = load(data_dir, "qwen2vl_excerpt.p2.pickle.gz", &gz_length);
+    free(load(data_dir, "qwen2vl_excerpt.pickle", &plain_length));
+    REQUIRE(gz_length > 4);
+    /* the gzip trailer's ISIZE: the inflated size */
+    const unsigned char *t = gz + gz_length - 4;
+    uint64_t inflated = (uint64_t)t[0] | (uint64_t)t[1] << 8 | (uint64_t)t[2] << 16 | (uint64_t)t[3] << 24;
+    free(gz);
+    const struct {
+        const char *name;
+        uint64_t size;
+        const char *what;
+    } files[] = {{"qwen2vl_excerpt.p2.pickle.gz", inflated, " bytes inflated, the most tide reads"},
+                 {"qwen2vl_excerpt.pickle", plain_length, " bytes, the most tide reads"}};
+    for (size_t f = 0; f < sizeof files / sizeof *files; f++)
+        for (int stream = 0; stream <= 1; stream++) {
+            char path[1024], err[512] = "", expected[256];
+            snprintf(path, sizeof path, "%s/%s", data_dir, files[f].name);
+            trace_open_options options = {.stream_gzip = stream, .snapshot_max_bytes = files[f].size - 1};
+            trace_reader *r = trace_open_with(path, &options, err, sizeof err);
+            CHECK_MSG(r == NULL, "%s opened with a limit below its size", files[f].name);
+            trace_close(r);
+            snprintf(expected, sizeof expected, "%s: the snapshot is larger than %llu%s", files[f].name,
+                     (unsigned long long)files[f].size - 1, files[f].what);
+            CHECK_CONTAINS(err, expected);
+            options.snapshot_max_bytes = files[f].size;
+            r = trace_open_with(path, &options, err, sizeof err);
+            CHECK_MSG(r != NULL, "%s: %s", files[f].name, err);
+            if (r) CHECK(read_all(r, events, MAX_EVENTS, err, sizeof err) > 0);
+            trace_close(r);
+        }
+}
+
 static const test_case tests[] = {
     TEST_CASE(test_snapshots_read_as_the_csv),
     TEST_CASE(test_device_choice),
@@ -249,6 +347,8 @@ static const test_case tests[] = {
     TEST_CASE(test_deep_nesting),
     TEST_CASE(test_integers),
     TEST_CASE(test_not_a_snapshot),
+    TEST_CASE(test_memory_bounded_by_input),
+    TEST_CASE(test_snapshot_size_limit),
 };
 
 int main(int argc, char **argv) {
