@@ -275,7 +275,7 @@ pk_doc *pk_parse(const unsigned char *data, size_t length, char *err, size_t cap
             if (op == 'u' && items % 2) FAIL("SETITEMS with a key without a value");
             if (target == &empty_tuple_value && items)
                 FAIL("%s to an empty tuple", op == 'e' ? "APPENDS" : "ADDITEMS");
-            if (!seq_append(d, target, d->stack + mark, items)) OUT_OF_MEMORY();
+            if (items && !seq_append(d, target, d->stack + mark, items)) OUT_OF_MEMORY(); /* (no stack yet: NULL + 0) */
             d->depth = (size_t)mark;
             d->mark_count--;
             break;
@@ -367,7 +367,7 @@ pk_doc *pk_parse(const unsigned char *data, size_t length, char *err, size_t cap
             long long mark = top_mark(d);
             if (mark < 0) FAIL("%s without a MARK", op == 't' ? "TUPLE" : "FROZENSET");
             NEW(v, PK_LIST);
-            if (!seq_append(d, v, d->stack + mark, d->depth - (size_t)mark)) OUT_OF_MEMORY();
+            if (d->depth > (size_t)mark && !seq_append(d, v, d->stack + mark, d->depth - (size_t)mark)) OUT_OF_MEMORY();
             d->depth = (size_t)mark;
             d->mark_count--;
             PUSH(v);
