@@ -115,12 +115,14 @@ static pk_value *new_value(pk_doc *d, pk_type type) {
     return v;
 }
 
-/* Appends items[0, n) to a list or dict; its first array holds exactly n. */
-static bool seq_append(pk_doc *d, pk_value *seq, pk_value *const *items, size_t n) {
+/* Appends the stack's items [first, first + n) to a list or dict; its first
+ * array holds exactly n. (An index, not a pointer: with nothing pushed yet
+ * the stack is NULL, and NULL + 0 is undefined.) */
+static bool seq_append(pk_doc *d, pk_value *seq, size_t first, size_t n) {
     if (!n) return true;
     if (!grow(d, &seq->u.seq.items, &seq->u.seq.capacity, seq->u.seq.count + n, sizeof *seq->u.seq.items, 1))
         return false;
-    memcpy(seq->u.seq.items + seq->u.seq.count, items, n * sizeof *items);
+    memcpy(seq->u.seq.items + seq->u.seq.count, d->stack + first, n * sizeof *d->stack);
     seq->u.seq.count += n;
     return true;
 }
@@ -257,7 +259,7 @@ pk_doc *pk_parse(const unsigned char *data, size_t length, char *err, size_t cap
             if (d->depth < 3 || (long long)d->depth - 3 < top_mark(d)) FAIL("SETITEM needs a dict, a key and a value");
             pk_value *dict = d->stack[d->depth - 3];
             if (dict->type != PK_DICT) FAIL("SETITEM on a %s, not a dict", pk_type_name(dict));
-            if (!seq_append(d, dict, d->stack + d->depth - 2, 2)) OUT_OF_MEMORY();
+            if (!seq_append(d, dict, d->depth - 2, 2)) OUT_OF_MEMORY();
             d->depth -= 2;
             break;
         }
@@ -275,7 +277,7 @@ pk_doc *pk_parse(const unsigned char *data, size_t length, char *err, size_t cap
             if (op == 'u' && items % 2) FAIL("SETITEMS with a key without a value");
             if (target == &empty_tuple_value && items)
                 FAIL("%s to an empty tuple", op == 'e' ? "APPENDS" : "ADDITEMS");
-            if (items && !seq_append(d, target, d->stack + mark, items)) OUT_OF_MEMORY(); /* (no stack yet: NULL + 0) */
+            if (!seq_append(d, target, (size_t)mark, items)) OUT_OF_MEMORY();
             d->depth = (size_t)mark;
             d->mark_count--;
             break;
@@ -285,7 +287,7 @@ pk_doc *pk_parse(const unsigned char *data, size_t length, char *err, size_t cap
             pk_value *list = d->stack[d->depth - 2];
             if (list->type != PK_LIST) FAIL("APPEND to a %s, not a list", pk_type_name(list));
             if (list == &empty_tuple_value) FAIL("APPEND to an empty tuple");
-            if (!seq_append(d, list, d->stack + d->depth - 1, 1)) OUT_OF_MEMORY();
+            if (!seq_append(d, list, d->depth - 1, 1)) OUT_OF_MEMORY();
             d->depth--;
             break;
         }
@@ -357,7 +359,7 @@ pk_doc *pk_parse(const unsigned char *data, size_t length, char *err, size_t cap
             size_t n = (size_t)(op - 0x84);
             if (d->depth < n || (long long)(d->depth - n) < top_mark(d)) FAIL("TUPLE%zu needs %zu items", n, n);
             NEW(v, PK_LIST);
-            if (!seq_append(d, v, d->stack + d->depth - n, n)) OUT_OF_MEMORY();
+            if (!seq_append(d, v, d->depth - n, n)) OUT_OF_MEMORY();
             d->depth -= n;
             PUSH(v);
             break;
@@ -367,7 +369,7 @@ pk_doc *pk_parse(const unsigned char *data, size_t length, char *err, size_t cap
             long long mark = top_mark(d);
             if (mark < 0) FAIL("%s without a MARK", op == 't' ? "TUPLE" : "FROZENSET");
             NEW(v, PK_LIST);
-            if (d->depth > (size_t)mark && !seq_append(d, v, d->stack + mark, d->depth - (size_t)mark)) OUT_OF_MEMORY();
+            if (!seq_append(d, v, (size_t)mark, d->depth - (size_t)mark)) OUT_OF_MEMORY();
             d->depth = (size_t)mark;
             d->mark_count--;
             PUSH(v);
