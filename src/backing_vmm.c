@@ -319,7 +319,7 @@ static bool place_window(tpi_core *core, placement *pl, uint32_t id, uint64_t *o
         *out_offset = at;
         return true;
     }
-    uint64_t end_at = ((end - pl->size) >> core->ra.shift) << core->ra.shift;
+    uint64_t end_at = tpi_align_down(end - pl->size, (uint64_t)1 << core->ra.shift);
     if (pl->end == TPI_RA_NONE && end_at > at && window_ready(core, pl->slot, end_at, pl->size)) {
         pl->end = id;
         pl->end_offset = end_at;
