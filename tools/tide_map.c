@@ -283,7 +283,7 @@ static bool parse_map(json *j, map_doc *d) {
             have_ranges = true;
             ok = json_expect(j, '[');
             if (ok && !json_closes_at_once(j, ']')) {
-                int more;
+                int more = -1; /* (set by the loop whenever ok: gcc at -O3 cannot tell) */
                 do ok = parse_range(j, d);
                 while (ok && (more = json_next(j, ']')) == 1);
                 ok = ok && more == 0;
