@@ -205,7 +205,6 @@ void tpi_front_world_enter(tpi_front *f, tpi_front_stream *held) {
         if (fs && (fs->stats.allocs | fs->stats.frees)) tpi_stats_fold(&f->core->stats, &fs->stats);
     }
     if (any) tpi_stats_update_cached(&f->core->stats);
-    f->slot_in_place = false; /* the range allocator may change from here on */
 }
 
 void tpi_front_world_leave(tpi_front *f) {
@@ -353,7 +352,6 @@ bool tpi_front_push(tpi_front *f, uint32_t slot, uint32_t node, uint64_t offset,
         f->slot_size = size;
         f->slot_tag = tag;
         f->slot_freed_ns = tpi_units_now(&f->core->units);
-        f->slot_in_place = false; /* the next allocation decides, with the lock */
         atomic_store_explicit(&f->slot_word, ((uint64_t)slot << 32) | node, memory_order_relaxed);
         return true;
     }

@@ -156,7 +156,6 @@ typedef struct tpi_front {
     _Alignas(TPI_CACHE_LINE_BYTES) _Atomic(uint64_t) slot_word;
     uint64_t slot_offset, slot_size, slot_freed_ns;
     tpi_tag slot_tag;
-    bool slot_in_place; /* reuse in place decided at the free; cleared by every world lock */
 } tpi_front;
 
 tp_status tpi_front_init(tpi_front *front, tpi_core *core, tpi_backing *backing, uint64_t limit_bytes,
@@ -312,11 +311,14 @@ static inline tpi_front_stream *tpi_front_hit_enter(tpi_front *f, tp_stream hand
 }
 
 /* Is the last-freed block (in place, same size, this stream) size bytes'
- * answer? Then it is taken: its offset and node. */
+ * answer? Then it is taken: its offset and node. "In place" is decided
+ * here, not at the free: the range allocator it reads changes only under
+ * the world lock, which no hit runs beside, so it is the same answer, and
+ * a pool whose sizes vary never pays for it. */
 static inline bool tpi_front_hit_take_slot(tpi_front *f, tpi_front_stream *fs, uint64_t size, uint64_t word,
                                            uint64_t *out_offset, uint32_t *out_node) {
-    if (word >= TPI_FRONT_SLOT_FILLING || (uint32_t)(word >> 32) != fs->slot || !f->slot_in_place ||
-        f->slot_size != size)
+    if (word >= TPI_FRONT_SLOT_FILLING || (uint32_t)(word >> 32) != fs->slot || f->slot_size != size ||
+        !tpi_front_reuse_in_place(&f->core->ra, (uint32_t)word))
         return false;
     /* The word names this stream, whose lock we hold: nobody else may
      * change it (other streams only fill an empty word) or its fields, so
@@ -394,7 +396,6 @@ static inline bool tpi_front_hit_free(tpi_front *f, tpi_front_stream *fs, uint64
                                                          memory_order_acquire, memory_order_relaxed))
                 return false; /* occupied: releasing its block is the locked path's */
         }
-        f->slot_in_place = tpi_front_reuse_in_place(&core->ra, e->node);
         f->slot_offset = address;
         f->slot_size = size;
         f->slot_freed_ns = tpi_units_now(&core->units);
