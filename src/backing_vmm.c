@@ -292,15 +292,22 @@ static bool place_window(tpi_core *core, placement *pl, uint32_t id, uint64_t *o
     uint64_t at = n->offset, missing = 0;
     bool blocked = false;
     uint64_t blocked_at = n->offset;
-    for (uint64_t p = tpi_page_of(units, at); at + pl->size <= end && p <= tpi_page_of(units, at + pl->size - 1); p++) {
-        tpi_unit *unit = &units->units[p];
-        if (unit->state == TPI_UNIT_UNUSED) {
-            missing++;
-        } else if (!tpi_order_tag_usable(&core->order, &unit->tag, pl->slot)) {
-            if (!blocked) blocked_at = at;
-            blocked = true;
-            at = tpi_page_address(units, p + 1);
-            missing = 0;
+    /* The window's last page moves only when a blocked page pushes the
+     * window past it. */
+    if (at + pl->size <= end) {
+        tpi_unit *table = units->units;
+        for (uint64_t p = tpi_page_of(units, at), last = tpi_page_of(units, at + pl->size - 1); p <= last; p++) {
+            tpi_unit *unit = &table[p];
+            if (unit->state == TPI_UNIT_UNUSED) {
+                missing++;
+            } else if (!tpi_order_tag_usable(&core->order, &unit->tag, pl->slot)) {
+                if (!blocked) blocked_at = at;
+                blocked = true;
+                at = tpi_page_address(units, p + 1);
+                missing = 0;
+                if (at + pl->size > end) break;
+                last = tpi_page_of(units, at + pl->size - 1);
+            }
         }
     }
     if (at + pl->size > end) {
