@@ -120,6 +120,27 @@ static void bin_remove(tpi_ra *ra, uint32_t id) {
     n->list_prev = n->list_next = TPI_RA_NONE;
 }
 
+/* Node in takes node out's place in out's bin, where in belongs too (its
+ * size is in the same bin): the list becomes what removing out and
+ * inserting in would make it (in first), without touching the bitmaps,
+ * since the bin stays non-empty. */
+static void bin_replace(tpi_ra *ra, uint32_t out, uint32_t in) {
+    tpi_ra_node *o = &ra->nodes[out], *i = &ra->nodes[in];
+    uint32_t bin = o->bin;
+    if (o->list_prev == TPI_RA_NONE) {
+        i->list_next = o->list_next;
+    } else {
+        ra->nodes[o->list_prev].list_next = o->list_next;
+        if (o->list_next != TPI_RA_NONE) ra->nodes[o->list_next].list_prev = o->list_prev;
+        i->list_next = ra->heads[bin];
+    }
+    if (i->list_next != TPI_RA_NONE) ra->nodes[i->list_next].list_prev = in;
+    i->list_prev = TPI_RA_NONE;
+    i->bin = (uint16_t)bin;
+    ra->heads[bin] = in;
+    o->list_prev = o->list_next = TPI_RA_NONE;
+}
+
 bool tpi_ra_reserve_nodes(tpi_ra *ra, uint32_t count) {
     if (count <= 2 && ra->unused_head != TPI_RA_NONE &&
         (count < 2 || ra->nodes[ra->unused_head].list_next != TPI_RA_NONE))
@@ -202,8 +223,8 @@ uint32_t tpi_ra_search_next(const tpi_ra *ra, tpi_ra_search *s) {
 }
 
 /* Cuts free node id at size: id keeps [offset, +size), a new free node gets
- * the rest. The caller has removed id from its bin. */
-static uint32_t split_off_tail(tpi_ra *ra, uint32_t id, uint64_t size) {
+ * the rest, in no bin yet. */
+static uint32_t split_off_tail_unbinned(tpi_ra *ra, uint32_t id, uint64_t size) {
     uint32_t rest = node_new(ra);
     if (rest == TPI_RA_NONE) return TPI_RA_NONE;
     tpi_ra_node *n = &ra->nodes[id];
@@ -218,7 +239,13 @@ static uint32_t split_off_tail(tpi_ra *ra, uint32_t id, uint64_t size) {
     if (n->addr_next != TPI_RA_NONE) ra->nodes[n->addr_next].addr_prev = rest;
     n->addr_next = rest;
     n->size = size;
-    bin_insert(ra, rest);
+    return rest;
+}
+
+/* The same, the rest in its bin. The caller has removed id from its bin. */
+static uint32_t split_off_tail(tpi_ra *ra, uint32_t id, uint64_t size) {
+    uint32_t rest = split_off_tail_unbinned(ra, id, size);
+    if (rest != TPI_RA_NONE) bin_insert(ra, rest);
     return rest;
 }
 
@@ -230,8 +257,16 @@ uint32_t tpi_ra_take(tpi_ra *ra, uint32_t id, uint64_t size) {
             if (probe == TPI_RA_NONE) return TPI_RA_NONE;
             node_recycle(ra, probe);
         }
-        bin_remove(ra, id);
-        split_off_tail(ra, id, size);
+        /* The rest takes id's place in its bin when it stays in the same
+         * one (a large range losing a small block: the common case). */
+        uint32_t bin = ra->nodes[id].bin;
+        uint32_t rest = split_off_tail_unbinned(ra, id, size);
+        if (bin_of_units(ra->nodes[rest].size >> ra->shift) == bin) {
+            bin_replace(ra, id, rest);
+        } else {
+            bin_remove(ra, id);
+            bin_insert(ra, rest);
+        }
         ra->free_count++;
     } else {
         bin_remove(ra, id);
@@ -287,9 +322,18 @@ uint32_t tpi_ra_release(tpi_ra *ra, uint32_t id) {
         n = p;
     }
     uint32_t next = n->addr_next;
+    bool binned = false;
     if (next != TPI_RA_NONE && ra->nodes[next].state == TPI_RA_NODE_FREE) {
         tpi_ra_node *x = &ra->nodes[next];
-        bin_remove(ra, next);
+        /* The merged range takes the next one's place in its bin when it
+         * stays in it (a block given back in front of the large rest of
+         * the range it was cut from: the common case). */
+        if (bin_of_units((n->size + x->size) >> ra->shift) == x->bin) {
+            bin_replace(ra, next, id);
+            binned = true;
+        } else {
+            bin_remove(ra, next);
+        }
         n->size += x->size;
         n->addr_next = x->addr_next;
         if (x->addr_next != TPI_RA_NONE) ra->nodes[x->addr_next].addr_prev = id;
@@ -297,7 +341,7 @@ uint32_t tpi_ra_release(tpi_ra *ra, uint32_t id) {
         node_recycle(ra, next);
         ra->free_count--;
     }
-    bin_insert(ra, id);
+    if (!binned) bin_insert(ra, id);
     return id;
 }
 
