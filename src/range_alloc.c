@@ -124,7 +124,7 @@ static void bin_remove(tpi_ra *ra, uint32_t id) {
  * size is in the same bin): the list becomes what removing out and
  * inserting in would make it (in first), without touching the bitmaps,
  * since the bin stays non-empty. */
-static void bin_replace(tpi_ra *ra, uint32_t out, uint32_t in) {
+static inline void bin_replace(tpi_ra *ra, uint32_t out, uint32_t in) {
     tpi_ra_node *o = &ra->nodes[out], *i = &ra->nodes[in];
     uint32_t bin = o->bin;
     if (o->list_prev == TPI_RA_NONE) {
@@ -225,8 +225,13 @@ uint32_t tpi_ra_search_next(const tpi_ra *ra, tpi_ra_search *s) {
 /* Cuts free node id at size: id keeps [offset, +size), a new free node gets
  * the rest, in no bin yet. */
 static uint32_t split_off_tail_unbinned(tpi_ra *ra, uint32_t id, uint64_t size) {
-    uint32_t rest = node_new(ra);
-    if (rest == TPI_RA_NONE) return TPI_RA_NONE;
+    /* Every field of the new node is written here or by the bin's insert,
+     * so a spare node is taken as it is. */
+    uint32_t rest = ra->unused_head;
+    if (rest != TPI_RA_NONE)
+        ra->unused_head = ra->nodes[rest].list_next;
+    else if ((rest = node_new(ra)) == TPI_RA_NONE)
+        return TPI_RA_NONE;
     tpi_ra_node *n = &ra->nodes[id];
     tpi_ra_node *r = &ra->nodes[rest];
     r->offset = n->offset + size;
