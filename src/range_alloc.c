@@ -33,15 +33,6 @@ static inline uint32_t msb64(uint64_t v) { return 63u - (uint32_t)__builtin_clzl
 
 static inline uint32_t bin_of_units(uint64_t units) { return tpi_ra_bin_of_units(units); }
 
-/* Smallest bin all of whose ranges hold at least units. */
-static inline uint32_t bin_ceil_units(uint64_t units) {
-    if (units < TPI_RA_SL_COUNT) return (uint32_t)units;
-    uint32_t msb = msb64(units);
-    uint64_t step = 1ull << (msb - TPI_RA_SL_BITS);
-    if (units > UINT64_MAX - step) return TPI_RA_BIN_COUNT;
-    return bin_of_units(units + step - 1);
-}
-
 uint64_t tpi_ra_bin_lower_bound(const tpi_ra *ra, uint32_t bin) {
     uint32_t fl = bin / TPI_RA_SL_COUNT, sl = bin % TPI_RA_SL_COUNT;
     uint64_t units = fl == 0 ? sl : ((uint64_t)(TPI_RA_SL_COUNT + sl) << (fl - 1));
@@ -141,10 +132,7 @@ static inline void bin_replace(tpi_ra *ra, uint32_t out, uint32_t in) {
     o->list_prev = o->list_next = TPI_RA_NONE;
 }
 
-bool tpi_ra_reserve_nodes(tpi_ra *ra, uint32_t count) {
-    if (count <= 2 && ra->unused_head != TPI_RA_NONE &&
-        (count < 2 || ra->nodes[ra->unused_head].list_next != TPI_RA_NONE))
-        return true; /* the common case: two spare nodes at the list's head */
+bool tpi_ra_reserve_nodes_counted(tpi_ra *ra, uint32_t count) {
     uint32_t spare = 0;
     for (uint32_t id = ra->unused_head; id != TPI_RA_NONE && spare < count; id = ra->nodes[id].list_next) spare++;
     if (spare >= count) return true;
@@ -181,17 +169,6 @@ void tpi_ra_remove_region(tpi_ra *ra, uint32_t id) {
     ra->free_bytes -= n->size;
     ra->free_count--;
     node_recycle(ra, id);
-}
-
-void tpi_ra_search_begin(const tpi_ra *ra, uint64_t size, tpi_ra_search *search) {
-    uint64_t units = size >> ra->shift;
-    search->size = size;
-    search->floor_bin = bin_of_units(units);
-    search->bin = bin_ceil_units(units); /* where the second pass starts */
-    search->next = search->floor_bin < TPI_RA_BIN_COUNT ? ra->heads[search->floor_bin] : TPI_RA_NONE;
-    search->resume = TPI_RA_NONE;
-    search->tries = 0;
-    search->second_pass = false;
 }
 
 uint32_t tpi_ra_search_next(const tpi_ra *ra, tpi_ra_search *s) {

@@ -65,8 +65,15 @@ void tpi_ra_destroy(tpi_ra *ra);
 static inline tpi_ra_node *tpi_ra_node_at(const tpi_ra *ra, uint32_t id) { return &ra->nodes[id]; }
 
 /* Makes sure the next `count` splits need no host allocation; false when
- * host memory runs out. */
-bool tpi_ra_reserve_nodes(tpi_ra *ra, uint32_t count);
+ * host memory runs out. Inline for the common case (two spare nodes at the
+ * unused list's head); tpi_ra_reserve_nodes_counted counts and grows. */
+bool tpi_ra_reserve_nodes_counted(tpi_ra *ra, uint32_t count);
+static inline bool tpi_ra_reserve_nodes(tpi_ra *ra, uint32_t count) {
+    if (count <= 2 && ra->unused_head != TPI_RA_NONE &&
+        (count < 2 || ra->nodes[ra->unused_head].list_next != TPI_RA_NONE))
+        return true;
+    return tpi_ra_reserve_nodes_counted(ra, count);
+}
 
 /* Adds [offset, offset+size) as a free region; returns its node or
  * TPI_RA_NONE when host memory runs out. */
@@ -87,7 +94,7 @@ typedef struct tpi_ra_search {
     bool second_pass;
 } tpi_ra_search;
 
-void tpi_ra_search_begin(const tpi_ra *ra, uint64_t size, tpi_ra_search *search);
+static inline void tpi_ra_search_begin(const tpi_ra *ra, uint64_t size, tpi_ra_search *search);
 /* The next candidate, or TPI_RA_NONE when there is none. */
 uint32_t tpi_ra_search_next(const tpi_ra *ra, tpi_ra_search *search);
 
@@ -127,6 +134,27 @@ static inline uint32_t tpi_ra_bin_of_units(uint64_t units) {
 }
 static inline uint32_t tpi_ra_bin_floor(const tpi_ra *ra, uint64_t size) { return tpi_ra_bin_of_units(size >> ra->shift); }
 uint64_t tpi_ra_bin_lower_bound(const tpi_ra *ra, uint32_t bin);
+
+/* Smallest bin all of whose ranges hold at least units. */
+static inline uint32_t tpi_ra_bin_ceil_units(uint64_t units) {
+    if (units < TPI_RA_SL_COUNT) return (uint32_t)units;
+    uint32_t msb = 63u - (uint32_t)__builtin_clzll(units);
+    uint64_t step = 1ull << (msb - TPI_RA_SL_BITS);
+    if (units > UINT64_MAX - step) return TPI_RA_BIN_COUNT;
+    return tpi_ra_bin_of_units(units + step - 1);
+}
+
+/* (Inline: both backings begin a search for every block they place.) */
+static inline void tpi_ra_search_begin(const tpi_ra *ra, uint64_t size, tpi_ra_search *search) {
+    uint64_t units = size >> ra->shift;
+    search->size = size;
+    search->floor_bin = tpi_ra_bin_of_units(units);
+    search->bin = tpi_ra_bin_ceil_units(units); /* where the second pass starts */
+    search->next = search->floor_bin < TPI_RA_BIN_COUNT ? ra->heads[search->floor_bin] : TPI_RA_NONE;
+    search->resume = TPI_RA_NONE;
+    search->tries = 0;
+    search->second_pass = false;
+}
 
 /* First non-empty bin at or above bin, or TPI_RA_NONE. */
 static inline uint32_t tpi_ra_next_nonempty_bin(const tpi_ra *ra, uint32_t bin) {
