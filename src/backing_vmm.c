@@ -285,7 +285,7 @@ static bool window_ready(tpi_core *core, uint32_t slot, uint64_t at, uint64_t si
  * range only), as pl->best, or as pl->wait when its first blocked window
  * could be made usable by waiting on the device for the streams that block
  * it. */
-static bool place_window(tpi_core *core, placement *pl, uint32_t id, uint64_t *out_offset) {
+static inline bool place_window(tpi_core *core, placement *pl, uint32_t id, uint64_t *out_offset) {
     tpi_units *units = &core->units;
     const tpi_ra_node *n = tpi_ra_node_at(&core->ra, id);
     uint64_t end = n->offset + n->size;
