@@ -13,7 +13,7 @@
  * non-empty bin whose lower bound is at least the request (all fit).
  * Blocks are cut from the start of a free range; a release merges the range
  * with free neighbours of its region, combining their owner words through
- * the owner's merge hook.
+ * the owner's merge hook (equal words are kept without a call).
  *
  * Invariants (tpi_ra_check): a free node is in exactly the bin of its size and
  * that bin's bitmap bits are set iff its list is non-empty; neighbours link
@@ -297,7 +297,7 @@ uint32_t tpi_ra_release(tpi_ra *ra, uint32_t id) {
         p->size += n->size;
         p->addr_next = n->addr_next;
         if (n->addr_next != TPI_RA_NONE) ra->nodes[n->addr_next].addr_prev = prev;
-        p->owner = ra->merge(ra->merge_ctx, p->owner, n->owner);
+        if (p->owner != n->owner) p->owner = ra->merge(ra->merge_ctx, p->owner, n->owner);
         node_recycle(ra, id);
         ra->free_count--;
         id = prev;
@@ -319,7 +319,7 @@ uint32_t tpi_ra_release(tpi_ra *ra, uint32_t id) {
         n->size += x->size;
         n->addr_next = x->addr_next;
         if (x->addr_next != TPI_RA_NONE) ra->nodes[x->addr_next].addr_prev = id;
-        n->owner = ra->merge(ra->merge_ctx, n->owner, x->owner);
+        if (n->owner != x->owner) n->owner = ra->merge(ra->merge_ctx, n->owner, x->owner);
         node_recycle(ra, next);
         ra->free_count--;
     }

@@ -13,7 +13,8 @@
  * Every node carries one word for its owner (the pool keeps a stream tag
  * there: who may still use the range). The allocator never interprets it:
  * a split copies it to both halves, and a merge combines the two words with
- * the merge hook the owner gave at init.
+ * the merge hook the owner gave at init. Two equal words merge into that
+ * word without a call: the hook must give a for (a, a).
  */
 #ifndef TIDEPOOL_RANGE_ALLOC_H
 #define TIDEPOOL_RANGE_ALLOC_H
@@ -40,7 +41,8 @@ typedef struct tpi_ra_node {
     uint8_t state;
 } tpi_ra_node;
 
-/* Combines the owner words of two ranges that merge into one. */
+/* Combines the owner words of two ranges that merge into one; called only
+ * for two different words (merge(a, a) must be a). */
 typedef uint64_t (*tpi_ra_merge_fn)(void *ctx, uint64_t a, uint64_t b);
 
 typedef struct tpi_ra {

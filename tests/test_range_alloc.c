@@ -153,6 +153,14 @@ static void test_owner_words_split_and_merge_through_the_hook(void) {
     CHECK(tpi_ra_node_at(&ra, merged)->owner == 0x103);
     CHECK(ra.free_count == 1);
     check_ra(&ra);
+    /* Equal words merge without the hook (it must give a for (a, a)). */
+    x = tpi_ra_take(&ra, find(&ra, 4096, NULL), 4096);
+    CHECK(tpi_ra_node_at(&ra, x)->owner == 0x103);
+    merges = 0;
+    tpi_ra_release(&ra, x);
+    CHECK(merges == 0);
+    CHECK(ra.free_count == 1 && tpi_ra_node_at(&ra, x)->owner == 0x103);
+    check_ra(&ra);
     tpi_ra_destroy(&ra);
 }
 
