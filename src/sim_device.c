@@ -59,7 +59,11 @@
  * a reservation; physical_used_bytes equals the sum of what is held and is
  * at most the capacity; no stored range or kernel end wraps past 2^64; only
  * streams in use capture. One mutex guards the whole device; no call blocks
- * on the host.
+ * on the host. Two exceptions skip it while no kernel is pending (the count
+ * mirrored in kernels_pending): tp_sim_advance moves the clock, and a
+ * hand-out check finds nothing to conflict with. The clock only rises
+ * (compare-exchange), so a step taken beside a locked call is as if taken
+ * just before or after it.
  */
 #include "sim_internal.h"
 
@@ -209,6 +213,7 @@ void sim_prune_kernels(sim_device *sim) {
         }
     }
     sim->kernel_count = kept;
+    atomic_store_explicit(&sim->kernels_pending, kept, memory_order_relaxed);
     sim->counters.pending_kernels = kept;
 }
 
@@ -282,6 +287,7 @@ static tp_status queue_work(sim_device *sim, uint32_t s, uint64_t duration_ns, c
     st->vc[s] = st->seq;
     sim->kernels[sim->kernel_count++] =
         (sim_kernel){.end_ns = st->tail_ns, .stream = s, .seq = st->seq, .range_count = range_count, .ranges = copy};
+    atomic_store_explicit(&sim->kernels_pending, sim->kernel_count, memory_order_relaxed);
     sim->counters.pending_kernels = sim->kernel_count;
     return TP_OK;
 }
@@ -645,7 +651,7 @@ static tp_status sim_stream_synchronize(tp_device *device, tp_stream stream) {
             st = TP_ERR_CAPTURE;
         }
         /* Done when its own work and everything that work waited on is. */
-        if (st == TP_OK) sim->now_ns = TPI_MAX(sim->now_ns, stream_done_ns(&sim->streams[s]));
+        if (st == TP_OK) sim_clock_raise(sim, stream_done_ns(&sim->streams[s]));
     });
     return st;
 }
@@ -753,7 +759,7 @@ static tp_status sim_event_synchronize(tp_device *device, tp_event event) {
             capture_invalidate(sim, (uint32_t)from, "synchronizing an event recorded in it");
             st = TP_ERR_CAPTURE;
         }
-        if (st == TP_OK && e->recorded) sim->now_ns = TPI_MAX(sim->now_ns, e->time_ns);
+        if (st == TP_OK && e->recorded) sim_clock_raise(sim, e->time_ns);
     });
     return st;
 }
@@ -773,7 +779,7 @@ static tp_status sim_device_synchronize(tp_device *device) {
             for (int i = 0; i < SIM_MAX_STREAMS; i++)
                 if (sim->streams[i].in_use) done = TPI_MAX(done, stream_done_ns(&sim->streams[i]));
             for (size_t k = 0; k < sim->kernel_count; k++) done = TPI_MAX(done, sim->kernels[k].end_ns);
-            sim->now_ns = done;
+            sim_clock_raise(sim, done);
         }
     });
     return st;
@@ -799,9 +805,12 @@ static uint64_t sim_now_ns(tp_device *device) {
 static uint64_t sim_check_handout(tp_device *device, uint64_t address, uint64_t bytes, tp_stream stream) {
     sim_device *sim = sim_of(device);
     uint64_t found = 0;
+    /* No kernel pending: nothing to conflict with (one launched meanwhile
+     * is ordered after this hand-out). */
+    if (!sim->check || !atomic_load_explicit(&sim->kernels_pending, memory_order_relaxed)) return 0;
     SIM_LOCKED(sim, {
         uint32_t s;
-        if (sim->check && sim->kernel_count && sim_stream_index(sim, stream, &s)) {
+        if (sim->kernel_count && sim_stream_index(sim, stream, &s)) {
             bytes = TPI_MIN(bytes, UINT64_MAX - address); /* no error to return: clamp, never wrap */
             char what[32];
             snprintf(what, sizeof what, "hand-out on stream %u", s);
@@ -909,7 +918,7 @@ static uint64_t sim_graph_node_count(tp_device *device, tp_graph graph) {
     return graph ? ((const sim_graph *)graph)->node_count : 0;
 }
 
-static const tpi_device_ops sim_ops = {
+const tpi_device_ops tpi_sim_ops = {
     .backend = "sim",
     .close = sim_close,
     .mem_info = sim_mem_info,
@@ -960,7 +969,7 @@ tp_status tpi_sim_device_create(tp_device *device, const tpi_device_options *opt
     sim->next_malloc = SIM_MALLOC_BASE;
 
     device->impl = sim;
-    device->ops = &sim_ops;
+    device->ops = &tpi_sim_ops;
     device->hazard_checker = sim->check;
     tp_device_info *info = &device->info;
     snprintf(info->name, sizeof info->name, "simulated device");

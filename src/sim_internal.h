@@ -92,12 +92,19 @@ typedef struct sim_device {
     bool vmm;
     bool check;
     bool adjacent; /* device allocations may follow each other directly */
-    _Atomic uint64_t now_ns; /* written under the lock, read without it */
+    /* The clock: raised under the lock, or without it by tp_sim_advance
+     * while no kernel is pending (sim_clock_raise, sim_clock_add: compare-
+     * exchange, so it never goes back); read without the lock. */
+    _Atomic uint64_t now_ns;
 
     sim_stream streams[SIM_MAX_STREAMS];
 
     sim_kernel *kernels;
     size_t kernel_count, kernel_capacity;
+    /* kernel_count, written with it under the lock, read without it: a
+     * replay's clock steps and hand-out checks skip the lock while no
+     * kernel is pending. */
+    _Atomic size_t kernels_pending;
 
     sim_resident *resident;
     size_t resident_count, resident_capacity;
@@ -129,6 +136,24 @@ enum { NODE_KERNEL = 1, NODE_GRAPH = 2 }; /* topology tokens */
     } while (0)
 
 static inline sim_device *sim_of(tp_device *device) { return (sim_device *)device->impl; }
+
+/* The clock moves to at least t_ns. */
+static inline void sim_clock_raise(sim_device *sim, uint64_t t_ns) {
+    uint64_t now = atomic_load_explicit(&sim->now_ns, memory_order_relaxed);
+    while (now < t_ns && !atomic_compare_exchange_weak_explicit(&sim->now_ns, &now, t_ns, memory_order_relaxed,
+                                                                 memory_order_relaxed)) {}
+}
+
+/* The clock moves on by ns (saturating). */
+static inline void sim_clock_add(sim_device *sim, uint64_t ns) {
+    uint64_t now = atomic_load_explicit(&sim->now_ns, memory_order_relaxed), next;
+    do next = ns > UINT64_MAX - now ? UINT64_MAX : now + ns;
+    while (!atomic_compare_exchange_weak_explicit(&sim->now_ns, &now, next, memory_order_relaxed,
+                                                  memory_order_relaxed));
+}
+
+/* The simulated device's operations. */
+extern const tpi_device_ops tpi_sim_ops;
 
 static inline bool sim_capturing(const sim_stream *st) { return st->capture.state != TP_SIM_CAPTURE_NONE; }
 

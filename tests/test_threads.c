@@ -11,6 +11,7 @@
 #include "check.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #define THREADS 4
@@ -543,6 +544,78 @@ static void two_threads_free_each_others_blocks(tp_pool_kind kind) {
     pthread_mutex_destroy(&sh.lock);
 }
 
+/* The simulated clock: tp_sim_advance moves it without the device lock
+ * while no kernel is pending, beside calls that raise it under the lock
+ * (a stream synchronize). No step may be lost and no thread may see it go
+ * back: three threads advance it one nanosecond at a time while a fourth
+ * synchronizes a stream over and over, which sets the clock to at least
+ * the stream's end (a clock it read before), and now and then launches a
+ * zero-length kernel (so the advances switch between the locked and the
+ * lock-free path). */
+#define CLOCK_STEPPERS 3
+#define CLOCK_STEPS 100000
+
+typedef struct clock_race {
+    tp_device *dev;
+    tp_stream stream;
+    atomic_int steppers_left;
+    int backwards, errors;
+    pthread_mutex_t lock;
+} clock_race;
+
+static void *clock_stepper(void *arg) {
+    clock_race *c = arg;
+    uint64_t last = 0;
+    int backwards = 0, errors = 0;
+    for (int i = 0; i < CLOCK_STEPS; i++) {
+        uint64_t now = 0;
+        if (tp_sim_advance(c->dev, 1) != TP_OK || tp_sim_now(c->dev, &now) != TP_OK) errors++;
+        if (now < last) backwards++;
+        last = now;
+    }
+    atomic_fetch_sub(&c->steppers_left, 1);
+    pthread_mutex_lock(&c->lock);
+    c->backwards += backwards;
+    c->errors += errors;
+    pthread_mutex_unlock(&c->lock);
+    return NULL;
+}
+
+static void *clock_syncer(void *arg) {
+    clock_race *c = arg;
+    int errors = 0;
+    for (unsigned i = 0; atomic_load(&c->steppers_left) > 0; i++) {
+        if (i % 64 == 0 && tp_sim_launch(c->dev, c->stream, 0, NULL, 0) != TP_OK) errors++;
+        if (tp_stream_synchronize(c->dev, c->stream) != TP_OK) errors++;
+    }
+    pthread_mutex_lock(&c->lock);
+    c->errors += errors;
+    pthread_mutex_unlock(&c->lock);
+    return NULL;
+}
+
+static void the_simulated_clock_loses_no_step(void) {
+    clock_race c = {0};
+    REQUIRE(tp_device_open("sim:1GiB", NULL, &c.dev) == TP_OK);
+    REQUIRE(tp_stream_create(c.dev, &c.stream) == TP_OK);
+    pthread_mutex_init(&c.lock, NULL);
+    atomic_init(&c.steppers_left, CLOCK_STEPPERS);
+    uint64_t start = 0;
+    CHECK_OK(tp_sim_now(c.dev, &start));
+    pthread_t threads[CLOCK_STEPPERS + 1];
+    for (int i = 0; i < CLOCK_STEPPERS; i++) REQUIRE(pthread_create(&threads[i], NULL, clock_stepper, &c) == 0);
+    REQUIRE(pthread_create(&threads[CLOCK_STEPPERS], NULL, clock_syncer, &c) == 0);
+    for (int i = 0; i <= CLOCK_STEPPERS; i++) pthread_join(threads[i], NULL);
+    uint64_t end = 0;
+    CHECK_OK(tp_sim_now(c.dev, &end));
+    CHECK_EQ_U64(end - start, (uint64_t)CLOCK_STEPPERS * CLOCK_STEPS);
+    CHECK_EQ_I64(c.backwards, 0);
+    CHECK_EQ_I64(c.errors, 0);
+    CHECK_OK(tp_stream_destroy(c.dev, c.stream));
+    CHECK_OK(tp_device_close(c.dev));
+    pthread_mutex_destroy(&c.lock);
+}
+
 static void stats_trim_and_check_while_threads_hit_vmm(void) { stats_trim_and_check_while_threads_hit(TP_POOL_VMM); }
 static void stats_trim_and_check_while_threads_hit_segment(void) { stats_trim_and_check_while_threads_hit(TP_POOL_SEGMENT); }
 static void forget_streams_while_threads_hit_vmm(void) { forget_streams_while_threads_hit(TP_POOL_VMM); }
@@ -561,6 +634,7 @@ static const test_case tests[] = {
     TEST_CASE(two_threads_free_each_others_blocks_segment),
     TEST_CASE(captures_beside_other_threads_vmm),
     TEST_CASE(captures_beside_other_threads_segment),
+    TEST_CASE(the_simulated_clock_loses_no_step),
 };
 
 int main(int argc, char **argv) { return TEST_MAIN("test_threads", tests, argc, argv); }
