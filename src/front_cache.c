@@ -115,11 +115,6 @@ static void lookup_put(tpi_front *f, tpi_front_stream *fs) {
     fs->lookup_way = victim;
 }
 
-/* Is fs where the lookup table says its handle is? */
-static bool lookup_has(const tpi_front *f, const tpi_front_stream *fs) {
-    return atomic_load_explicit(&f->lookup_keys[fs->lookup_way], memory_order_relaxed) == (uintptr_t)fs->handle + 1 &&
-           atomic_load_explicit(&f->lookup_streams[fs->lookup_way], memory_order_relaxed) == fs;
-}
 
 static void lookup_drop(tpi_front *f, tp_stream handle) {
     uintptr_t key = (uintptr_t)handle + 1;
@@ -132,7 +127,7 @@ static void lookup_drop(tpi_front *f, tp_stream handle) {
 tpi_front_stream *tpi_front_stream_at(tpi_front *f, uint32_t slot, tp_stream handle) {
     if (slot < f->stream_capacity) { /* the common case: known, and in the table */
         tpi_front_stream *known = f->streams[slot];
-        if (known && known->handle == handle && lookup_has(f, known)) return known;
+        if (known && known->handle == handle && tpi_front_lookup_has(f, known)) return known;
     }
     const tpi_host *host = f->core->host;
     if (slot >= f->stream_capacity) {

@@ -184,6 +184,12 @@ static inline void tpi_front_stream_unlock(tpi_front_stream *fs) {
 void tpi_front_world_enter(tpi_front *front, tpi_front_stream *held);
 void tpi_front_world_leave(tpi_front *front);
 
+/* Is fs where the lookup table says its handle is (so hits find it)? */
+static inline bool tpi_front_lookup_has(const tpi_front *f, const tpi_front_stream *fs) {
+    return atomic_load_explicit(&f->lookup_keys[fs->lookup_way], memory_order_relaxed) == (uintptr_t)fs->handle + 1 &&
+           atomic_load_explicit(&f->lookup_streams[fs->lookup_way], memory_order_relaxed) == fs;
+}
+
 /* The slot's front stream, made on its first use (unlocked: the raised
  * gate keeps hits off it until the world lock goes); NULL without host
  * memory. Puts it in the lookup table. */

@@ -332,10 +332,26 @@ static tp_status ladder_alloc_locked(tp_pool *pool, uint64_t size, size_t bytes,
     return TP_OK;
 }
 
+/* tpi_pool_stream_slot_locked with its common case inline: the stream of
+ * the previous locked call, whose front stream is in the lookup table and
+ * serving hits (then the rest has nothing to do). */
+static inline tp_status stream_slot_locked(tp_pool *pool, tp_stream stream, uint32_t *out_slot) {
+    const tpi_order *order = &pool->core.order;
+    uint32_t slot = order->last_slot;
+    if (slot && order->last_stream == stream && slot < pool->front.stream_capacity) {
+        const tpi_front_stream *fs = pool->front.streams[slot];
+        if (fs && fs->hits && fs->handle == stream && tpi_front_lookup_has(&pool->front, fs)) {
+            *out_slot = slot;
+            return TP_OK;
+        }
+    }
+    return tpi_pool_stream_slot_locked(pool, stream, out_slot);
+}
+
 static tp_status alloc_locked(tp_pool *pool, uint64_t size, size_t bytes, tp_stream stream, void **out_ptr) {
     tpi_core *core = &pool->core;
     uint32_t slot, node;
-    tp_status st = tpi_pool_stream_slot_locked(pool, stream, &slot);
+    tp_status st = stream_slot_locked(pool, stream, &slot);
     if (st != TP_OK) return st;
     node = tpi_front_pop(&pool->front, size, slot);
     if (node != TPI_RA_NONE) {
@@ -446,7 +462,7 @@ static tp_status free_locked(tp_pool *pool, uint64_t address, tp_stream stream, 
     }
     tpi_live_entry block = *e;
     uint32_t slot;
-    tp_status st = tpi_pool_stream_slot_locked(pool, stream, &slot);
+    tp_status st = stream_slot_locked(pool, stream, &slot);
     if (st != TP_OK) return st;
     if (block.pins && !tpi_map_put(&core->blocks, address, block.node)) return TP_ERR_HOST_OUT_OF_MEMORY;
     tpi_front_live_remove(&pool->front, alloc_slot, address);
