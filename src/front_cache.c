@@ -115,7 +115,6 @@ static void lookup_put(tpi_front *f, tpi_front_stream *fs) {
     fs->lookup_way = victim;
 }
 
-
 static void lookup_drop(tpi_front *f, tp_stream handle) {
     uintptr_t key = (uintptr_t)handle + 1;
     uint32_t set = lookup_set(key);
@@ -124,11 +123,7 @@ static void lookup_drop(tpi_front *f, tp_stream handle) {
             atomic_store_explicit(&f->lookup_keys[way], 0, memory_order_relaxed);
 }
 
-tpi_front_stream *tpi_front_stream_at(tpi_front *f, uint32_t slot, tp_stream handle) {
-    if (slot < f->stream_capacity) { /* the common case: known, and in the table */
-        tpi_front_stream *known = f->streams[slot];
-        if (known && known->handle == handle && tpi_front_lookup_has(f, known)) return known;
-    }
+tpi_front_stream *tpi_front_stream_make(tpi_front *f, uint32_t slot, tp_stream handle) {
     const tpi_host *host = f->core->host;
     if (slot >= f->stream_capacity) {
         size_t old = f->stream_capacity;

@@ -192,8 +192,16 @@ static inline bool tpi_front_lookup_has(const tpi_front *f, const tpi_front_stre
 
 /* The slot's front stream, made on its first use (unlocked: the raised
  * gate keeps hits off it until the world lock goes); NULL without host
- * memory. Puts it in the lookup table. */
-tpi_front_stream *tpi_front_stream_at(tpi_front *front, uint32_t slot, tp_stream handle);
+ * memory. Puts it in the lookup table. Inline for the common case (known,
+ * and in the table); tpi_front_stream_make does the rest. */
+tpi_front_stream *tpi_front_stream_make(tpi_front *front, uint32_t slot, tp_stream handle);
+static inline tpi_front_stream *tpi_front_stream_at(tpi_front *front, uint32_t slot, tp_stream handle) {
+    if (slot < front->stream_capacity) {
+        tpi_front_stream *known = front->streams[slot];
+        if (known && known->handle == handle && tpi_front_lookup_has(front, known)) return known;
+    }
+    return tpi_front_stream_make(front, slot, handle);
+}
 /* A stream forgotten (its slot may go to another handle later) or between
  * capture begin and end: no hits. */
 void tpi_front_set_hits(tpi_front *front, uint32_t slot, bool hits);

@@ -124,18 +124,6 @@ void tpi_pool_unlock(tp_pool *pool) {
     pthread_mutex_unlock(&pool->lock);
 }
 
-tp_status tpi_pool_stream_slot_locked(tp_pool *pool, tp_stream stream, uint32_t *out_slot) {
-    tp_status st = tpi_order_slot(&pool->core.order, stream, out_slot);
-    if (st != TP_OK) return st;
-    tpi_front_stream *fs = tpi_front_stream_at(&pool->front, *out_slot, stream);
-    if (!fs) return TP_ERR_HOST_OUT_OF_MEMORY;
-    /* A forgotten stream used again gets its old slot back, its hits off
-     * since the forget: on again, unless a capture keeps them off. */
-    const tpi_stream *s = tpi_order_stream(&pool->core.order, *out_slot);
-    if (!fs->hits && !s->capturing && !s->retired) tpi_front_set_hits(&pool->front, *out_slot, true);
-    return TP_OK;
-}
-
 uint32_t *tpi_pool_pins_locked(tp_pool *pool, uint32_t node) {
     tpi_block *block = tpi_block_at(&pool->core, node);
     if (block->flags & TPI_BLOCK_FREED_PINNED) return &block->pins;
@@ -332,26 +320,10 @@ static tp_status ladder_alloc_locked(tp_pool *pool, uint64_t size, size_t bytes,
     return TP_OK;
 }
 
-/* tpi_pool_stream_slot_locked with its common case inline: the stream of
- * the previous locked call, whose front stream is in the lookup table and
- * serving hits (then the rest has nothing to do). */
-static inline tp_status stream_slot_locked(tp_pool *pool, tp_stream stream, uint32_t *out_slot) {
-    const tpi_order *order = &pool->core.order;
-    uint32_t slot = order->last_slot;
-    if (slot && order->last_stream == stream && slot < pool->front.stream_capacity) {
-        const tpi_front_stream *fs = pool->front.streams[slot];
-        if (fs && fs->hits && fs->handle == stream && tpi_front_lookup_has(&pool->front, fs)) {
-            *out_slot = slot;
-            return TP_OK;
-        }
-    }
-    return tpi_pool_stream_slot_locked(pool, stream, out_slot);
-}
-
 static tp_status alloc_locked(tp_pool *pool, uint64_t size, size_t bytes, tp_stream stream, void **out_ptr) {
     tpi_core *core = &pool->core;
     uint32_t slot, node;
-    tp_status st = stream_slot_locked(pool, stream, &slot);
+    tp_status st = tpi_pool_stream_slot_locked(pool, stream, &slot);
     if (st != TP_OK) return st;
     node = tpi_front_pop(&pool->front, size, slot);
     if (node != TPI_RA_NONE) {
@@ -462,7 +434,7 @@ static tp_status free_locked(tp_pool *pool, uint64_t address, tp_stream stream, 
     }
     tpi_live_entry block = *e;
     uint32_t slot;
-    tp_status st = stream_slot_locked(pool, stream, &slot);
+    tp_status st = tpi_pool_stream_slot_locked(pool, stream, &slot);
     if (st != TP_OK) return st;
     if (block.pins && !tpi_map_put(&core->blocks, address, block.node)) return TP_ERR_HOST_OUT_OF_MEMORY;
     tpi_front_live_remove(&pool->front, alloc_slot, address);

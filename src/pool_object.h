@@ -29,8 +29,20 @@ struct tp_pool {
  * beside it: front_cache.h), the streams' hit statistics folded in; given back with the upkeep's next due time. */
 void tpi_pool_lock(tp_pool *pool);
 void tpi_pool_unlock(tp_pool *pool);
-/* The slot of a stream (added if new) and its front-cache state. */
-tp_status tpi_pool_stream_slot_locked(tp_pool *pool, tp_stream stream, uint32_t *out_slot);
+/* The slot of a stream (added if new) and its front-cache state. Inline:
+ * every locked alloc and free asks, most often for the stream of the call
+ * before, which the order's and the front cache's inline lookups answer. */
+static inline tp_status tpi_pool_stream_slot_locked(tp_pool *pool, tp_stream stream, uint32_t *out_slot) {
+    tp_status st = tpi_order_slot(&pool->core.order, stream, out_slot);
+    if (st != TP_OK) return st;
+    tpi_front_stream *fs = tpi_front_stream_at(&pool->front, *out_slot, stream);
+    if (!fs) return TP_ERR_HOST_OUT_OF_MEMORY;
+    /* A forgotten stream used again gets its old slot back, its hits off
+     * since the forget: on again, unless a capture keeps them off. */
+    const tpi_stream *s = tpi_order_stream(&pool->core.order, *out_slot);
+    if (!fs->hits && !s->capturing && !s->retired) tpi_front_set_hits(&pool->front, *out_slot, true);
+    return TP_OK;
+}
 /* The pin count of a used node: its live entry's or, freed-pinned, its
  * block's; NULL for a parked block. */
 uint32_t *tpi_pool_pins_locked(tp_pool *pool, uint32_t node);
