@@ -57,7 +57,9 @@ void tpi_ra_destroy(tpi_ra *ra) {
     ra->node_capacity = 0;
 }
 
-static uint32_t node_new(tpi_ra *ra) {
+/* A node off the unused list (grown when empty), its fields as they were;
+ * TPI_RA_NONE without host memory. */
+static uint32_t node_take(tpi_ra *ra) {
     if (ra->unused_head == TPI_RA_NONE) {
         size_t old = ra->node_capacity;
         if (old >= TPI_RA_NONE - 1) return TPI_RA_NONE;
@@ -71,6 +73,13 @@ static uint32_t node_new(tpi_ra *ra) {
     }
     uint32_t id = ra->unused_head;
     ra->unused_head = ra->nodes[id].list_next;
+    return id;
+}
+
+/* The same, cleared: no neighbours, in no list. */
+static uint32_t node_new(tpi_ra *ra) {
+    uint32_t id = node_take(ra);
+    if (id == TPI_RA_NONE) return TPI_RA_NONE;
     memset(&ra->nodes[id], 0, sizeof ra->nodes[id]);
     ra->nodes[id].addr_prev = ra->nodes[id].addr_next = TPI_RA_NONE;
     ra->nodes[id].list_prev = ra->nodes[id].list_next = TPI_RA_NONE;
@@ -203,12 +212,9 @@ uint32_t tpi_ra_search_next(const tpi_ra *ra, tpi_ra_search *s) {
  * the rest, in no bin yet. */
 static uint32_t split_off_tail_unbinned(tpi_ra *ra, uint32_t id, uint64_t size) {
     /* Every field of the new node is written here or by the bin's insert,
-     * so a spare node is taken as it is. */
-    uint32_t rest = ra->unused_head;
-    if (rest != TPI_RA_NONE)
-        ra->unused_head = ra->nodes[rest].list_next;
-    else if ((rest = node_new(ra)) == TPI_RA_NONE)
-        return TPI_RA_NONE;
+     * so it is taken as it is. */
+    uint32_t rest = node_take(ra);
+    if (rest == TPI_RA_NONE) return TPI_RA_NONE;
     tpi_ra_node *n = &ra->nodes[id];
     tpi_ra_node *r = &ra->nodes[rest];
     r->offset = n->offset + size;
