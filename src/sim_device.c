@@ -202,6 +202,13 @@ static void resident_remove_run(sim_device *sim, size_t i, size_t count) {
 
 /* ---------------------------------------------------------------- kernels */
 
+/* kernel_count changed: its two copies follow (the lock-free readers' and
+ * the counters'). */
+static void kernels_counted(sim_device *sim) {
+    atomic_store_explicit(&sim->kernels_pending, sim->kernel_count, memory_order_relaxed);
+    sim->counters.pending_kernels = sim->kernel_count;
+}
+
 void sim_prune_kernels(sim_device *sim) {
     size_t kept = 0;
     for (size_t i = 0; i < sim->kernel_count; i++) {
@@ -213,8 +220,7 @@ void sim_prune_kernels(sim_device *sim) {
         }
     }
     sim->kernel_count = kept;
-    atomic_store_explicit(&sim->kernels_pending, kept, memory_order_relaxed);
-    sim->counters.pending_kernels = kept;
+    kernels_counted(sim);
 }
 
 static bool ranges_overlap(uint64_t a, uint64_t a_bytes, uint64_t b, uint64_t b_bytes) {
@@ -287,8 +293,7 @@ static tp_status queue_work(sim_device *sim, uint32_t s, uint64_t duration_ns, c
     st->vc[s] = st->seq;
     sim->kernels[sim->kernel_count++] =
         (sim_kernel){.end_ns = st->tail_ns, .stream = s, .seq = st->seq, .range_count = range_count, .ranges = copy};
-    atomic_store_explicit(&sim->kernels_pending, sim->kernel_count, memory_order_relaxed);
-    sim->counters.pending_kernels = sim->kernel_count;
+    kernels_counted(sim);
     return TP_OK;
 }
 
