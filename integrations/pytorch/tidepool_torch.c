@@ -432,28 +432,17 @@ static struct {
        .rs = {.host = &tpi_map_libc_allocator},
        .rs_free = RS_NONE};
 
-static void log_va(int level, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0)));
-static void log_va(int level, const char *fmt, va_list ap) {
+/* The shim's own messages, and tidepool_torch_trace.c's (declared in
+ * tidepool_torch_internal.h): a line on stderr at level, if the configured
+ * log level lets it through. */
+void tpt_log(int level, const char *fmt, ...) {
     if (level < atomic_load_explicit(&g.log_level, memory_order_relaxed)) return;
     char buf[512];
+    va_list ap;
+    va_start(ap, fmt);
     vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
     fprintf(stderr, TPT_PREFIX " %s: %s\n", level_name(level), buf);
-}
-
-static void log_line(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void log_line(int level, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    log_va(level, fmt, ap);
-    va_end(ap);
-}
-
-/* The same, for tidepool_torch_trace.c. */
-void tpt_log(int level, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    log_va(level, fmt, ap);
-    va_end(ap);
 }
 
 /* tidepool's log callback: user is the slot's spec string. */
@@ -521,7 +510,7 @@ static void start_tick_thread(void) {
     if (pthread_attr_init(&attr) != 0) return;
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
     if (pthread_create(&thread, &attr, tick_main, NULL) != 0)
-        log_line(TP_LOG_WARN, "could not start the upkeep thread; idle memory is released only on frees");
+        tpt_log(TP_LOG_WARN, "could not start the upkeep thread; idle memory is released only on frees");
     pthread_attr_destroy(&attr);
 }
 
@@ -538,7 +527,7 @@ static tp_pool *create_pool(int ordinal) {
         slot->state = SLOT_FAILED;
         slot->error = TP_ERR_INVALID_ARGUMENT;
         snprintf(slot->spec, sizeof slot->spec, "cuda:%d", ordinal);
-        log_line(TP_LOG_ERROR, "%s: no pool: the configuration was refused (%s)", slot->spec, g.config_error);
+        tpt_log(TP_LOG_ERROR, "%s: no pool: the configuration was refused (%s)", slot->spec, g.config_error);
         goto out;
     }
     if (c->backend == TPT_BACKEND_SIM) {
@@ -588,7 +577,7 @@ static tp_pool *create_pool(int ordinal) {
     if (st != TP_OK) {
         slot->state = SLOT_FAILED;
         slot->error = st;
-        log_line(TP_LOG_ERROR, "%s: no pool (%s: %s); allocations on device %d return NULL", slot->spec,
+        tpt_log(TP_LOG_ERROR, "%s: no pool (%s: %s); allocations on device %d return NULL", slot->spec,
                  tp_status_name(st), tp_status_describe(st), ordinal);
         goto out;
     }
@@ -597,11 +586,11 @@ static tp_pool *create_pool(int ordinal) {
         char path[PATH_MAX];
         tpt_trace_resolve(c->trace_path, ordinal, path, sizeof path);
         slot->trace = tpt_trace_open(path, slot->trace_error, sizeof slot->trace_error);
-        if (!slot->trace) log_line(TP_LOG_ERROR, "%s: trace=%s: %s; not recording", slot->spec, path, slot->trace_error);
+        if (!slot->trace) tpt_log(TP_LOG_ERROR, "%s: trace=%s: %s; not recording", slot->spec, path, slot->trace_error);
         else if (tp_pool_set_observer(pool, tpt_trace_observer, slot->trace) != TP_OK)
-            log_line(TP_LOG_ERROR, "%s: trace: could not install the pool observer", slot->spec);
+            tpt_log(TP_LOG_ERROR, "%s: trace: could not install the pool observer", slot->spec);
         else
-            log_line(TP_LOG_INFO, "%s: recording the trace to %s", slot->spec, path);
+            tpt_log(TP_LOG_INFO, "%s: recording the trace to %s", slot->spec, path);
     }
     slot->device = device;
     slot->state = SLOT_ACTIVE;
@@ -841,14 +830,14 @@ TPT_EXPORT void tp_torch_free(void *ptr, ssize_t size, int device, void *stream)
     if (!ptr) return;
     ensure_init();
     if (device < 0 || device >= TPT_MAX_DEVICES) {
-        log_line(TP_LOG_ERROR, "free(%p) on device %d: no such device slot; the block is lost", ptr, device);
+        tpt_log(TP_LOG_ERROR, "free(%p) on device %d: no such device slot; the block is lost", ptr, device);
         return;
     }
     tpt_slot *slot = &g.slots[device];
     tp_pool *pool = atomic_load_explicit(&slot->pool, memory_order_acquire);
     if (!pool) {
         atomic_fetch_add_explicit(&slot->free_errors, 1, memory_order_relaxed);
-        log_line(TP_LOG_ERROR, "free(%p) on device %d, which has no pool", ptr, device);
+        tpt_log(TP_LOG_ERROR, "free(%p) on device %d, which has no pool", ptr, device);
         return;
     }
     if (atomic_load_explicit(&g.rs_live, memory_order_relaxed))
@@ -886,7 +875,7 @@ TPT_EXPORT void tp_torch_empty_cache(void) { tp_torch_trim(-1, 0); }
 TPT_EXPORT void tp_torch_set_memory_fraction(double fraction, int device) {
     ensure_init();
     if (device < 0 || device >= TPT_MAX_DEVICES || !(fraction > 0 && fraction <= 1)) {
-        log_line(TP_LOG_ERROR, "set_memory_fraction(%g, %d): fraction must be in (0, 1]", fraction, device);
+        tpt_log(TP_LOG_ERROR, "set_memory_fraction(%g, %d): fraction must be in (0, 1]", fraction, device);
         return;
     }
     tpt_slot *slot = &g.slots[device];
@@ -902,7 +891,7 @@ TPT_EXPORT void tp_torch_set_memory_fraction(double fraction, int device) {
     if (tp_device_get_info(dev, &info) != TP_OK) return;
     uint64_t target = (uint64_t)((double)info.capacity_bytes * fraction);
     tp_pool_trim(pool, target, NULL);
-    log_line(TP_LOG_WARN, "set_memory_fraction(%g, %d): the pool already exists with its limit; cached memory above "
+    tpt_log(TP_LOG_WARN, "set_memory_fraction(%g, %d): the pool already exists with its limit; cached memory above "
              "%llu bytes was released, but the limit stays (set limit= in TIDEPOOL_TORCH_CONF instead)",
              fraction, device, (unsigned long long)target);
 }
@@ -919,7 +908,7 @@ TPT_EXPORT void tp_torch_record_stream(void *ptr, void *stream) {
         rs_insert((uintptr_t)ptr, stream);
         return;
     }
-    log_line(TP_LOG_WARN, "record_stream(%p): not a live block of any tidepool pool; ignored", ptr);
+    tpt_log(TP_LOG_WARN, "record_stream(%p): not a live block of any tidepool pool; ignored", ptr);
 }
 
 /* Replaces the configuration (TIDEPOOL_TORCH_CONF's syntax) before any pool
