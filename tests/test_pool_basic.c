@@ -516,27 +516,35 @@ static void test_vmm_scattered_small_blocks_keep_chunks_but_never_grow(void) {
     fixture_close(&f);
 }
 
-/* A free range whose start was given back (unmapped) and whose end, next
- * to a live block, still has idle pages mapped: a request that fits those
- * pages takes them, at the range's end, instead of mapping new pages at
- * its start (on workloads whose buffers move through the address space,
- * 10-20x fewer device calls: docs/results.md). */
+/* A free range of 128 MiB whose first half was given back (unmapped) and
+ * whose second half, b's old place next to a live block, still has its 32
+ * pages mapped, idle; below the pool's high-water mark, so no cap binds.
+ * *a and *b: where the two halves start (freed); *live: the block after. */
+static void make_half_mapped_range(fixture *f, void **a, void **b, void **live) {
+    void *big = NULL;
+    uint64_t released = 0;
+    CHECK_OK(tp_pool_alloc(f->pool, TEST_GiB, TP_STREAM_DEFAULT, &big)); /* the high-water mark */
+    CHECK_OK(tp_pool_free(f->pool, big, TP_STREAM_DEFAULT));
+    CHECK_OK(tp_pool_trim(f->pool, 0, &released));
+    CHECK_OK(tp_pool_alloc(f->pool, 64 * TEST_MiB, TP_STREAM_DEFAULT, a));
+    CHECK_OK(tp_pool_alloc(f->pool, 64 * TEST_MiB, TP_STREAM_DEFAULT, b));
+    CHECK_OK(tp_pool_alloc(f->pool, 4 * TEST_MiB, TP_STREAM_DEFAULT, live));
+    REQUIRE((char *)*b == (char *)*a + 64 * TEST_MiB && (char *)*live == (char *)*b + 64 * TEST_MiB);
+    CHECK_OK(tp_pool_free(f->pool, *a, TP_STREAM_DEFAULT));
+    CHECK_OK(tp_pool_trim(f->pool, 0, &released)); /* a's pages and any look-ahead go */
+    CHECK_GE_U64(released, 64 * TEST_MiB);
+    CHECK_OK(tp_pool_free(f->pool, *b, TP_STREAM_DEFAULT)); /* b's pages stay mapped, idle */
+}
+
+/* A request that fits the mapped pages at the end of such a range takes
+ * them, at the range's end, instead of mapping new pages at its start (on
+ * workloads whose buffers move through the address space, 10-20x fewer
+ * device calls: docs/results.md). */
 static void test_vmm_takes_mapped_pages_at_the_end_of_a_free_range(void) {
     fixture f;
     fixture_open(&f, "sim:8GiB", TP_POOL_VMM, NULL);
-    void *big = NULL, *a = NULL, *b = NULL, *live = NULL, *again = NULL;
-    uint64_t released = 0;
-    CHECK_OK(tp_pool_alloc(f.pool, TEST_GiB, TP_STREAM_DEFAULT, &big)); /* the high-water mark: no cap below */
-    CHECK_OK(tp_pool_free(f.pool, big, TP_STREAM_DEFAULT));
-    CHECK_OK(tp_pool_trim(f.pool, 0, &released));
-    CHECK_OK(tp_pool_alloc(f.pool, 64 * TEST_MiB, TP_STREAM_DEFAULT, &a));
-    CHECK_OK(tp_pool_alloc(f.pool, 64 * TEST_MiB, TP_STREAM_DEFAULT, &b));
-    CHECK_OK(tp_pool_alloc(f.pool, 4 * TEST_MiB, TP_STREAM_DEFAULT, &live));
-    REQUIRE((char *)b == (char *)a + 64 * TEST_MiB && (char *)live == (char *)b + 64 * TEST_MiB);
-    CHECK_OK(tp_pool_free(f.pool, a, TP_STREAM_DEFAULT));
-    CHECK_OK(tp_pool_trim(f.pool, 0, &released)); /* a's pages and any look-ahead go */
-    CHECK_GE_U64(released, 64 * TEST_MiB);
-    CHECK_OK(tp_pool_free(f.pool, b, TP_STREAM_DEFAULT)); /* b's pages stay mapped, idle */
+    void *a = NULL, *b = NULL, *live = NULL, *again = NULL;
+    make_half_mapped_range(&f, &a, &b, &live);
     tp_sim_counters before, after;
     CHECK_OK(tp_sim_get_counters(f.dev, &before));
     CHECK_OK(tp_pool_alloc(f.pool, 64 * TEST_MiB, TP_STREAM_DEFAULT, &again));
@@ -548,27 +556,16 @@ static void test_vmm_takes_mapped_pages_at_the_end_of_a_free_range(void) {
     fixture_close(&f);
 }
 
-/* A block that outgrew its hole: the free range's start was given back
- * (unmapped) and its end still has idle pages mapped, but a few too few for
- * the request. The block goes where it needs the fewest new pages -- at the
- * range's end, over the mapped pages -- not at the start, where every page
- * would be new (spec-decode's KV cache: 10,643 -> 6,002 device calls over
- * ten seeds, docs/results.md). */
+/* A block that outgrew its hole: a request a few pages larger than the
+ * mapped end of such a range goes where it needs the fewest new pages --
+ * at the range's end, over the mapped pages -- not at the start, where
+ * every page would be new (spec-decode's KV cache: 10,643 -> 6,002 device
+ * calls over ten seeds, docs/results.md). */
 static void test_vmm_block_that_outgrew_its_hole_keeps_its_mapped_pages(void) {
     fixture f;
     fixture_open(&f, "sim:8GiB", TP_POOL_VMM, NULL);
-    void *big = NULL, *a = NULL, *b = NULL, *live = NULL, *grown = NULL;
-    uint64_t released = 0;
-    CHECK_OK(tp_pool_alloc(f.pool, TEST_GiB, TP_STREAM_DEFAULT, &big)); /* the high-water mark: no cap below */
-    CHECK_OK(tp_pool_free(f.pool, big, TP_STREAM_DEFAULT));
-    CHECK_OK(tp_pool_trim(f.pool, 0, &released));
-    CHECK_OK(tp_pool_alloc(f.pool, 64 * TEST_MiB, TP_STREAM_DEFAULT, &a));
-    CHECK_OK(tp_pool_alloc(f.pool, 64 * TEST_MiB, TP_STREAM_DEFAULT, &b));
-    CHECK_OK(tp_pool_alloc(f.pool, 4 * TEST_MiB, TP_STREAM_DEFAULT, &live));
-    REQUIRE((char *)b == (char *)a + 64 * TEST_MiB && (char *)live == (char *)b + 64 * TEST_MiB);
-    CHECK_OK(tp_pool_free(f.pool, a, TP_STREAM_DEFAULT));
-    CHECK_OK(tp_pool_trim(f.pool, 0, &released)); /* a's pages and any look-ahead go */
-    CHECK_OK(tp_pool_free(f.pool, b, TP_STREAM_DEFAULT)); /* b's 32 pages stay mapped, idle */
+    void *a = NULL, *b = NULL, *live = NULL, *grown = NULL;
+    make_half_mapped_range(&f, &a, &b, &live);
     tp_pool_stats before, after;
     CHECK_OK(tp_pool_get_stats(f.pool, &before));
     /* 70 MiB: 3 pages more than b's hole. At the range's start, 32 new. */
