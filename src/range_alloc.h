@@ -127,12 +127,14 @@ uint32_t tpi_ra_node_containing(const tpi_ra *ra, uint64_t offset);
 bool tpi_ra_check(const tpi_ra *ra, char *msg, size_t msg_capacity);
 
 /* Bin arithmetic (inline: the front cache uses it on the hit path). */
+/* Below SL_COUNT units the bin is the count; from there fl * SL_COUNT + sl,
+ * fl = msb - SL_BITS + 1 and sl the SL_BITS bits below the msb, which is
+ * shift * SL_COUNT + (units >> shift) for shift = msb - SL_BITS (units >>
+ * shift is SL_COUNT + sl): one shift, no mask. */
 static inline uint32_t tpi_ra_bin_of_units(uint64_t units) {
     if (units < TPI_RA_SL_COUNT) return (uint32_t)units;
-    uint32_t msb = 63u - (uint32_t)__builtin_clzll(units);
-    uint32_t fl = msb - TPI_RA_SL_BITS + 1;
-    uint32_t sl = (uint32_t)(units >> (msb - TPI_RA_SL_BITS)) & (TPI_RA_SL_COUNT - 1);
-    return fl * TPI_RA_SL_COUNT + sl;
+    uint32_t shift = 63u - (uint32_t)__builtin_clzll(units) - TPI_RA_SL_BITS;
+    return shift * TPI_RA_SL_COUNT + (uint32_t)(units >> shift);
 }
 static inline uint32_t tpi_ra_bin_floor(const tpi_ra *ra, uint64_t size) { return tpi_ra_bin_of_units(size >> ra->shift); }
 uint64_t tpi_ra_bin_lower_bound(const tpi_ra *ra, uint32_t bin);
