@@ -377,9 +377,9 @@ static inline uint64_t tpi_front_hit_alloc(tpi_front *f, tpi_front_stream *fs, u
         fs->parked_bytes -= got_size;
     }
     tpi_live_insert_(&fs->live, &(tpi_live_entry){offset, bytes, got_size, node, 0}); /* room checked above */
-    tpi_stats_local_allocated(st, got_size, true);
+    tpi_stats_local_allocated_rise(st, got_size);
     st->allocated_total += got_size;
-    tpi_stats_local_requested(st, bytes, true);
+    tpi_stats_local_requested_rise(st, bytes);
     st->requested_total += bytes;
     st->allocs++;
     if (f->hazard_checker) {
@@ -430,8 +430,8 @@ static inline bool tpi_front_hit_free(tpi_front *f, tpi_front_stream *fs, uint64
         fs->nonempty[b / 64] |= 1ull << (b % 64);
         fs->parked_bytes += size;
     }
-    tpi_stats_local_allocated(st, size, false);
-    tpi_stats_local_requested(st, e->requested, false);
+    tpi_stats_local_allocated_fall(st, size);
+    tpi_stats_local_requested_fall(st, e->requested);
     st->cached_total += size;
     st->frees++;
     fs->frees_to_upkeep--;

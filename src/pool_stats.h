@@ -122,18 +122,31 @@ static inline void tpi_stats_fold(tpi_stats *s, tpi_stats_local *l) {
     *l = (tpi_stats_local){0};
 }
 
-/* A hit's change of allocated (and requested) bytes, with its extremes. */
-static inline void tpi_stats_local_allocated(tpi_stats_local *l, uint64_t delta_bytes, bool rise) {
-    l->allocated_delta += rise ? delta_bytes : (uint64_t)0 - delta_bytes;
+/* A hit's change of allocated (and requested) bytes, with its extremes. A
+ * rise can only move the high and a fall only the low: every change is one
+ * of these four, and the fold starts delta, high and low at 0, so the delta
+ * never leaves [low, high] (changes are far below 2^63 bytes). Requested
+ * bytes keep their high only. */
+static inline void tpi_stats_local_allocated_rise(tpi_stats_local *l, uint64_t delta_bytes) {
+    l->allocated_delta += delta_bytes;
     int64_t now = (int64_t)l->allocated_delta;
     if (now > l->allocated_rise) l->allocated_rise = now;
+}
+
+static inline void tpi_stats_local_allocated_fall(tpi_stats_local *l, uint64_t delta_bytes) {
+    l->allocated_delta -= delta_bytes;
+    int64_t now = (int64_t)l->allocated_delta;
     if (now < l->allocated_fall) l->allocated_fall = now;
 }
 
-static inline void tpi_stats_local_requested(tpi_stats_local *l, uint64_t delta_bytes, bool rise) {
-    l->requested_delta += rise ? delta_bytes : (uint64_t)0 - delta_bytes;
+static inline void tpi_stats_local_requested_rise(tpi_stats_local *l, uint64_t delta_bytes) {
+    l->requested_delta += delta_bytes;
     int64_t now = (int64_t)l->requested_delta;
     if (now > l->requested_rise) l->requested_rise = now;
+}
+
+static inline void tpi_stats_local_requested_fall(tpi_stats_local *l, uint64_t delta_bytes) {
+    l->requested_delta -= delta_bytes;
 }
 
 /* Records a device call's outcome. */
