@@ -359,14 +359,17 @@ static inline uint64_t tpi_front_hit_alloc(tpi_front *f, tpi_front_stream *fs, u
         got_size = size;
     } else {
         /* A block of bin(size) or the next bin that holds size bytes and
-         * wastes at most 1/8 of them. */
+         * wastes at most 1/8 of them: one unsigned test, as a smaller block
+         * of those bins is smaller by less than size / 16 (a bin spans a
+         * sixteenth of its power of two), so the difference wraps far above
+         * size / 8. */
         uint32_t bin = tpi_ra_bin_of_units(size >> f->size_shift), b = bin;
         tpi_front_entry *e = NULL;
         for (; b <= bin + 1 && b < f->bin_count; b++) {
             uint8_t count = fs->counts[b];
             if (!count) continue;
             e = &fs->bins[b][count - 1];
-            if (e->size >= size && e->size - size <= size / 8) break;
+            if (e->size - size <= size / 8) break;
             e = NULL;
         }
         if (!e) return 0;
