@@ -392,12 +392,13 @@ static inline uint64_t tpi_front_hit_alloc(tpi_front *f, tpi_front_stream *fs, u
     return offset;
 }
 
-/* A hit free of address on fs, its lock held: a live block of this stream,
- * unpinned, that parks (bins or the empty last-freed slot) within the
- * upkeep count. False: the locked path. */
+/* A hit free of address on fs, its lock held and its upkeep not due
+ * (frees_to_upkeep above 1: the caller's test): a live block of this
+ * stream, unpinned, that parks (bins or the empty last-freed slot). False:
+ * the locked path. */
 static inline bool tpi_front_hit_free(tpi_front *f, tpi_front_stream *fs, uint64_t address) {
     tpi_live_entry *e = tpi_live_find(&fs->live, address);
-    if (!e || e->pins || fs->frees_to_upkeep <= 1) return false;
+    if (!e || e->pins) return false;
     tpi_stats_local *st = &fs->stats;
     uint64_t size = e->size;
     tpi_core *core = f->core;

@@ -481,13 +481,18 @@ tp_status tp_pool_free(tp_pool *pool, void *ptr, tp_stream stream) {
     if (fs) {
         /* The stream's upkeep is due every TPI_FRONT_UPKEEP_FREES frees; when
          * it would do nothing, it is skipped here instead of taking the
-         * world lock (which every other stream's hits would wait for). */
-        if (fs->frees_to_upkeep <= 1 && tpi_units_now(&pool->core.units) <
-                                            atomic_load_explicit(&pool->upkeep_due_ns, memory_order_relaxed))
-            fs->frees_to_upkeep = TPI_FRONT_UPKEEP_FREES;
+         * world lock (which every other stream's hits would wait for).
+         * When it is due, the free is not a hit. */
+        bool upkeep_due = false;
+        if (fs->frees_to_upkeep <= 1) {
+            if (tpi_units_now(&pool->core.units) < atomic_load_explicit(&pool->upkeep_due_ns, memory_order_relaxed))
+                fs->frees_to_upkeep = TPI_FRONT_UPKEEP_FREES;
+            else
+                upkeep_due = true;
+        }
         /* (The observer is read under the stream lock and written under
          * the world lock, which no hit runs beside: no race.) */
-        bool hit = !pool->core.stats.observer.fn && tpi_front_hit_free(&pool->front, fs, address);
+        bool hit = !upkeep_due && !pool->core.stats.observer.fn && tpi_front_hit_free(&pool->front, fs, address);
         if (hit) {
             tpi_front_stream_unlock(fs);
             check_after_hit(pool);
