@@ -170,6 +170,10 @@ static inline void tpi_front_stream_lock(tpi_front_stream *fs) {
     if (!atomic_exchange_explicit(&fs->lock, 1, memory_order_seq_cst)) return;
     tpi_front_spin_wait(&fs->lock);
 }
+/* The lock if nobody holds it (the same one exchange), else false. */
+static inline bool tpi_front_stream_trylock(tpi_front_stream *fs) {
+    return !atomic_exchange_explicit(&fs->lock, 1, memory_order_seq_cst);
+}
 static inline void tpi_front_stream_unlock(tpi_front_stream *fs) {
     atomic_store_explicit(&fs->lock, 0, memory_order_release);
 }
@@ -305,16 +309,25 @@ static inline void tpi_live_insert_(tpi_live_map *m, const tpi_live_entry *entry
 
 /* -------------------------------------------------------- the hit path */
 
+/* In steps, each with fs's lock held (tpi_front_hit_enter) and none giving
+ * it back, so that a caller can keep every call out of its common case
+ * (pool.c: a function that makes no call that returns to it saves no
+ * registers). The steps that call out say so. */
+
 /* The front stream of a handle, locked, if the hit path may serve it;
- * NULL otherwise (the caller takes the locked path). */
-static inline tpi_front_stream *tpi_front_hit_enter(tpi_front *f, tp_stream handle) {
+ * NULL otherwise (the caller takes the locked path). wait false: NULL too
+ * when someone holds its lock (the caller then asks again, waiting). */
+static inline tpi_front_stream *tpi_front_hit_enter(tpi_front *f, tp_stream handle, bool wait) {
     uintptr_t key = (uintptr_t)handle + 1;
     uint32_t set = (uint32_t)(((uint64_t)key * 0x9E3779B97F4A7C15ull) >> 58) * TPI_FRONT_WAYS;
     for (uint32_t way = set; way < set + TPI_FRONT_WAYS; way++) {
         if (atomic_load_explicit(&f->lookup_keys[way], memory_order_relaxed) != key) continue;
         tpi_front_stream *fs = atomic_load_explicit(&f->lookup_streams[way], memory_order_acquire);
         if (!fs) return NULL;
-        tpi_front_stream_lock(fs);
+        if (wait)
+            tpi_front_stream_lock(fs);
+        else if (!tpi_front_stream_trylock(fs))
+            return NULL;
         /* The gate before anything of the stream's: under a raised gate the
          * world may be writing it. */
         if (!atomic_load_explicit(&f->world, memory_order_seq_cst) && fs->hits && fs->handle == handle) return fs;
@@ -324,123 +337,142 @@ static inline tpi_front_stream *tpi_front_hit_enter(tpi_front *f, tp_stream hand
     return NULL;
 }
 
-/* Is the last-freed block (in place, same size, this stream) size bytes'
- * answer? Then it is taken: its offset and node. "In place" is decided
- * here, not at the free: the range allocator it reads changes only under
- * the world lock, which no hit runs beside, so it is the same answer, and
- * a pool whose sizes vary never pays for it. */
-static inline bool tpi_front_hit_take_slot(tpi_front *f, tpi_front_stream *fs, uint64_t size, uint64_t word,
-                                           uint64_t *out_offset, uint32_t *out_node) {
-    if (word >= TPI_FRONT_SLOT_FILLING || (uint32_t)(word >> 32) != fs->slot || f->slot_size != size ||
-        !tpi_front_reuse_in_place(&f->core->ra, (uint32_t)word))
-        return false;
+/* A hit allocation of size bytes (bytes asked): tpi_front_hit_pick, then
+ * for the last-freed slot tpi_front_hit_take_slot, then
+ * tpi_front_hit_record, then with the hazard checker tpi_front_hit_check.
+ *
+ * Pick (no call): false: the locked path (the live map must grow, or no
+ * parked block of the stream fits). True: a block of bin(size) or the next
+ * bin that holds size bytes and wastes at most 1/8 of them, taken out of
+ * its bin into *out (*out_word TPI_FRONT_SLOT_EMPTY); or, the last-freed
+ * slot holding a block (or size too large for the bins), the slot's word
+ * in *out_word, naming this stream's block of size bytes, which the next
+ * step takes if it lies in place. */
+static inline bool tpi_front_hit_pick(tpi_front *f, tpi_front_stream *fs, uint64_t size, uint64_t bytes,
+                                      tpi_live_entry *out, uint64_t *out_word) {
+    if (2 * (fs->live.count + 1) > fs->live.capacity) return false; /* the live map must grow: the locked path */
+    uint64_t word = atomic_load_explicit(&f->slot_word, memory_order_acquire);
+    *out_word = word;
+    if (size > f->max_block_bytes || word != TPI_FRONT_SLOT_EMPTY)
+        return word < TPI_FRONT_SLOT_FILLING && (uint32_t)(word >> 32) == fs->slot && f->slot_size == size;
+    /* (One unsigned test for holds and wastes: a smaller block of those
+     * bins is smaller by less than size / 16 -- a bin spans a sixteenth of
+     * its power of two -- so the difference wraps far above size / 8.) */
+    uint32_t bin = tpi_ra_bin_of_units(size >> f->size_shift), b = bin;
+    tpi_front_entry *e = NULL;
+    for (; b <= bin + 1 && b < f->bin_count; b++) {
+        uint8_t count = fs->counts[b];
+        if (!count) continue;
+        e = &fs->bins[b][count - 1];
+        if (e->size - size <= size / 8) break;
+        e = NULL;
+    }
+    if (!e) return false;
+    *out = (tpi_live_entry){e->offset, bytes, e->size, e->node, 0};
+    if (--fs->counts[b] == 0) fs->nonempty[b / 64] &= ~(1ull << (b % 64));
+    fs->parked_bytes -= out->size;
+    return true;
+}
+
+/* Take the slot (calls the range allocator): its block, picked, if it lies
+ * in place (into *out, with size and requested bytes as picked); false:
+ * the locked path. "In place" is decided here, not at the free: the range
+ * allocator it reads changes only under the world lock, which no hit runs
+ * beside, so it is the same answer, and a pool whose sizes vary never pays
+ * for it. */
+static inline bool tpi_front_hit_take_slot(tpi_front *f, uint64_t size, uint64_t bytes, uint64_t word,
+                                           tpi_live_entry *out) {
+    if (!tpi_front_reuse_in_place(&f->core->ra, (uint32_t)word)) return false;
     /* The word names this stream, whose lock we hold: nobody else may
      * change it (other streams only fill an empty word) or its fields, so
      * a store empties it, no exchange needed. The fields are read first:
      * once the word is empty another stream may fill them. */
-    *out_offset = f->slot_offset;
-    *out_node = (uint32_t)word;
+    *out = (tpi_live_entry){f->slot_offset, bytes, size, (uint32_t)word, 0};
     atomic_store_explicit(&f->slot_word, TPI_FRONT_SLOT_EMPTY, memory_order_release);
     return true;
 }
 
-/* A hit allocation of size bytes (bytes asked) on fs, its lock held: a
- * parked block of the stream, recorded live.
- * 0 on a miss. The caller unlocks. */
-static inline uint64_t tpi_front_hit_alloc(tpi_front *f, tpi_front_stream *fs, uint64_t size, uint64_t bytes,
-                                           tp_stream stream) {
+/* Record (no call): the block taken, live on the stream and counted. */
+static inline void tpi_front_hit_record(tpi_front_stream *fs, const tpi_live_entry *block) {
     tpi_stats_local *st = &fs->stats;
-    if (2 * (fs->live.count + 1) > fs->live.capacity) return 0; /* the live map must grow: the locked path */
-    uint64_t word = atomic_load_explicit(&f->slot_word, memory_order_acquire);
-    uint64_t offset, got_size;
-    uint32_t node;
-    if (size > f->max_block_bytes || word != TPI_FRONT_SLOT_EMPTY) {
-        if (!tpi_front_hit_take_slot(f, fs, size, word, &offset, &node)) return 0;
-        got_size = size;
-    } else {
-        /* A block of bin(size) or the next bin that holds size bytes and
-         * wastes at most 1/8 of them: one unsigned test, as a smaller block
-         * of those bins is smaller by less than size / 16 (a bin spans a
-         * sixteenth of its power of two), so the difference wraps far above
-         * size / 8. */
-        uint32_t bin = tpi_ra_bin_of_units(size >> f->size_shift), b = bin;
-        tpi_front_entry *e = NULL;
-        for (; b <= bin + 1 && b < f->bin_count; b++) {
-            uint8_t count = fs->counts[b];
-            if (!count) continue;
-            e = &fs->bins[b][count - 1];
-            if (e->size - size <= size / 8) break;
-            e = NULL;
-        }
-        if (!e) return 0;
-        offset = e->offset;
-        got_size = e->size;
-        node = e->node;
-        if (--fs->counts[b] == 0) fs->nonempty[b / 64] &= ~(1ull << (b % 64));
-        fs->parked_bytes -= got_size;
-    }
-    tpi_live_insert_(&fs->live, &(tpi_live_entry){offset, bytes, got_size, node, 0}); /* room checked above */
-    tpi_stats_local_allocated_rise(st, got_size);
-    st->allocated_total += got_size;
-    tpi_stats_local_requested_rise(st, bytes);
-    st->requested_total += bytes;
+    tpi_live_insert_(&fs->live, block); /* room checked by the pick */
+    tpi_stats_local_allocated_rise(st, block->size);
+    st->allocated_total += block->size;
+    tpi_stats_local_requested_rise(st, block->requested);
+    st->requested_total += block->requested;
     st->allocs++;
-    if (f->hazard_checker) {
-        tpi_core *core = f->core;
-        st->hazards += core->ops->check_handout(core->device, offset, got_size, stream);
-    }
-    return offset;
 }
 
-/* A hit free of address on fs, its lock held and its upkeep not due
- * (frees_to_upkeep above 1: the caller's test): a live block of this
- * stream, unpinned, that parks (bins or the empty last-freed slot). False:
- * the locked path. */
-static inline bool tpi_front_hit_free(tpi_front *f, tpi_front_stream *fs, uint64_t address) {
-    tpi_live_entry *e = tpi_live_find(&fs->live, address);
-    if (!e || e->pins) return false;
-    tpi_stats_local *st = &fs->stats;
-    uint64_t size = e->size;
+/* Check (calls the device): the block shown to the hazard checker. */
+static inline void tpi_front_hit_check(tpi_front *f, tpi_front_stream *fs, uint64_t offset, uint64_t size,
+                                       tp_stream stream) {
     tpi_core *core = f->core;
-    if (size > f->max_block_bytes) {
-        if (f->stream_count == 1) {
-            /* The only front stream, whose lock we hold: nobody else can
-             * reach the word (every other caller takes the world lock), so
-             * it is read and written plainly, no exchange needed. */
-            if (atomic_load_explicit(&f->slot_word, memory_order_relaxed) != TPI_FRONT_SLOT_EMPTY) return false;
-        } else {
-            uint64_t empty = TPI_FRONT_SLOT_EMPTY;
-            if (!atomic_compare_exchange_strong_explicit(&f->slot_word, &empty, TPI_FRONT_SLOT_FILLING,
-                                                         memory_order_acquire, memory_order_relaxed))
-                return false; /* occupied: releasing its block is the locked path's */
-        }
-        f->slot_offset = address;
-        f->slot_size = size;
-        f->slot_freed_ns = tpi_units_now(&core->units);
-        f->slot_tag = tpi_order_note_free(&core->order, fs->slot);
-        atomic_store_explicit(&f->slot_word, ((uint64_t)fs->slot << 32) | e->node, memory_order_release);
+    fs->stats.hazards += core->ops->check_handout(core->device, offset, size, stream);
+}
+
+/* A hit free of address, fs's upkeep not due (frees_to_upkeep above 1:
+ * the caller's test): tpi_front_hit_free_find, then
+ * tpi_front_hit_park_bins or (a block above max_block_bytes)
+ * tpi_front_hit_park_slot, then tpi_front_hit_freed.
+ *
+ * Find (no call): the live entry of address on this stream, unpinned;
+ * NULL: the locked path. */
+static inline tpi_live_entry *tpi_front_hit_free_find(tpi_front_stream *fs, uint64_t address) {
+    tpi_live_entry *e = tpi_live_find(&fs->live, address);
+    return e && !e->pins ? e : NULL;
+}
+
+/* Park in the bins (no call); false: the locked path. */
+static inline bool tpi_front_hit_park_bins(tpi_front *f, tpi_front_stream *fs, const tpi_live_entry *e) {
+    /* The stream's bins hold at most limit_bytes, its last-freed block
+     * included (which a locked call may be filling: not a hit then). */
+    uint64_t size = e->size;
+    uint64_t word = atomic_load_explicit(&f->slot_word, memory_order_acquire), slot_bytes = 0;
+    if (word == TPI_FRONT_SLOT_FILLING) return false;
+    if (word != TPI_FRONT_SLOT_EMPTY && (uint32_t)(word >> 32) == fs->slot) slot_bytes = f->slot_size;
+    if (fs->parked_bytes + slot_bytes + size > f->limit_bytes) return false;
+    uint32_t b = tpi_ra_bin_of_units(size >> f->size_shift);
+    uint8_t count = fs->counts[b];
+    if (count == TPI_FRONT_DEPTH) return false;
+    fs->bins[b][count] = (tpi_front_entry){e->offset, size, tpi_order_note_free(&f->core->order, fs->slot), e->node};
+    fs->counts[b] = (uint8_t)(count + 1);
+    fs->nonempty[b / 64] |= 1ull << (b % 64);
+    fs->parked_bytes += size;
+    return true;
+}
+
+/* Park in the empty last-freed slot (reads the device's clock); false:
+ * the locked path. */
+static inline bool tpi_front_hit_park_slot(tpi_front *f, tpi_front_stream *fs, const tpi_live_entry *e) {
+    tpi_core *core = f->core;
+    if (f->stream_count == 1) {
+        /* The only front stream, whose lock we hold: nobody else can
+         * reach the word (every other caller takes the world lock), so
+         * it is read and written plainly, no exchange needed. */
+        if (atomic_load_explicit(&f->slot_word, memory_order_relaxed) != TPI_FRONT_SLOT_EMPTY) return false;
     } else {
-        /* The stream's bins hold at most limit_bytes, its last-freed block
-         * included (which a locked call may be filling: not a hit then). */
-        uint64_t word = atomic_load_explicit(&f->slot_word, memory_order_acquire), slot_bytes = 0;
-        if (word == TPI_FRONT_SLOT_FILLING) return false;
-        if (word != TPI_FRONT_SLOT_EMPTY && (uint32_t)(word >> 32) == fs->slot) slot_bytes = f->slot_size;
-        if (fs->parked_bytes + slot_bytes + size > f->limit_bytes) return false;
-        uint32_t b = tpi_ra_bin_of_units(size >> f->size_shift);
-        uint8_t count = fs->counts[b];
-        if (count == TPI_FRONT_DEPTH) return false;
-        fs->bins[b][count] = (tpi_front_entry){address, size, tpi_order_note_free(&core->order, fs->slot), e->node};
-        fs->counts[b] = (uint8_t)(count + 1);
-        fs->nonempty[b / 64] |= 1ull << (b % 64);
-        fs->parked_bytes += size;
+        uint64_t empty = TPI_FRONT_SLOT_EMPTY;
+        if (!atomic_compare_exchange_strong_explicit(&f->slot_word, &empty, TPI_FRONT_SLOT_FILLING,
+                                                     memory_order_acquire, memory_order_relaxed))
+            return false; /* occupied: releasing its block is the locked path's */
     }
-    tpi_stats_local_allocated_fall(st, size);
+    f->slot_offset = e->offset;
+    f->slot_size = e->size;
+    f->slot_freed_ns = tpi_units_now(&core->units);
+    f->slot_tag = tpi_order_note_free(&core->order, fs->slot);
+    atomic_store_explicit(&f->slot_word, ((uint64_t)fs->slot << 32) | e->node, memory_order_release);
+    return true;
+}
+
+/* Freed (no call): the parked block counted and out of the live map. */
+static inline void tpi_front_hit_freed(tpi_front_stream *fs, tpi_live_entry *e) {
+    tpi_stats_local *st = &fs->stats;
+    tpi_stats_local_allocated_fall(st, e->size);
     tpi_stats_local_requested_fall(st, e->requested);
-    st->cached_total += size;
+    st->cached_total += e->size;
     st->frees++;
     fs->frees_to_upkeep--;
     tpi_live_remove_entry(&fs->live, e);
-    return true;
 }
 
 #endif /* TIDEPOOL_FRONT_CACHE_H */

@@ -25,6 +25,10 @@
 #define TPI_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define TPI_MAX(a, b) ((a) > (b) ? (a) : (b))
 
+/* A slow path kept out of its fast caller, whose registers and stack frame
+ * it would otherwise cost on every call (gcc and clang). */
+#define TPI_NOINLINE __attribute__((noinline))
+
 static inline uint64_t tpi_align_up(uint64_t value, uint64_t alignment) {
     return (value + alignment - 1) & ~(alignment - 1);
 }

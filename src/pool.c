@@ -292,12 +292,17 @@ static void check_invariants_if_asked_locked(tp_pool *pool) {
         tpi_logf(&pool->core.device->logger, TP_LOG_ERROR, "pool invariant violated: %s", msg);
 }
 
-/* After a hit: the checker, if the pool asks for it after every call. */
-static void check_after_hit(tp_pool *pool) {
-    if (!(pool->core.config.flags & TP_POOL_FLAG_CHECK_INVARIANTS)) return;
+/* After a hit: the checker, if the pool asks for it after every call (out
+ * of line: the hit path pays for the flag's test only). TP_OK. */
+TPI_NOINLINE static tp_status check_after_hit_asked(tp_pool *pool) {
     tpi_pool_lock(pool);
     check_invariants_if_asked_locked(pool);
     tpi_pool_unlock(pool);
+    return TP_OK;
+}
+static inline tp_status check_after_hit(tp_pool *pool) {
+    if (pool->core.config.flags & TP_POOL_FLAG_CHECK_INVARIANTS) return check_after_hit_asked(pool);
+    return TP_OK;
 }
 
 /* A block found by the ladder. */
@@ -363,30 +368,96 @@ static tp_status alloc_locked(tp_pool *pool, uint64_t size, size_t bytes, tp_str
     return TP_OK;
 }
 
-tp_status tp_pool_alloc(tp_pool *pool, size_t bytes, tp_stream stream, void **out_ptr) {
-    if (!out_ptr) return TP_ERR_INVALID_ARGUMENT;
-    *out_ptr = NULL;
-    if (!pool || bytes == 0) return TP_ERR_INVALID_ARGUMENT;
-    tpi_core *core = &pool->core;
-    uint64_t align = core->config.alignment_bytes;
-    /* Too large to round: larger than any limit, so out of memory below. */
-    uint64_t size = (uint64_t)bytes > UINT64_MAX - align ? UINT64_MAX : tpi_align_up(bytes, align);
+/* The hit path, in tp_pool_alloc and tp_pool_free, makes no call that
+ * returns to it, so that they save no registers and keep no stack frame:
+ * where a hit needs a call (a stream lock someone holds, the last-freed
+ * slot, the hazard checker, the upkeep's clock) it goes on in a function
+ * of its own (*_waiting, *_slot, *_checked, *_entered below), which makes
+ * it; a miss goes on in the locked path. The steps are front_cache.h's,
+ * in the same order whichever function makes them. */
 
-    tpi_front_stream *fs = tpi_front_hit_enter(&pool->front, stream);
-    if (fs) {
-        uint64_t offset = core->stats.observer.fn ? 0 : tpi_front_hit_alloc(&pool->front, fs, size, bytes, stream);
-        if (offset) {
-            tpi_front_stream_unlock(fs);
-            *out_ptr = (void *)(uintptr_t)offset;
-            check_after_hit(pool);
-            return TP_OK;
-        }
-    }
+/* The locked path of an allocation the hit path did not serve (fs: the
+ * stream lock it kept, or NULL). */
+TPI_NOINLINE static tp_status alloc_after_miss(tp_pool *pool, tpi_front_stream *fs, uint64_t size, size_t bytes,
+                                               tp_stream stream, void **out_ptr) {
     lock_after_miss(pool, fs);
     tp_status st = alloc_locked(pool, size, bytes, stream, out_ptr);
     check_invariants_if_asked_locked(pool);
     tpi_pool_unlock(pool);
     return st;
+}
+
+/* A hit's end: the stream lock given back, the block handed out. */
+static inline tp_status alloc_hit_done(tp_pool *pool, tpi_front_stream *fs, uint64_t offset, void **out_ptr) {
+    tpi_front_stream_unlock(fs);
+    *out_ptr = (void *)(uintptr_t)offset;
+    return check_after_hit(pool);
+}
+
+/* The hit's block recorded on fs, then shown to the hazard checker. */
+TPI_NOINLINE static tp_status alloc_checked(tp_pool *pool, tpi_front_stream *fs, uint64_t offset, uint64_t size,
+                                            void **out_ptr) {
+    tpi_front_hit_check(&pool->front, fs, offset, size, fs->handle);
+    return alloc_hit_done(pool, fs, offset, out_ptr);
+}
+
+/* The hit's block recorded on fs (the hazard checker after it). */
+static inline tp_status alloc_recorded(tp_pool *pool, tpi_front_stream *fs, const tpi_live_entry *block,
+                                       void **out_ptr, bool calls) {
+    tpi_front_hit_record(fs, block);
+    if (pool->front.hazard_checker) {
+        if (!calls) return alloc_checked(pool, fs, block->offset, block->size, out_ptr);
+        tpi_front_hit_check(&pool->front, fs, block->offset, block->size, fs->handle);
+    }
+    return alloc_hit_done(pool, fs, block->offset, out_ptr);
+}
+
+/* The last-freed slot picked on fs (its word): taken if in place. */
+TPI_NOINLINE static tp_status alloc_slot(tp_pool *pool, tpi_front_stream *fs, uint64_t size, size_t bytes,
+                                         void **out_ptr, uint64_t word) {
+    tpi_live_entry block;
+    if (!tpi_front_hit_take_slot(&pool->front, size, bytes, word, &block))
+        return alloc_after_miss(pool, fs, size, bytes, fs->handle, out_ptr);
+    return alloc_recorded(pool, fs, &block, out_ptr, true);
+}
+
+/* The allocation on fs, its lock held (so stream is fs->handle): the
+ * hit, else the locked path; calls false: no call that returns here. */
+static inline tp_status alloc_from(tp_pool *pool, tpi_front_stream *fs, uint64_t size, size_t bytes,
+                                   void **out_ptr, bool calls) {
+    tpi_live_entry block;
+    uint64_t word;
+    /* (The observer is read under the stream lock and written under the
+     * world lock, which no hit runs beside: no race.) */
+    if (pool->core.stats.observer.fn || !tpi_front_hit_pick(&pool->front, fs, size, bytes, &block, &word))
+        return alloc_after_miss(pool, fs, size, bytes, fs->handle, out_ptr);
+    if (word != TPI_FRONT_SLOT_EMPTY) {
+        if (!calls) return alloc_slot(pool, fs, size, bytes, out_ptr, word);
+        if (!tpi_front_hit_take_slot(&pool->front, size, bytes, word, &block))
+            return alloc_after_miss(pool, fs, size, bytes, fs->handle, out_ptr);
+    }
+    return alloc_recorded(pool, fs, &block, out_ptr, calls);
+}
+
+/* The allocation, waiting for the stream lock if someone holds it. */
+TPI_NOINLINE static tp_status alloc_waiting(tp_pool *pool, uint64_t size, size_t bytes, tp_stream stream,
+                                            void **out_ptr) {
+    tpi_front_stream *fs = tpi_front_hit_enter(&pool->front, stream, true);
+    if (!fs) return alloc_after_miss(pool, NULL, size, bytes, stream, out_ptr);
+    return alloc_from(pool, fs, size, bytes, out_ptr, true);
+}
+
+tp_status tp_pool_alloc(tp_pool *pool, size_t bytes, tp_stream stream, void **out_ptr) {
+    if (!out_ptr) return TP_ERR_INVALID_ARGUMENT;
+    *out_ptr = NULL;
+    if (!pool || bytes == 0) return TP_ERR_INVALID_ARGUMENT;
+    uint64_t align = pool->core.config.alignment_bytes;
+    /* Too large to round: larger than any limit, so out of memory below. */
+    uint64_t size = (uint64_t)bytes > UINT64_MAX - align ? UINT64_MAX : tpi_align_up(bytes, align);
+
+    tpi_front_stream *fs = tpi_front_hit_enter(&pool->front, stream, false);
+    if (!fs) return alloc_waiting(pool, size, bytes, stream, out_ptr);
+    return alloc_from(pool, fs, size, bytes, out_ptr, false);
 }
 
 /* Why a pointer that is not a live block's start cannot be freed. */
@@ -473,38 +544,80 @@ static tp_status free_locked(tp_pool *pool, uint64_t address, tp_stream stream, 
     return TP_OK;
 }
 
-tp_status tp_pool_free(tp_pool *pool, void *ptr, tp_stream stream) {
-    if (!pool) return TP_ERR_INVALID_ARGUMENT;
-    if (!ptr) return TP_OK;
-    uint64_t address = (uint64_t)(uintptr_t)ptr;
-    tpi_front_stream *fs = tpi_front_hit_enter(&pool->front, stream);
-    if (fs) {
-        /* The stream's upkeep is due every TPI_FRONT_UPKEEP_FREES frees; when
-         * it would do nothing, it is skipped here instead of taking the
-         * world lock (which every other stream's hits would wait for).
-         * When it is due, the free is not a hit. */
-        bool upkeep_due = false;
-        if (fs->frees_to_upkeep <= 1) {
-            if (tpi_units_now(&pool->core.units) < atomic_load_explicit(&pool->upkeep_due_ns, memory_order_relaxed))
-                fs->frees_to_upkeep = TPI_FRONT_UPKEEP_FREES;
-            else
-                upkeep_due = true;
-        }
-        /* (The observer is read under the stream lock and written under
-         * the world lock, which no hit runs beside: no race.) */
-        bool hit = !upkeep_due && !pool->core.stats.observer.fn && tpi_front_hit_free(&pool->front, fs, address);
-        if (hit) {
-            tpi_front_stream_unlock(fs);
-            check_after_hit(pool);
-            return TP_OK;
-        }
-    }
+/* The locked path of a free the hit path did not serve (fs: the stream
+ * lock it kept, or NULL). */
+TPI_NOINLINE static tp_status free_after_miss(tp_pool *pool, tpi_front_stream *fs, uint64_t address,
+                                              tp_stream stream) {
     uint32_t hint_slot = fs ? fs->slot : 0; /* (a front stream's slot never changes) */
     lock_after_miss(pool, fs);
     tp_status st = free_locked(pool, address, stream, hint_slot);
     check_invariants_if_asked_locked(pool);
     tpi_pool_unlock(pool);
     return st;
+}
+
+/* A hit free's end: the block parked, counted, the stream lock given back. */
+static inline tp_status free_hit_done(tp_pool *pool, tpi_front_stream *fs, tpi_live_entry *e) {
+    tpi_front_hit_freed(fs, e);
+    tpi_front_stream_unlock(fs);
+    return check_after_hit(pool);
+}
+
+/* e, found on fs, parked in the last-freed slot if it is empty. */
+TPI_NOINLINE static tp_status free_slot(tp_pool *pool, tpi_front_stream *fs, tpi_live_entry *e) {
+    if (!tpi_front_hit_park_slot(&pool->front, fs, e)) return free_after_miss(pool, fs, e->offset, fs->handle);
+    return free_hit_done(pool, fs, e);
+}
+
+TPI_NOINLINE static tp_status free_entered(tp_pool *pool, tpi_front_stream *fs, uint64_t address);
+
+/* The free on fs, its lock held (so stream is fs->handle): the hit, else
+ * the locked path; calls false: no call that returns here. */
+static inline tp_status free_from(tp_pool *pool, tpi_front_stream *fs, uint64_t address, bool calls) {
+    /* The stream's upkeep is due every TPI_FRONT_UPKEEP_FREES frees; when it
+     * would do nothing, it is skipped here instead of taking the world lock
+     * (which every other stream's hits would wait for). When it is due, the
+     * free is not a hit. */
+    bool upkeep_due = false;
+    if (fs->frees_to_upkeep <= 1) {
+        if (!calls) return free_entered(pool, fs, address);
+        if (tpi_units_now(&pool->core.units) < atomic_load_explicit(&pool->upkeep_due_ns, memory_order_relaxed))
+            fs->frees_to_upkeep = TPI_FRONT_UPKEEP_FREES;
+        else
+            upkeep_due = true;
+    }
+    /* (The observer is read under the stream lock and written under the
+     * world lock, which no hit runs beside: no race.) */
+    tpi_live_entry *e =
+        upkeep_due || pool->core.stats.observer.fn ? NULL : tpi_front_hit_free_find(fs, address);
+    if (!e) return free_after_miss(pool, fs, address, fs->handle);
+    if (e->size > pool->front.max_block_bytes) {
+        if (!calls) return free_slot(pool, fs, e);
+        if (!tpi_front_hit_park_slot(&pool->front, fs, e)) return free_after_miss(pool, fs, address, fs->handle);
+    } else if (!tpi_front_hit_park_bins(&pool->front, fs, e)) {
+        return free_after_miss(pool, fs, address, fs->handle);
+    }
+    return free_hit_done(pool, fs, e);
+}
+
+TPI_NOINLINE static tp_status free_entered(tp_pool *pool, tpi_front_stream *fs, uint64_t address) {
+    return free_from(pool, fs, address, true);
+}
+
+/* The free, waiting for the stream lock if someone holds it. */
+TPI_NOINLINE static tp_status free_waiting(tp_pool *pool, uint64_t address, tp_stream stream) {
+    tpi_front_stream *fs = tpi_front_hit_enter(&pool->front, stream, true);
+    if (!fs) return free_after_miss(pool, NULL, address, stream);
+    return free_entered(pool, fs, address);
+}
+
+tp_status tp_pool_free(tp_pool *pool, void *ptr, tp_stream stream) {
+    if (!pool) return TP_ERR_INVALID_ARGUMENT;
+    if (!ptr) return TP_OK;
+    uint64_t address = (uint64_t)(uintptr_t)ptr;
+    tpi_front_stream *fs = tpi_front_hit_enter(&pool->front, stream, false);
+    if (!fs) return free_waiting(pool, address, stream);
+    return free_from(pool, fs, address, false);
 }
 
 tp_status tp_pool_block_size(tp_pool *pool, const void *ptr, size_t *out_bytes) {
