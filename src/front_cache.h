@@ -337,6 +337,18 @@ static inline tpi_front_stream *tpi_front_hit_enter(tpi_front *f, tp_stream hand
     return NULL;
 }
 
+/* The newest block of bin b if it holds size bytes and wastes at most 1/8
+ * of them, else NULL. (One unsigned test for both: pick asks in bin(size)
+ * and the next, where a smaller block is smaller by less than size / 16 --
+ * a bin spans a sixteenth of its power of two -- so the difference wraps
+ * far above size / 8.) */
+static inline tpi_front_entry *tpi_front_bin_fit(tpi_front_stream *fs, uint32_t b, uint64_t size) {
+    uint32_t count = fs->counts[b];
+    if (!count) return NULL;
+    tpi_front_entry *e = &fs->bins[b][count - 1];
+    return e->size - size <= size / 8 ? e : NULL;
+}
+
 /* A hit allocation of size bytes (bytes asked): tpi_front_hit_pick, then
  * for the last-freed slot tpi_front_hit_take_slot, then
  * tpi_front_hit_record, then with the hazard checker tpi_front_hit_check.
@@ -355,19 +367,9 @@ static inline bool tpi_front_hit_pick(tpi_front *f, tpi_front_stream *fs, uint64
     *out_word = word;
     if (size > f->max_block_bytes || word != TPI_FRONT_SLOT_EMPTY)
         return word < TPI_FRONT_SLOT_FILLING && (uint32_t)(word >> 32) == fs->slot && f->slot_size == size;
-    /* (One unsigned test for holds and wastes: a smaller block of those
-     * bins is smaller by less than size / 16 -- a bin spans a sixteenth of
-     * its power of two -- so the difference wraps far above size / 8.) */
-    uint32_t bin = tpi_ra_bin_of_units(size >> f->size_shift), b = bin;
-    tpi_front_entry *e = NULL;
-    for (; b <= bin + 1 && b < f->bin_count; b++) {
-        uint8_t count = fs->counts[b];
-        if (!count) continue;
-        e = &fs->bins[b][count - 1];
-        if (e->size - size <= size / 8) break;
-        e = NULL;
-    }
-    if (!e) return false;
+    uint32_t b = tpi_ra_bin_of_units(size >> f->size_shift);
+    tpi_front_entry *e = b < f->bin_count ? tpi_front_bin_fit(fs, b, size) : NULL;
+    if (!e && (++b >= f->bin_count || !(e = tpi_front_bin_fit(fs, b, size)))) return false;
     *out = (tpi_live_entry){e->offset, bytes, e->size, e->node, 0};
     if (--fs->counts[b] == 0) fs->nonempty[b / 64] &= ~(1ull << (b % 64));
     fs->parked_bytes -= out->size;

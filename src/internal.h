@@ -28,6 +28,8 @@
 /* A slow path kept out of its fast caller, whose registers and stack frame
  * it would otherwise cost on every call (gcc and clang). */
 #define TPI_NOINLINE __attribute__((noinline))
+/* ... and the fast path's body, inlined even where the compiler would not. */
+#define TPI_ALWAYS_INLINE inline __attribute__((always_inline))
 
 static inline uint64_t tpi_align_up(uint64_t value, uint64_t alignment) {
     return (value + alignment - 1) & ~(alignment - 1);

@@ -423,7 +423,7 @@ TPI_NOINLINE static tp_status alloc_slot(tp_pool *pool, tpi_front_stream *fs, ui
 
 /* The allocation on fs, its lock held (so stream is fs->handle): the
  * hit, else the locked path; calls false: no call that returns here. */
-static inline tp_status alloc_from(tp_pool *pool, tpi_front_stream *fs, uint64_t size, size_t bytes,
+static TPI_ALWAYS_INLINE tp_status alloc_from(tp_pool *pool, tpi_front_stream *fs, uint64_t size, size_t bytes,
                                    void **out_ptr, bool calls) {
     tpi_live_entry block;
     uint64_t word;
@@ -573,7 +573,7 @@ TPI_NOINLINE static tp_status free_entered(tp_pool *pool, tpi_front_stream *fs, 
 
 /* The free on fs, its lock held (so stream is fs->handle): the hit, else
  * the locked path; calls false: no call that returns here. */
-static inline tp_status free_from(tp_pool *pool, tpi_front_stream *fs, uint64_t address, bool calls) {
+static TPI_ALWAYS_INLINE tp_status free_from(tp_pool *pool, tpi_front_stream *fs, uint64_t address, bool calls) {
     /* The stream's upkeep is due every TPI_FRONT_UPKEEP_FREES frees; when it
      * would do nothing, it is skipped here instead of taking the world lock
      * (which every other stream's hits would wait for). When it is due, the
