@@ -399,7 +399,6 @@ static inline void tpi_front_hit_record(tpi_front_stream *fs, const tpi_live_ent
     tpi_stats_local *st = &fs->stats;
     tpi_live_insert_(&fs->live, block); /* room checked by the pick */
     tpi_stats_local_allocated_rise(st, block->size);
-    st->allocated_total += block->size;
     tpi_stats_local_requested_rise(st, block->requested);
     st->requested_total += block->requested;
     st->allocs++;

@@ -55,7 +55,10 @@ typedef struct tpi_stats {
 typedef struct tpi_stats_local {
     uint64_t allocated_delta;  /* change of allocated_bytes.current */
     uint64_t requested_delta;  /* change of requested_bytes.current */
-    uint64_t allocated_total, requested_total, cached_total;
+    /* (No allocated_total: a hit free adds to cached_total what it takes
+     * from allocated_delta, so the hits allocated allocated_delta +
+     * cached_total; the fold adds that.) */
+    uint64_t requested_total, cached_total;
     uint64_t allocs, frees, hazards; /* (every hit allocation is a cache hit) */
     int64_t allocated_rise;    /* highest allocated_delta since the fold (>= 0) */
     int64_t allocated_fall;    /* lowest allocated_delta since the fold (<= 0) */
@@ -111,7 +114,7 @@ static inline void tpi_stats_fold_extremes(tpi_stats *s, uint64_t allocated_rise
 static inline void tpi_stats_fold(tpi_stats *s, tpi_stats_local *l) {
     tp_pool_stats *p = &s->pub;
     p->allocated_bytes.current += l->allocated_delta;
-    p->allocated_bytes.total += l->allocated_total;
+    p->allocated_bytes.total += l->allocated_delta + l->cached_total;
     p->requested_bytes.current += l->requested_delta;
     p->requested_bytes.total += l->requested_total;
     p->cached_bytes.total += l->cached_total;
