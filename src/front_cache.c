@@ -62,8 +62,8 @@ tp_status tpi_front_init(tpi_front *f, tpi_core *core, tpi_backing *backing, uin
     f->hazard_checker = core->device->hazard_checker;
     atomic_init(&f->slot_word, TPI_FRONT_SLOT_EMPTY);
     for (size_t i = 0; i < TPI_FRONT_SETS * TPI_FRONT_WAYS; i++) {
-        atomic_init(&f->lookup_keys[i], 0);
-        atomic_init(&f->lookup_streams[i], NULL);
+        atomic_init(&f->lookup[i].key, 0);
+        atomic_init(&f->lookup[i].stream, NULL);
     }
     return TP_OK;
 }
@@ -97,10 +97,10 @@ static void lookup_put(tpi_front *f, tpi_front_stream *fs) {
     uint32_t set = lookup_set(key), way = set, victim = set + (fs->slot % TPI_FRONT_WAYS);
     uint32_t empty = TPI_FRONT_SETS * TPI_FRONT_WAYS; /* none yet */
     for (; way < set + TPI_FRONT_WAYS; way++) {
-        uintptr_t at = atomic_load_explicit(&f->lookup_keys[way], memory_order_relaxed);
+        uintptr_t at = atomic_load_explicit(&f->lookup[way].key, memory_order_relaxed);
         if (at == key) {
-            if (atomic_load_explicit(&f->lookup_streams[way], memory_order_relaxed) != fs)
-                atomic_store_explicit(&f->lookup_streams[way], fs, memory_order_release);
+            if (atomic_load_explicit(&f->lookup[way].stream, memory_order_relaxed) != fs)
+                atomic_store_explicit(&f->lookup[way].stream, fs, memory_order_release);
             fs->lookup_way = way;
             return;
         }
@@ -109,9 +109,9 @@ static void lookup_put(tpi_front *f, tpi_front_stream *fs) {
     /* The first empty way, so that the hit path, which scans the set in
      * order, finds a set's first stream at its first look. */
     if (empty != TPI_FRONT_SETS * TPI_FRONT_WAYS) victim = empty;
-    atomic_store_explicit(&f->lookup_keys[victim], 0, memory_order_relaxed);
-    atomic_store_explicit(&f->lookup_streams[victim], fs, memory_order_release);
-    atomic_store_explicit(&f->lookup_keys[victim], key, memory_order_release);
+    atomic_store_explicit(&f->lookup[victim].key, 0, memory_order_relaxed);
+    atomic_store_explicit(&f->lookup[victim].stream, fs, memory_order_release);
+    atomic_store_explicit(&f->lookup[victim].key, key, memory_order_release);
     fs->lookup_way = victim;
 }
 
@@ -119,8 +119,8 @@ static void lookup_drop(tpi_front *f, tp_stream handle) {
     uintptr_t key = (uintptr_t)handle + 1;
     uint32_t set = lookup_set(key);
     for (uint32_t way = set; way < set + TPI_FRONT_WAYS; way++)
-        if (atomic_load_explicit(&f->lookup_keys[way], memory_order_relaxed) == key)
-            atomic_store_explicit(&f->lookup_keys[way], 0, memory_order_relaxed);
+        if (atomic_load_explicit(&f->lookup[way].key, memory_order_relaxed) == key)
+            atomic_store_explicit(&f->lookup[way].key, 0, memory_order_relaxed);
 }
 
 tpi_front_stream *tpi_front_stream_make(tpi_front *f, uint32_t slot, tp_stream handle) {

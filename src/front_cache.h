@@ -92,6 +92,13 @@ typedef struct tpi_front_entry {
     uint32_t node;
 } tpi_front_entry;
 
+/* One way of the lookup table: a stream handle (+1, 0: empty) and its
+ * front stream, side by side (a set's four ways fill one cache line). */
+typedef struct tpi_front_way {
+    _Atomic(uintptr_t) key;
+    _Atomic(struct tpi_front_stream *) stream;
+} tpi_front_way;
+
 typedef struct tpi_live_entry {
     uint64_t offset; /* UINT64_MAX: empty */
     uint64_t requested;
@@ -144,9 +151,8 @@ typedef struct tpi_front {
     uint32_t slot_end;        /* above the highest slot with a front stream */
     uint32_t stream_count;    /* front streams made (never fewer: they stay until the pool goes) */
     tpi_front_stream *world_held; /* the stream lock the world lock's holder kept (a missed hit's) */
-    /* stream handle (+1, 0: empty way) -> its tpi_front_stream */
-    _Atomic(uintptr_t) lookup_keys[TPI_FRONT_SETS * TPI_FRONT_WAYS];
-    _Atomic(tpi_front_stream *) lookup_streams[TPI_FRONT_SETS * TPI_FRONT_WAYS];
+    /* stream handle -> its tpi_front_stream */
+    tpi_front_way lookup[TPI_FRONT_SETS * TPI_FRONT_WAYS];
     /* The world gate: 1 while the world lock is held (in a line of its own:
      * every hit reads it, the world writes it). */
     _Alignas(TPI_CACHE_LINE_BYTES) atomic_int world;
@@ -190,8 +196,8 @@ void tpi_front_world_leave(tpi_front *front);
 
 /* Is fs where the lookup table says its handle is (so hits find it)? */
 static inline bool tpi_front_lookup_has(const tpi_front *f, const tpi_front_stream *fs) {
-    return atomic_load_explicit(&f->lookup_keys[fs->lookup_way], memory_order_relaxed) == (uintptr_t)fs->handle + 1 &&
-           atomic_load_explicit(&f->lookup_streams[fs->lookup_way], memory_order_relaxed) == fs;
+    return atomic_load_explicit(&f->lookup[fs->lookup_way].key, memory_order_relaxed) == (uintptr_t)fs->handle + 1 &&
+           atomic_load_explicit(&f->lookup[fs->lookup_way].stream, memory_order_relaxed) == fs;
 }
 
 /* The slot's front stream, made on its first use (unlocked: the raised
@@ -319,10 +325,10 @@ static inline void tpi_live_insert_(tpi_live_map *m, const tpi_live_entry *entry
  * when someone holds its lock (the caller then asks again, waiting). */
 static inline tpi_front_stream *tpi_front_hit_enter(tpi_front *f, tp_stream handle, bool wait) {
     uintptr_t key = (uintptr_t)handle + 1;
-    uint32_t set = (uint32_t)(((uint64_t)key * 0x9E3779B97F4A7C15ull) >> 58) * TPI_FRONT_WAYS;
-    for (uint32_t way = set; way < set + TPI_FRONT_WAYS; way++) {
-        if (atomic_load_explicit(&f->lookup_keys[way], memory_order_relaxed) != key) continue;
-        tpi_front_stream *fs = atomic_load_explicit(&f->lookup_streams[way], memory_order_acquire);
+    tpi_front_way *ways = &f->lookup[(((uint64_t)key * 0x9E3779B97F4A7C15ull) >> 58) * TPI_FRONT_WAYS];
+    for (tpi_front_way *w = ways; w < ways + TPI_FRONT_WAYS; w++) {
+        if (atomic_load_explicit(&w->key, memory_order_relaxed) != key) continue;
+        tpi_front_stream *fs = atomic_load_explicit(&w->stream, memory_order_acquire);
         if (!fs) return NULL;
         if (wait)
             tpi_front_stream_lock(fs);
