@@ -377,9 +377,11 @@ static tp_status alloc_locked(tp_pool *pool, uint64_t size, size_t bytes, tp_str
  * in the same order whichever function makes them. */
 
 /* The locked path of an allocation the hit path did not serve (fs: the
- * stream lock it kept, or NULL). */
+ * stream lock it kept, or NULL). *out_ptr is NULL from here unless it
+ * succeeds (a hit sets it once, so tp_pool_alloc leaves it to the misses). */
 TPI_NOINLINE static tp_status alloc_after_miss(tp_pool *pool, tpi_front_stream *fs, uint64_t size, size_t bytes,
                                                tp_stream stream, void **out_ptr) {
+    *out_ptr = NULL;
     lock_after_miss(pool, fs);
     tp_status st = alloc_locked(pool, size, bytes, stream, out_ptr);
     check_invariants_if_asked_locked(pool);
@@ -449,8 +451,10 @@ TPI_NOINLINE static tp_status alloc_waiting(tp_pool *pool, uint64_t size, size_t
 
 tp_status tp_pool_alloc(tp_pool *pool, size_t bytes, tp_stream stream, void **out_ptr) {
     if (!out_ptr) return TP_ERR_INVALID_ARGUMENT;
-    *out_ptr = NULL;
-    if (!pool || bytes == 0) return TP_ERR_INVALID_ARGUMENT;
+    if (!pool || bytes == 0) {
+        *out_ptr = NULL;
+        return TP_ERR_INVALID_ARGUMENT;
+    }
     uint64_t align = pool->core.config.alignment_bytes;
     /* Too large to round: larger than any limit, so out of memory below. */
     uint64_t size = (uint64_t)bytes > UINT64_MAX - align ? UINT64_MAX : tpi_align_up(bytes, align);
