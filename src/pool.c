@@ -83,6 +83,13 @@ void tpi_pool_release_block_locked(tp_pool *pool, uint32_t node) {
     pool->backing->ops->release_block(pool->backing, node, 0);
 }
 
+/* Sets pool->hit_extras from what it sums up (the world lock held: hits read it; see
+ * the hit path below). */
+static void hit_extras_update_locked(tp_pool *pool) {
+    pool->hit_extras = pool->core.stats.observer.fn || pool->front.hazard_checker ||
+                       (pool->core.config.flags & TP_POOL_FLAG_CHECK_INVARIANTS);
+}
+
 void tpi_pool_lock(tp_pool *pool) {
     pthread_mutex_lock(&pool->lock);
     tpi_front_world_enter(&pool->front, NULL);
@@ -201,7 +208,10 @@ static tp_status layers_init(tp_pool *pool) {
     st = tpi_front_init(&pool->front, core, pool->backing, front_limit, config->tcache_max_block_bytes);
     if (st != TP_OK) goto no_front;
     st = tpi_ladder_init(&pool->ladder, core, &pool->front, pool->backing, pool, &pool->lock);
-    if (st == TP_OK) return TP_OK;
+    if (st == TP_OK) {
+        hit_extras_update_locked(pool); /* (no other thread knows the pool yet) */
+        return TP_OK;
+    }
     tpi_front_destroy(&pool->front);
 no_front:
     pool->backing->ops->destroy(pool->backing);
@@ -369,12 +379,14 @@ static tp_status alloc_locked(tp_pool *pool, uint64_t size, size_t bytes, tp_str
 }
 
 /* The hit path, in tp_pool_alloc and tp_pool_free, makes no call that
- * returns to it, so that they save no registers and keep no stack frame:
- * where a hit needs a call (a stream lock someone holds, the last-freed
- * slot, the hazard checker, the upkeep's clock) it goes on in a function
- * of its own (*_waiting, *_slot, *_checked, *_entered below), which makes
- * it; a miss goes on in the locked path. The steps are front_cache.h's,
- * in the same order whichever function makes them. */
+ * returns to it, so that they save no registers and keep no stack frame,
+ * and tests one flag for the hit's rare extras (pool->hit_extras): where a
+ * hit needs a call (a stream lock someone holds, the last-freed slot, the
+ * upkeep's clock) or has extras (an observer, the hazard checker, the
+ * checks after every call) it goes on in a function of its own (*_waiting,
+ * *_slot, *_entered below), which makes the calls and looks at each extra;
+ * a miss goes on in the locked path. The steps are front_cache.h's, in the
+ * same order whichever function makes them. */
 
 /* The locked path of an allocation the hit path did not serve (fs: the
  * stream lock it kept, or NULL). *out_ptr is NULL from here unless it
@@ -389,29 +401,16 @@ TPI_NOINLINE static tp_status alloc_after_miss(tp_pool *pool, tpi_front_stream *
     return st;
 }
 
-/* A hit's end: the stream lock given back, the block handed out. */
-static inline tp_status alloc_hit_done(tp_pool *pool, tpi_front_stream *fs, uint64_t offset, void **out_ptr) {
-    tpi_front_stream_unlock(fs);
-    *out_ptr = (void *)(uintptr_t)offset;
-    return check_after_hit(pool);
-}
-
-/* The hit's block recorded on fs, then shown to the hazard checker. */
-TPI_NOINLINE static tp_status alloc_checked(tp_pool *pool, tpi_front_stream *fs, uint64_t offset, uint64_t size,
-                                            void **out_ptr) {
-    tpi_front_hit_check(&pool->front, fs, offset, size, fs->handle);
-    return alloc_hit_done(pool, fs, offset, out_ptr);
-}
-
-/* The hit's block recorded on fs (the hazard checker after it). */
+/* The hit's block recorded on fs, shown to the hazard checker if any,
+ * handed out; the stream lock given back. calls false: no extras. */
 static inline tp_status alloc_recorded(tp_pool *pool, tpi_front_stream *fs, const tpi_live_entry *block,
                                        void **out_ptr, bool calls) {
     tpi_front_hit_record(fs, block);
-    if (pool->front.hazard_checker) {
-        if (!calls) return alloc_checked(pool, fs, block->offset, block->size, out_ptr);
+    if (calls && pool->front.hazard_checker)
         tpi_front_hit_check(&pool->front, fs, block->offset, block->size, fs->handle);
-    }
-    return alloc_hit_done(pool, fs, block->offset, out_ptr);
+    tpi_front_stream_unlock(fs);
+    *out_ptr = (void *)(uintptr_t)block->offset;
+    return calls ? check_after_hit(pool) : TP_OK;
 }
 
 /* The last-freed slot picked on fs (its word): taken if in place. */
@@ -424,14 +423,15 @@ TPI_NOINLINE static tp_status alloc_slot(tp_pool *pool, tpi_front_stream *fs, ui
 }
 
 /* The allocation on fs, its lock held (so stream is fs->handle): the
- * hit, else the locked path; calls false: no call that returns here. */
+ * hit, else the locked path; calls false: no call that returns here, and
+ * no extras (the caller saw pool->hit_extras false). */
 static TPI_ALWAYS_INLINE tp_status alloc_from(tp_pool *pool, tpi_front_stream *fs, uint64_t size, size_t bytes,
                                    void **out_ptr, bool calls) {
     tpi_live_entry block;
     uint64_t word;
     /* (The observer is read under the stream lock and written under the
      * world lock, which no hit runs beside: no race.) */
-    if (pool->core.stats.observer.fn || !tpi_front_hit_pick(&pool->front, fs, size, bytes, &block, &word))
+    if ((calls && pool->core.stats.observer.fn) || !tpi_front_hit_pick(&pool->front, fs, size, bytes, &block, &word))
         return alloc_after_miss(pool, fs, size, bytes, fs->handle, out_ptr);
     if (word != TPI_FRONT_SLOT_EMPTY) {
         if (!calls) return alloc_slot(pool, fs, size, bytes, out_ptr, word);
@@ -441,12 +441,17 @@ static TPI_ALWAYS_INLINE tp_status alloc_from(tp_pool *pool, tpi_front_stream *f
     return alloc_recorded(pool, fs, &block, out_ptr, calls);
 }
 
+TPI_NOINLINE static tp_status alloc_entered(tp_pool *pool, tpi_front_stream *fs, uint64_t size, size_t bytes,
+                                            void **out_ptr) {
+    return alloc_from(pool, fs, size, bytes, out_ptr, true);
+}
+
 /* The allocation, waiting for the stream lock if someone holds it. */
 TPI_NOINLINE static tp_status alloc_waiting(tp_pool *pool, uint64_t size, size_t bytes, tp_stream stream,
                                             void **out_ptr) {
     tpi_front_stream *fs = tpi_front_hit_enter(&pool->front, stream, true);
     if (!fs) return alloc_after_miss(pool, NULL, size, bytes, stream, out_ptr);
-    return alloc_from(pool, fs, size, bytes, out_ptr, true);
+    return alloc_entered(pool, fs, size, bytes, out_ptr);
 }
 
 tp_status tp_pool_alloc(tp_pool *pool, size_t bytes, tp_stream stream, void **out_ptr) {
@@ -461,6 +466,9 @@ tp_status tp_pool_alloc(tp_pool *pool, size_t bytes, tp_stream stream, void **ou
 
     tpi_front_stream *fs = tpi_front_hit_enter(&pool->front, stream, false);
     if (!fs) return alloc_waiting(pool, size, bytes, stream, out_ptr);
+    /* (hit_extras is read under the stream lock and written under the
+     * world lock, which no hit runs beside: no race.) */
+    if (pool->hit_extras) return alloc_entered(pool, fs, size, bytes, out_ptr);
     return alloc_from(pool, fs, size, bytes, out_ptr, false);
 }
 
@@ -560,23 +568,25 @@ TPI_NOINLINE static tp_status free_after_miss(tp_pool *pool, tpi_front_stream *f
     return st;
 }
 
-/* A hit free's end: the block parked, counted, the stream lock given back. */
-static inline tp_status free_hit_done(tp_pool *pool, tpi_front_stream *fs, tpi_live_entry *e) {
+/* A hit free's end: the block parked, counted, the stream lock given
+ * back. calls false: no extras. */
+static inline tp_status free_hit_done(tp_pool *pool, tpi_front_stream *fs, tpi_live_entry *e, bool calls) {
     tpi_front_hit_freed(fs, e);
     tpi_front_stream_unlock(fs);
-    return check_after_hit(pool);
+    return calls ? check_after_hit(pool) : TP_OK;
 }
 
 /* e, found on fs, parked in the last-freed slot if it is empty. */
 TPI_NOINLINE static tp_status free_slot(tp_pool *pool, tpi_front_stream *fs, tpi_live_entry *e) {
     if (!tpi_front_hit_park_slot(&pool->front, fs, e)) return free_after_miss(pool, fs, e->offset, fs->handle);
-    return free_hit_done(pool, fs, e);
+    return free_hit_done(pool, fs, e, true);
 }
 
 TPI_NOINLINE static tp_status free_entered(tp_pool *pool, tpi_front_stream *fs, uint64_t address);
 
 /* The free on fs, its lock held (so stream is fs->handle): the hit, else
- * the locked path; calls false: no call that returns here. */
+ * the locked path; calls false: no call that returns here, and no extras
+ * (the caller saw pool->hit_extras false). */
 static TPI_ALWAYS_INLINE tp_status free_from(tp_pool *pool, tpi_front_stream *fs, uint64_t address, bool calls) {
     /* The stream's upkeep is due every TPI_FRONT_UPKEEP_FREES frees; when it
      * would do nothing, it is skipped here instead of taking the world lock
@@ -593,7 +603,7 @@ static TPI_ALWAYS_INLINE tp_status free_from(tp_pool *pool, tpi_front_stream *fs
     /* (The observer is read under the stream lock and written under the
      * world lock, which no hit runs beside: no race.) */
     tpi_live_entry *e =
-        upkeep_due || pool->core.stats.observer.fn ? NULL : tpi_front_hit_free_find(fs, address);
+        upkeep_due || (calls && pool->core.stats.observer.fn) ? NULL : tpi_front_hit_free_find(fs, address);
     if (!e) return free_after_miss(pool, fs, address, fs->handle);
     if (e->size > pool->front.max_block_bytes) {
         if (!calls) return free_slot(pool, fs, e);
@@ -601,7 +611,7 @@ static TPI_ALWAYS_INLINE tp_status free_from(tp_pool *pool, tpi_front_stream *fs
     } else if (!tpi_front_hit_park_bins(&pool->front, fs, e)) {
         return free_after_miss(pool, fs, address, fs->handle);
     }
-    return free_hit_done(pool, fs, e);
+    return free_hit_done(pool, fs, e, calls);
 }
 
 TPI_NOINLINE static tp_status free_entered(tp_pool *pool, tpi_front_stream *fs, uint64_t address) {
@@ -621,6 +631,7 @@ tp_status tp_pool_free(tp_pool *pool, void *ptr, tp_stream stream) {
     uint64_t address = (uint64_t)(uintptr_t)ptr;
     tpi_front_stream *fs = tpi_front_hit_enter(&pool->front, stream, false);
     if (!fs) return free_waiting(pool, address, stream);
+    if (pool->hit_extras) return free_entered(pool, fs, address);
     return free_from(pool, fs, address, false);
 }
 
@@ -756,6 +767,7 @@ tp_status tp_pool_set_observer(tp_pool *pool, tp_pool_observer_fn fn, void *user
     if (!pool) return TP_ERR_INVALID_ARGUMENT;
     tpi_pool_lock(pool);
     pool->core.stats.observer = (tpi_observer){fn, user, pool->core.device};
+    hit_extras_update_locked(pool);
     tpi_pool_unlock(pool);
     return TP_OK;
 }
