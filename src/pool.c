@@ -83,8 +83,8 @@ void tpi_pool_release_block_locked(tp_pool *pool, uint32_t node) {
     pool->backing->ops->release_block(pool->backing, node, 0);
 }
 
-/* Sets pool->hit_extras from what it sums up (the world lock held: hits read it; see
- * the hit path below). */
+/* Sets pool->hit_extras from what it sums up (the world lock held: hits
+ * read it; see the hit path below). */
 static void hit_extras_update_locked(tp_pool *pool) {
     pool->hit_extras = pool->core.stats.observer.fn || pool->front.hazard_checker ||
                        (pool->core.config.flags & TP_POOL_FLAG_CHECK_INVARIANTS);
@@ -426,12 +426,13 @@ TPI_NOINLINE static tp_status alloc_slot(tp_pool *pool, tpi_front_stream *fs, ui
  * hit, else the locked path; calls false: no call that returns here, and
  * no extras (the caller saw pool->hit_extras false). */
 static TPI_ALWAYS_INLINE tp_status alloc_from(tp_pool *pool, tpi_front_stream *fs, uint64_t size, size_t bytes,
-                                   void **out_ptr, bool calls) {
+                                              void **out_ptr, bool calls) {
     tpi_live_entry block;
     uint64_t word;
     /* (The observer is read under the stream lock and written under the
      * world lock, which no hit runs beside: no race.) */
-    if ((calls && pool->core.stats.observer.fn) || !tpi_front_hit_pick(&pool->front, fs, size, bytes, &block, &word))
+    if ((calls && pool->core.stats.observer.fn) ||
+        !tpi_front_hit_pick(&pool->front, fs, size, bytes, &block, &word))
         return alloc_after_miss(pool, fs, size, bytes, fs->handle, out_ptr);
     if (word != TPI_FRONT_SLOT_EMPTY) {
         if (!calls) return alloc_slot(pool, fs, size, bytes, out_ptr, word);
