@@ -189,6 +189,7 @@ void tpi_front_world_enter(tpi_front *f, tpi_front_stream *held) {
         requested_rise += (uint64_t)l->requested_rise;
     }
     f->world_held = held;
+    f->world_epoch++; /* (no hit runs now: every stream lock was seen free) */
     tpi_stats_fold_extremes(&f->core->stats, allocated_rise, allocated_fall, requested_rise);
     for (size_t slot = 1; hits && slot < f->slot_end; slot++) {
         tpi_front_stream *fs = f->streams[slot];

@@ -156,12 +156,23 @@ typedef struct tpi_front {
     /* The world gate: 1 while the world lock is held (in a line of its own:
      * every hit reads it, the world writes it). */
     _Alignas(TPI_CACHE_LINE_BYTES) atomic_int world;
+    /* Raised at every tpi_front_world_enter (so it is constant while hits
+     * run): what a hit found out about the range allocator holds while it
+     * has not moved. */
+    uint64_t world_epoch;
     /* The last-freed slot. The fields below the word are written by whoever
      * moved the word from EMPTY (to FILLING, then to the block), read by the
      * stream the word names under its lock, or under the world lock. */
     _Alignas(TPI_CACHE_LINE_BYTES) _Atomic(uint64_t) slot_word;
     uint64_t slot_offset, slot_size, slot_freed_ns;
     tpi_tag slot_tag;
+    /* tpi_front_reuse_in_place's answer for node in_place_node, found in
+     * world epoch in_place_epoch (0: none). Written and read by the stream
+     * the word names, under its lock (a hit taking the slot), so ordered by
+     * the word's changes like the fields above. */
+    uint64_t in_place_epoch;
+    uint32_t in_place_node;
+    bool in_place;
 } tpi_front;
 
 tp_status tpi_front_init(tpi_front *front, tpi_core *core, tpi_backing *backing, uint64_t limit_bytes,
@@ -390,12 +401,21 @@ static inline bool tpi_front_hit_pick(tpi_front *f, tpi_front_stream *fs, uint64
  * for it. */
 static inline bool tpi_front_hit_take_slot(tpi_front *f, uint64_t size, uint64_t bytes, uint64_t word,
                                            tpi_live_entry *out) {
-    if (!tpi_front_reuse_in_place(&f->core->ra, (uint32_t)word)) return false;
+    /* The same block in the same epoch (a free X / alloc X loop with no
+     * locked call in between): the range allocator has not moved, nor has
+     * the answer. */
+    uint32_t node = (uint32_t)word;
+    if (f->in_place_epoch != f->world_epoch || f->in_place_node != node) {
+        f->in_place = tpi_front_reuse_in_place(&f->core->ra, node);
+        f->in_place_node = node;
+        f->in_place_epoch = f->world_epoch;
+    }
+    if (!f->in_place) return false;
     /* The word names this stream, whose lock we hold: nobody else may
      * change it (other streams only fill an empty word) or its fields, so
      * a store empties it, no exchange needed. The fields are read first:
      * once the word is empty another stream may fill them. */
-    *out = (tpi_live_entry){f->slot_offset, bytes, size, (uint32_t)word, 0};
+    *out = (tpi_live_entry){f->slot_offset, bytes, size, node, 0};
     atomic_store_explicit(&f->slot_word, TPI_FRONT_SLOT_EMPTY, memory_order_release);
     return true;
 }

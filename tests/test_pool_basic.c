@@ -257,6 +257,37 @@ static void last_freed_slot(tp_pool_kind kind) {
     fixture_close(&f);
 }
 
+static void slot_in_place_follows_the_range_allocator(tp_pool_kind kind) {
+    /* A hit remembers that the last-freed block lies in place for as long
+     * as nothing but hits ran. A locked call in between (here a small free
+     * that finds its bin full and goes back beside the parked block) may
+     * change the answer: the next same-size request must not get the
+     * parked block in place, but the start of the merged free range. */
+    const uint64_t kb4 = 4096, kb256 = 256 * 1024;
+    tp_pool_config pc = {.tcache_max_block_bytes = 64 * 1024};
+    fixture f;
+    fixture_open(&f, "sim:1GiB", kind, &pc);
+    void *small[5], *x, *fence, *again;
+    for (int i = 0; i < 5; i++) CHECK_OK(tp_pool_alloc(f.pool, kb4, TP_STREAM_DEFAULT, &small[i]));
+    CHECK_OK(tp_pool_alloc(f.pool, kb256, TP_STREAM_DEFAULT, &x));
+    CHECK_OK(tp_pool_alloc(f.pool, kb256, TP_STREAM_DEFAULT, &fence));
+    REQUIRE((char *)x == (char *)small[4] + kb4 && (char *)fence == (char *)x + kb256);
+    for (int i = 0; i < 3; i++) { /* free X / alloc X: in place, by hits */
+        CHECK_OK(tp_pool_free(f.pool, x, TP_STREAM_DEFAULT));
+        CHECK_OK(tp_pool_alloc(f.pool, kb256, TP_STREAM_DEFAULT, &again));
+        CHECK_EQ_PTR(again, x);
+    }
+    CHECK_OK(tp_pool_free(f.pool, x, TP_STREAM_DEFAULT));
+    for (int i = 0; i < 4; i++) CHECK_OK(tp_pool_free(f.pool, small[i], TP_STREAM_DEFAULT)); /* the bin fills */
+    CHECK_OK(tp_pool_free(f.pool, small[4], TP_STREAM_DEFAULT)); /* goes back: free just before x */
+    CHECK_OK(tp_pool_alloc(f.pool, kb256, TP_STREAM_DEFAULT, &again));
+    CHECK_MSG(again == small[4], "%s: got %p, expected %p (the merged range's start; x = %p)", kind_name(kind), again,
+              small[4], x);
+    CHECK_OK(tp_pool_free(f.pool, again, TP_STREAM_DEFAULT));
+    CHECK_OK(tp_pool_free(f.pool, fence, TP_STREAM_DEFAULT));
+    fixture_close(&f);
+}
+
 static void tick_flushes_only_when_quiet(tp_pool_kind kind) {
     /* tp_pool_tick leaves parked blocks alone while the pool is busy (they
      * are about to be reused) and returns them once a tick finds no alloc or
@@ -930,6 +961,7 @@ KIND_TEST(bad_pool_configs_are_refused)
 KIND_TEST(device_with_open_pools_does_not_close)
 KIND_TEST(idle_memory_is_released_without_host_waits)
 KIND_TEST(last_freed_slot)
+KIND_TEST(slot_in_place_follows_the_range_allocator)
 KIND_TEST(tick_flushes_only_when_quiet)
 KIND_TEST(tick_releases_a_block_parked_past_idle_release)
 KIND_TEST(pinned_block_is_held_until_unpinned)
@@ -1018,6 +1050,7 @@ static const test_case tests[] = {
     KIND_CASES(device_with_open_pools_does_not_close),
     KIND_CASES(idle_memory_is_released_without_host_waits),
     KIND_CASES(last_freed_slot),
+    KIND_CASES(slot_in_place_follows_the_range_allocator),
     KIND_CASES(tick_flushes_only_when_quiet),
     KIND_CASES(tick_releases_a_block_parked_past_idle_release),
     KIND_CASES(pinned_block_is_held_until_unpinned),
