@@ -304,24 +304,23 @@ static tp_status wait_for_window(tpi_core *core, uint32_t slot, uint64_t at, uin
     return TP_OK;
 }
 
+/* What page p is to slot: mapped and usable, unmapped (pages at or above
+ * page_high never were), or blocked by other streams' pending work. */
+typedef enum { PAGE_USABLE, PAGE_UNMAPPED, PAGE_BLOCKED } page_kind;
+static inline page_kind page_kind_for(tpi_core *core, uint32_t slot, uint64_t p) {
+    tpi_units *units = &core->units;
+    if (p >= units->page_high) return PAGE_UNMAPPED;
+    tpi_unit *unit = &units->units[p];
+    if (unit->state == TPI_UNIT_UNUSED) return PAGE_UNMAPPED;
+    return tpi_order_tag_usable(&core->order, &unit->tag, slot) ? PAGE_USABLE : PAGE_BLOCKED;
+}
+
 /* Are the pages of [at, at + size) all mapped and usable by slot? */
 static bool window_ready(tpi_core *core, uint32_t slot, uint64_t at, uint64_t size) {
     tpi_units *units = &core->units;
-    for (uint64_t p = tpi_page_of(units, at), last = tpi_page_of(units, at + size - 1); p <= last; p++) {
-        tpi_unit *unit = &units->units[p];
-        if (unit->state == TPI_UNIT_UNUSED || !tpi_order_tag_usable(&core->order, &unit->tag, slot)) return false;
-    }
+    for (uint64_t p = tpi_page_of(units, at), last = tpi_page_of(units, at + size - 1); p <= last; p++)
+        if (page_kind_for(core, slot, p) != PAGE_USABLE) return false;
     return true;
-}
-
-/* Is page p, below the pages ever mapped, unmapped (1), blocked for slot
- * by other streams' pending work (2), or mapped and usable (0)? */
-static inline int slide_page(tpi_core *core, uint32_t slot, uint64_t p) {
-    tpi_units *units = &core->units;
-    if (p >= units->page_high) return 1;
-    tpi_unit *unit = &units->units[p];
-    if (unit->state == TPI_UNIT_UNUSED) return 1;
-    return tpi_order_tag_usable(&core->order, &unit->tag, slot) ? 0 : 2;
 }
 
 /* Slides a window of pl->size bytes over the page-aligned positions of free
@@ -340,9 +339,9 @@ static void fewest_missing_window(tpi_core *core, placement *pl, uint32_t id, ui
     pl->slide_budget -= width;
     uint64_t missing = 0, blocked = 0;
     for (uint64_t p = first; p < first + width; p++) {
-        int kind = slide_page(core, pl->slot, p);
-        missing += kind == 1;
-        blocked += kind == 2;
+        page_kind kind = page_kind_for(core, pl->slot, p);
+        missing += kind == PAGE_UNMAPPED;
+        blocked += kind == PAGE_BLOCKED;
     }
     for (uint64_t p = first;; p++) {
         if (!blocked && missing < pl->best_missing) {
@@ -357,9 +356,9 @@ static void fewest_missing_window(tpi_core *core, placement *pl, uint32_t id, ui
         }
         if (p >= last_start || p >= units->page_high || !pl->slide_budget) return;
         pl->slide_budget--;
-        int out = slide_page(core, pl->slot, p), in = slide_page(core, pl->slot, p + width);
-        missing += (uint64_t)(in == 1) - (uint64_t)(out == 1);
-        blocked += (uint64_t)(in == 2) - (uint64_t)(out == 2);
+        page_kind out = page_kind_for(core, pl->slot, p), in = page_kind_for(core, pl->slot, p + width);
+        missing += (uint64_t)(in == PAGE_UNMAPPED) - (uint64_t)(out == PAGE_UNMAPPED);
+        blocked += (uint64_t)(in == PAGE_BLOCKED) - (uint64_t)(out == PAGE_BLOCKED);
     }
 }
 

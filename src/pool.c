@@ -434,11 +434,7 @@ static TPI_ALWAYS_INLINE tp_status alloc_from(tp_pool *pool, tpi_front_stream *f
     if ((calls && pool->core.stats.observer.fn) ||
         !tpi_front_hit_pick(&pool->front, fs, size, bytes, &block, &word))
         return alloc_after_miss(pool, fs, size, bytes, fs->handle, out_ptr);
-    if (word != TPI_FRONT_SLOT_EMPTY) {
-        if (!calls) return alloc_slot(pool, fs, size, bytes, out_ptr, word);
-        if (!tpi_front_hit_take_slot(&pool->front, size, bytes, word, &block))
-            return alloc_after_miss(pool, fs, size, bytes, fs->handle, out_ptr);
-    }
+    if (word != TPI_FRONT_SLOT_EMPTY) return alloc_slot(pool, fs, size, bytes, out_ptr, word);
     return alloc_recorded(pool, fs, &block, out_ptr, calls);
 }
 
@@ -606,12 +602,8 @@ static TPI_ALWAYS_INLINE tp_status free_from(tp_pool *pool, tpi_front_stream *fs
     tpi_live_entry *e =
         upkeep_due || (calls && pool->core.stats.observer.fn) ? NULL : tpi_front_hit_free_find(fs, address);
     if (!e) return free_after_miss(pool, fs, address, fs->handle);
-    if (e->size > pool->front.max_block_bytes) {
-        if (!calls) return free_slot(pool, fs, e);
-        if (!tpi_front_hit_park_slot(&pool->front, fs, e)) return free_after_miss(pool, fs, address, fs->handle);
-    } else if (!tpi_front_hit_park_bins(&pool->front, fs, e)) {
-        return free_after_miss(pool, fs, address, fs->handle);
-    }
+    if (e->size > pool->front.max_block_bytes) return free_slot(pool, fs, e);
+    if (!tpi_front_hit_park_bins(&pool->front, fs, e)) return free_after_miss(pool, fs, address, fs->handle);
     return free_hit_done(pool, fs, e, calls);
 }
 
