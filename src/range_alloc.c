@@ -209,8 +209,9 @@ uint32_t tpi_ra_search_next(const tpi_ra *ra, tpi_ra_search *s) {
 }
 
 /* Cuts free node id at size: id keeps [offset, +size), a new free node gets
- * the rest, in no bin yet. */
-static uint32_t split_off_tail_unbinned(tpi_ra *ra, uint32_t id, uint64_t size) {
+ * the rest, in no bin yet. (Inline: tpi_ra_take makes one for every block
+ * cut from a larger range.) */
+static TPI_ALWAYS_INLINE uint32_t split_off_tail_unbinned(tpi_ra *ra, uint32_t id, uint64_t size) {
     /* Every field of the new node is written here or by the bin's insert,
      * so it is taken as it is. */
     uint32_t rest = node_take(ra);
