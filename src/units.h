@@ -164,7 +164,10 @@ static inline void tpi_units_became_busy(tpi_units *u, uint32_t id) {
  * busy. Exactly tpi_units_became_busy page by page; one pass over the run
  * with the list's ends and idle bytes held in locals, where a store into a
  * page's entry could otherwise be the list's end for all the compiler
- * knows (the VMM backing calls this for every block it hands out). */
+ * knows (the VMM backing calls this for every block it hands out). Idle
+ * pages linked one after the other in page order (a block's pages go idle
+ * together, appended in page order: tpi_units_pages_unref) leave the list
+ * as one piece, only its two ends' neighbours relinked. */
 static inline void tpi_units_pages_ref(tpi_units *u, uint64_t first, uint64_t last) {
     tpi_unit *units = u->units;
     uint32_t head = u->lru_head, tail = u->lru_tail;
@@ -172,14 +175,24 @@ static inline void tpi_units_pages_ref(tpi_units *u, uint64_t first, uint64_t la
     for (uint64_t p = first; p <= last; p++) {
         tpi_unit *unit = &units[p];
         if (unit->live++ != 0 || unit->state != TPI_UNIT_IDLE) continue;
-        uint32_t prev = unit->lru_prev, next = unit->lru_next;
-        if (prev != TPI_UNIT_NONE) units[prev].lru_next = next;
-        else head = next;
-        if (next != TPI_UNIT_NONE) units[next].lru_prev = prev;
-        else tail = prev;
-        unit->lru_prev = unit->lru_next = TPI_UNIT_NONE;
-        idle_bytes -= unit->bytes;
-        unit->state = TPI_UNIT_BUSY;
+        /* The piece [p, q]: each page's successor in the list is the next
+         * page (in the list, so idle with no live block). */
+        uint32_t prev = unit->lru_prev;
+        for (;;) {
+            uint32_t next = unit->lru_next;
+            unit->lru_prev = unit->lru_next = TPI_UNIT_NONE;
+            unit->state = TPI_UNIT_BUSY;
+            idle_bytes -= unit->bytes;
+            if (p == last || next != p + 1) {
+                if (prev != TPI_UNIT_NONE) units[prev].lru_next = next;
+                else head = next;
+                if (next != TPI_UNIT_NONE) units[next].lru_prev = prev;
+                else tail = prev;
+                break;
+            }
+            unit = &units[++p];
+            unit->live = 1;
+        }
     }
     u->lru_head = head;
     u->lru_tail = tail;
