@@ -205,7 +205,9 @@ static inline void tpi_units_pages_ref(tpi_units *u, uint64_t first, uint64_t la
  * first), appended to the list in page order. Exactly the merge and
  * tpi_units_became_idle page by page, in one pass as above; the merge is
  * done once per distinct tag met (a block's pages mostly carry the same
- * one). */
+ * one). Once a page has gone idle, the pages after it that go idle too
+ * (the block's alone: busy with one live block) are appended in an inner
+ * loop that links each to the one before it. */
 static inline void tpi_units_pages_unref(tpi_units *u, uint64_t first, uint64_t last, tpi_tag tag,
                                          uint64_t since_ns) {
     tpi_unit *units = u->units;
@@ -232,11 +234,27 @@ static inline void tpi_units_pages_unref(tpi_units *u, uint64_t first, uint64_t 
         unit->state = TPI_UNIT_IDLE;
         unit->idle_since_ns = since_ns;
         unit->lru_prev = tail;
-        unit->lru_next = TPI_UNIT_NONE;
         if (tail != TPI_UNIT_NONE) units[tail].lru_next = (uint32_t)p;
         else head = (uint32_t)p;
-        tail = (uint32_t)p;
         idle_bytes += unit->bytes;
+        /* The next pages while they go idle as well: each after p. */
+        for (; p < last && unit[1].state == TPI_UNIT_BUSY && unit[1].live == 1; p++) {
+            tpi_unit *next = unit + 1;
+            if (next->tag != merged_from) {
+                merged_from = next->tag;
+                merged = tpi_order_merge(u->order, merged_from, tag);
+            }
+            next->tag = merged;
+            next->live = 0;
+            next->state = TPI_UNIT_IDLE;
+            next->idle_since_ns = since_ns;
+            next->lru_prev = (uint32_t)p;
+            unit->lru_next = (uint32_t)p + 1;
+            idle_bytes += next->bytes;
+            unit = next;
+        }
+        unit->lru_next = TPI_UNIT_NONE;
+        tail = (uint32_t)p;
     }
     u->lru_head = head;
     u->lru_tail = tail;
