@@ -429,11 +429,11 @@ uint64_t tpi_front_parked_count(const tpi_front *f) {
     return count;
 }
 
-uint64_t tpi_front_parked_bytes(const tpi_front *f) {
-    uint64_t parked = atomic_load_explicit(&f->slot_word, memory_order_relaxed) != TPI_FRONT_SLOT_EMPTY ? f->slot_size : 0;
+bool tpi_front_any_parked(const tpi_front *f) {
+    if (atomic_load_explicit(&f->slot_word, memory_order_relaxed) != TPI_FRONT_SLOT_EMPTY) return true;
     for (size_t slot = 1; slot < f->slot_end; slot++)
-        if (f->streams[slot]) parked += f->streams[slot]->parked_bytes;
-    return parked;
+        if (f->streams[slot] && f->streams[slot]->parked_bytes) return true;
+    return false;
 }
 
 bool tpi_front_parked(const tpi_front *f, uint32_t node, tpi_tag *out_tag) {

@@ -252,8 +252,8 @@ uint64_t tpi_front_flush(tpi_front *front);
 uint64_t tpi_front_flush_stream(tpi_front *front, uint32_t slot);
 /* Blocks parked, bins and slot. */
 uint64_t tpi_front_parked_count(const tpi_front *front);
-/* Bytes parked, bins and slot. */
-uint64_t tpi_front_parked_bytes(const tpi_front *front);
+/* Is any block parked, in a bin or the slot? */
+bool tpi_front_any_parked(const tpi_front *front);
 /* Is node parked (in a bin or the slot)? Its tag in *out_tag. */
 bool tpi_front_parked(const tpi_front *front, uint32_t node, tpi_tag *out_tag);
 /* May the parked block at node be handed out again in place (the

@@ -91,7 +91,7 @@ static uint64_t run_reclaimers_locked(tpi_ladder *l, uint64_t need) {
  * make room, and are given back before the pool grows. */
 static tp_status try_backing(tpi_ladder *l, uint64_t size, uint32_t slot, uint32_t *out_node, uint64_t *out_need) {
     tpi_backing *b = l->backing;
-    if (tpi_front_parked_bytes(l->front)) {
+    if (tpi_front_any_parked(l->front)) {
         tp_status st = b->ops->try_alloc(b, size, slot, false, out_node, out_need);
         if (st != TP_NOT_READY) return st;
         tpi_front_flush(l->front);
