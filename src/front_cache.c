@@ -359,29 +359,28 @@ bool tpi_front_push(tpi_front *f, uint32_t slot, uint32_t node, uint64_t offset,
 
 uint32_t tpi_front_pop(tpi_front *f, uint64_t size, uint32_t slot) {
     uint64_t word = atomic_load_explicit(&f->slot_word, memory_order_relaxed);
-    if (size > f->max_block_bytes || word != TPI_FRONT_SLOT_EMPTY) {
-        if (word != TPI_FRONT_SLOT_EMPTY) {
-            uint32_t node = (uint32_t)word;
-            if (f->slot_size == size && (uint32_t)(word >> 32) == slot && tpi_front_reuse_in_place(&f->core->ra, node)) {
-                atomic_store_explicit(&f->slot_word, TPI_FRONT_SLOT_EMPTY, memory_order_relaxed);
-                return node;
-            }
-            slot_release(f);
+    if (size > f->max_block_bytes) {
+        uint32_t node = (uint32_t)word;
+        if (word != TPI_FRONT_SLOT_EMPTY && f->slot_size == size && (uint32_t)(word >> 32) == slot &&
+            tpi_front_reuse_in_place(&f->core->ra, node)) {
+            atomic_store_explicit(&f->slot_word, TPI_FRONT_SLOT_EMPTY, memory_order_relaxed);
+            return node;
         }
-        if (size > f->max_block_bytes) return TPI_RA_NONE;
+        slot_release(f);
+        return TPI_RA_NONE;
     }
     tpi_front_stream *fs = slot < f->stream_capacity ? f->streams[slot] : NULL;
-    if (!fs) return TPI_RA_NONE;
     uint32_t bin = tpi_ra_bin_of_units(size >> f->size_shift);
-    for (uint32_t b = bin; b <= bin + 1 && b < f->bin_count; b++) {
+    for (uint32_t b = bin; fs && b <= bin + 1 && b < f->bin_count; b++) {
         uint8_t count = fs->counts[b];
         if (!count) continue;
         tpi_front_entry *e = &fs->bins[b][count - 1];
         if (e->size < size || e->size - size > size / 8) continue;
         if (--fs->counts[b] == 0) fs->nonempty[b / 64] &= ~(1ull << (b % 64));
         fs->parked_bytes -= e->size;
-        return e->node;
+        return e->node; /* no placement: the slot may stay */
     }
+    slot_release(f);
     return TPI_RA_NONE;
 }
 

@@ -23,13 +23,16 @@
  *     the locked path, which looks in every stream's map.
  *   - statistics: the stream's uncounted hits (pool_stats.h).
  * Pool-wide: the last-freed slot. The last freed block too large for the
- * bins parks alone until the next allocation; reused in place when that
- * allocation asks for its size on its stream and good-fit placement would
- * choose the same address anyway, else released before the allocation
- * looks for room, so placement sees the same free memory as without it. Its
- * state word (stream slot and node) is atomic: every hit allocation reads
- * it (an occupied slot sends an allocation of another size or stream to the
- * locked path, which releases it), and the hit path fills and empties it:
+ * bins parks alone until the next allocation that is not a bin's hit;
+ * reused in place when that allocation asks for its size on its stream and
+ * good-fit placement would choose the same address anyway, else released
+ * before the allocation looks for room, so placement sees the same free
+ * memory as without it. (An allocation served by a bin places nothing, so
+ * the slot may stay through it: freeing a large and a small temporary in
+ * turn costs no locked call.) Its state word (stream slot and node) is
+ * atomic: every hit allocation too large for the bins reads it (an occupied
+ * slot sends an allocation of another size or stream to the locked path,
+ * which releases it), and the hit path fills and empties it:
  * a hit free fills an empty word with a compare-exchange, or, while the
  * pool has a single front stream (whose lock it holds, so no other thread
  * can reach the word), with a plain store.
@@ -244,7 +247,9 @@ void tpi_front_live_sums(const tpi_front *front, uint64_t *out_allocated, uint64
  * caller releases it. */
 bool tpi_front_push(tpi_front *front, uint32_t slot, uint32_t node, uint64_t offset, uint64_t size, tpi_tag tag);
 /* A parked block for size bytes on slot, taken out of the cache, or
- * TPI_RA_NONE. Empties the last-freed slot either way. */
+ * TPI_RA_NONE, the last-freed slot then released (the allocation looks for
+ * room next). A bin's block leaves the slot as it is, as the hit path's
+ * pick does. */
 uint32_t tpi_front_pop(tpi_front *front, uint64_t size, uint32_t slot);
 /* Gives every parked block back to the backing; returns the bytes. */
 uint64_t tpi_front_flush(tpi_front *front);
@@ -371,19 +376,21 @@ static inline tpi_front_entry *tpi_front_bin_fit(tpi_front_stream *fs, uint32_t 
  * tpi_front_hit_record, then with the hazard checker tpi_front_hit_check.
  *
  * Pick (no call): false: the locked path (the live map must grow, or no
- * parked block of the stream fits). True: a block of bin(size) or the next
- * bin that holds size bytes and wastes at most 1/8 of them, taken out of
- * its bin into *out (*out_word TPI_FRONT_SLOT_EMPTY); or, the last-freed
- * slot holding a block (or size too large for the bins), the slot's word
- * in *out_word, naming this stream's block of size bytes, which the next
- * step takes if it lies in place. */
+ * parked block of the stream fits). True: for a size the bins take, a
+ * block of bin(size) or the next bin that holds size bytes and wastes at
+ * most 1/8 of them, taken out of its bin into *out (*out_word
+ * TPI_FRONT_SLOT_EMPTY), whatever the last-freed slot holds; for a larger
+ * size, the slot's word in *out_word, naming this stream's block of size
+ * bytes, which the next step takes if it lies in place. */
 static inline bool tpi_front_hit_pick(tpi_front *f, tpi_front_stream *fs, uint64_t size, uint64_t bytes,
                                       tpi_live_entry *out, uint64_t *out_word) {
     if (2 * (fs->live.count + 1) > fs->live.capacity) return false; /* the live map must grow: the locked path */
-    uint64_t word = atomic_load_explicit(&f->slot_word, memory_order_acquire);
-    *out_word = word;
-    if (size > f->max_block_bytes || word != TPI_FRONT_SLOT_EMPTY)
+    if (size > f->max_block_bytes) {
+        uint64_t word = atomic_load_explicit(&f->slot_word, memory_order_acquire);
+        *out_word = word;
         return word < TPI_FRONT_SLOT_FILLING && (uint32_t)(word >> 32) == fs->slot && f->slot_size == size;
+    }
+    *out_word = TPI_FRONT_SLOT_EMPTY; /* a bin's block, whatever the slot holds: no placement, so it may stay */
     uint32_t b = tpi_ra_bin_of_units(size >> f->size_shift);
     tpi_front_entry *e = b < f->bin_count ? tpi_front_bin_fit(fs, b, size) : NULL;
     if (!e && (++b >= f->bin_count || !(e = tpi_front_bin_fit(fs, b, size)))) return false;

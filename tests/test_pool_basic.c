@@ -288,6 +288,67 @@ static void slot_in_place_follows_the_range_allocator(tp_pool_kind kind) {
     fixture_close(&f);
 }
 
+/* The state the memory map gives the range starting at address ("" when
+ * no range starts there). */
+static void range_state_at(tp_pool *pool, const void *address, char *state, size_t capacity) {
+    size_t length = 0;
+    state[0] = '\0';
+    REQUIRE(tp_pool_snapshot_json(pool, NULL, 0, &length) == TP_ERR_BUFFER_TOO_SMALL);
+    char *json = malloc(length + 1);
+    REQUIRE(json != NULL);
+    REQUIRE_OK(tp_pool_snapshot_json(pool, json, length + 1, NULL));
+    char key[64];
+    snprintf(key, sizeof key, "\"address\":\"0x%llx\"", (unsigned long long)(uintptr_t)address);
+    const char *range = strstr(json, key), *field = range ? strstr(range, "\"state\":\"") : NULL;
+    if (field) {
+        field += strlen("\"state\":\"");
+        size_t n = strcspn(field, "\"");
+        snprintf(state, capacity, "%.*s", (int)(n < capacity ? n : capacity - 1), field);
+    }
+    free(json);
+}
+
+static void slot_stays_through_bin_hits(tp_pool_kind kind) {
+    /* An allocation a bin serves places nothing, so the last-freed block
+     * stays parked through it, and the next request of its size gets it
+     * back in place, both without the pool lock. An allocation that must
+     * look for room still sees the parked block's memory as free: a small
+     * request whose bin is empty lands at its start (good fit). */
+    const uint64_t kb4 = 4096, kb8 = 8192, kb256 = 256 * 1024;
+    tp_pool_config pc = {.tcache_max_block_bytes = 64 * 1024};
+    fixture f;
+    fixture_open(&f, "sim:1GiB", kind, &pc);
+    void *a, *b, *c, *s, *x;
+    char state[32];
+    CHECK_OK(tp_pool_alloc(f.pool, kb256, TP_STREAM_DEFAULT, &a));
+    CHECK_OK(tp_pool_alloc(f.pool, kb256, TP_STREAM_DEFAULT, &b));
+    CHECK_OK(tp_pool_alloc(f.pool, kb256, TP_STREAM_DEFAULT, &c));
+    REQUIRE((char *)b == (char *)a + kb256 && (char *)c == (char *)b + kb256);
+    CHECK_OK(tp_pool_alloc(f.pool, kb4, TP_STREAM_DEFAULT, &s));
+    CHECK_OK(tp_pool_free(f.pool, s, TP_STREAM_DEFAULT)); /* into its bin */
+    for (int round = 0; round < 3; round++) {
+        CHECK_OK(tp_pool_free(f.pool, b, TP_STREAM_DEFAULT)); /* the last-freed slot */
+        void *t;
+        CHECK_OK(tp_pool_alloc(f.pool, kb4, TP_STREAM_DEFAULT, &t));
+        CHECK_EQ_PTR(t, s); /* from the bin */
+        range_state_at(f.pool, b, state, sizeof state);
+        CHECK_MSG(!strcmp(state, "parked"), "%s round %d: b is '%s' after a bin's hit, not parked", kind_name(kind),
+                  round, state);
+        CHECK_OK(tp_pool_alloc(f.pool, kb256, TP_STREAM_DEFAULT, &x));
+        CHECK_EQ_PTR(x, b); /* in place */
+        CHECK_OK(tp_pool_free(f.pool, t, TP_STREAM_DEFAULT));
+    }
+    /* A request its bin cannot serve looks for room: the parked block goes
+     * back first, and good fit puts the request at its start. */
+    CHECK_OK(tp_pool_free(f.pool, b, TP_STREAM_DEFAULT));
+    CHECK_OK(tp_pool_alloc(f.pool, kb8, TP_STREAM_DEFAULT, &x));
+    CHECK_MSG(x == b, "%s: an 8 KiB request got %p, expected b = %p", kind_name(kind), x, b);
+    CHECK_OK(tp_pool_free(f.pool, x, TP_STREAM_DEFAULT));
+    CHECK_OK(tp_pool_free(f.pool, a, TP_STREAM_DEFAULT));
+    CHECK_OK(tp_pool_free(f.pool, c, TP_STREAM_DEFAULT));
+    fixture_close(&f);
+}
+
 static void tick_flushes_only_when_quiet(tp_pool_kind kind) {
     /* tp_pool_tick leaves parked blocks alone while the pool is busy (they
      * are about to be reused) and returns them once a tick finds no alloc or
@@ -962,6 +1023,7 @@ KIND_TEST(device_with_open_pools_does_not_close)
 KIND_TEST(idle_memory_is_released_without_host_waits)
 KIND_TEST(last_freed_slot)
 KIND_TEST(slot_in_place_follows_the_range_allocator)
+KIND_TEST(slot_stays_through_bin_hits)
 KIND_TEST(tick_flushes_only_when_quiet)
 KIND_TEST(tick_releases_a_block_parked_past_idle_release)
 KIND_TEST(pinned_block_is_held_until_unpinned)
@@ -1051,6 +1113,7 @@ static const test_case tests[] = {
     KIND_CASES(idle_memory_is_released_without_host_waits),
     KIND_CASES(last_freed_slot),
     KIND_CASES(slot_in_place_follows_the_range_allocator),
+    KIND_CASES(slot_stays_through_bin_hits),
     KIND_CASES(tick_flushes_only_when_quiet),
     KIND_CASES(tick_releases_a_block_parked_past_idle_release),
     KIND_CASES(pinned_block_is_held_until_unpinned),
