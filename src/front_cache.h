@@ -385,8 +385,8 @@ static inline tpi_front_entry *tpi_front_bin_fit(tpi_front_stream *fs, uint32_t 
 static inline bool tpi_front_hit_pick(tpi_front *f, tpi_front_stream *fs, uint64_t size, uint64_t bytes,
                                       tpi_live_entry *out, uint64_t *out_word) {
     if (2 * (fs->live.count + 1) > fs->live.capacity) return false; /* the live map must grow: the locked path */
+    uint64_t word = atomic_load_explicit(&f->slot_word, memory_order_acquire);
     if (size > f->max_block_bytes) {
-        uint64_t word = atomic_load_explicit(&f->slot_word, memory_order_acquire);
         *out_word = word;
         return word < TPI_FRONT_SLOT_FILLING && (uint32_t)(word >> 32) == fs->slot && f->slot_size == size;
     }
