@@ -273,6 +273,7 @@ typedef struct hit_shared {
     int errors;
     int running; /* workers past their first round */
     unsigned long long pairs;
+    uint64_t large_bytes; /* 0: HIT_BYTES only; else a large and a small temporary in turn */
 } hit_shared;
 
 typedef struct hit_worker {
@@ -288,6 +289,18 @@ static void *hitter_main(void *arg) {
     void *live[HIT_LIVE] = {0};
     unsigned long long pairs = 0;
     while (!__atomic_load_n(&sh->stop, __ATOMIC_ACQUIRE)) {
+        if (sh->large_bytes) { /* free a large block (the last-freed slot), then small ones from the bins */
+            void *large = NULL, *small = NULL;
+            if (tp_pool_alloc(sh->pool, sh->large_bytes, w->stream, &large) != TP_OK ||
+                tp_pool_alloc(sh->pool, HIT_BYTES, w->stream, &small) != TP_OK ||
+                tp_pool_free(sh->pool, large, w->stream) != TP_OK || tp_pool_free(sh->pool, small, w->stream) != TP_OK ||
+                tp_pool_alloc(sh->pool, HIT_BYTES, w->stream, &small) != TP_OK ||
+                tp_pool_free(sh->pool, small, w->stream) != TP_OK)
+                __atomic_add_fetch(&sh->errors, 1, __ATOMIC_RELAXED);
+            pairs += 3;
+            if (pairs == 3) __atomic_add_fetch(&sh->running, 1, __ATOMIC_RELEASE);
+            continue;
+        }
         for (int k = 0; k < HIT_LIVE; k++) {
             if (live[k] && tp_pool_free(sh->pool, live[k], w->stream) != TP_OK)
                 __atomic_add_fetch(&sh->errors, 1, __ATOMIC_RELAXED);
@@ -380,6 +393,55 @@ static void stats_trim_and_check_while_threads_hit(tp_pool_kind kind) {
     CHECK_EQ_U64(c.hazards, 0);
     printf("  %s: %llu pairs by %d threads, %llu consistent reads (%llu after a trim)\n",
            kind == TP_POOL_VMM ? "vmm" : "segment", (unsigned long long)s.allocs, HIT_THREADS, reads, flushed_reads);
+    CHECK_OK(tp_pool_destroy(sh.pool));
+    CHECK_OK(tp_device_close(sh.dev));
+}
+
+/* Threads each free a large block (above the VMM bins' bound: the pool's
+ * one last-freed slot, filled by a hit's compare-exchange) and take small
+ * ones from their bins while another stream's block is parked there, with
+ * the checker, statistics and trim beside them: the slot changes hands
+ * between streams without a lost or doubled block, and nothing is left. */
+static void threads_share_the_last_freed_slot(void) {
+    hit_shared sh = {.large_bytes = 256 * 1024};
+    REQUIRE(tp_device_open("sim:8GiB", NULL, &sh.dev) == TP_OK);
+    tp_pool_config pc = {.kind = TP_POOL_VMM, .tcache_max_block_bytes = 64 * 1024};
+    REQUIRE(tp_pool_create(sh.dev, &pc, &sh.pool) == TP_OK);
+    hit_worker workers[HIT_THREADS];
+    pthread_t threads[HIT_THREADS];
+    hitters_start(&sh, workers, threads, HIT_THREADS);
+    for (int round = 0; round < 300; round++) {
+        tp_pool_stats s;
+        CHECK_OK(tp_pool_get_stats(sh.pool, &s));
+        CHECK_GE_U64(s.allocs, s.frees);
+        CHECK_LE_U64(s.allocs - s.frees, 2 * HIT_THREADS); /* a worker holds at most two */
+        CHECK_LE_U64(s.allocated_bytes.current, HIT_THREADS * (sh.large_bytes + HIT_BYTES));
+        char msg[256] = "";
+        tp_status st = tp_pool_check(sh.pool, msg, sizeof msg);
+        CHECK_MSG(st == TP_OK, "%s", msg);
+        if (round % 10 == 0) {
+            uint64_t released = 0;
+            CHECK_OK(tp_pool_trim(sh.pool, 0, &released));
+        }
+        sched_yield();
+    }
+    hitters_stop(&sh, workers, threads, HIT_THREADS);
+    CHECK_EQ_U64(sh.errors, 0);
+    tp_pool_stats s;
+    CHECK_OK(tp_pool_get_stats(sh.pool, &s));
+    CHECK_EQ_U64(s.allocs, s.frees);
+    CHECK_EQ_U64(s.allocs, sh.pairs);
+    CHECK_EQ_U64(s.allocated_bytes.current, 0);
+    char msg[256] = "";
+    CHECK_MSG(tp_pool_check(sh.pool, msg, sizeof msg) == TP_OK, "%s", msg);
+    uint64_t released = 0;
+    CHECK_OK(tp_pool_trim(sh.pool, 0, &released));
+    CHECK_OK(tp_pool_get_stats(sh.pool, &s));
+    CHECK_EQ_U64(s.reserved_bytes.current, 0); /* nothing parked or lost */
+    tp_sim_counters c;
+    CHECK_OK(tp_sim_get_counters(sh.dev, &c));
+    CHECK_EQ_U64(c.hazards, 0);
+    printf("  %llu allocations by %d threads, large and small in turn\n", (unsigned long long)s.allocs, HIT_THREADS);
     CHECK_OK(tp_pool_destroy(sh.pool));
     CHECK_OK(tp_device_close(sh.dev));
 }
@@ -635,6 +697,7 @@ static const test_case tests[] = {
     TEST_CASE(captures_beside_other_threads_vmm),
     TEST_CASE(captures_beside_other_threads_segment),
     TEST_CASE(the_simulated_clock_loses_no_step),
+    TEST_CASE(threads_share_the_last_freed_slot),
 };
 
 int main(int argc, char **argv) { return TEST_MAIN("test_threads", tests, argc, argv); }
