@@ -40,6 +40,13 @@ typedef struct worker {
     tp_stream stream;
 } worker;
 
+/* The pool's own invariant checker finds nothing wrong. */
+static void expect_pool_consistent(tp_pool *pool) {
+    char msg[256] = "";
+    tp_status st = tp_pool_check(pool, msg, sizeof msg);
+    CHECK_MSG(st == TP_OK, "%s", msg);
+}
+
 static void *worker_main(void *arg) {
     worker *w = arg;
     shared *sh = w->sh;
@@ -136,9 +143,7 @@ static void run(tp_pool_kind kind) {
         CHECK_OK(tp_event_destroy(sh.dev, sh.mailbox[i].ready));
     }
     CHECK_EQ_U64(sh.errors, 0);
-    char msg[256] = "";
-    tp_status st = tp_pool_check(sh.pool, msg, sizeof msg);
-    CHECK_MSG(st == TP_OK, "%s", msg);
+    expect_pool_consistent(sh.pool);
     tp_pool_stats s;
     CHECK_OK(tp_pool_get_stats(sh.pool, &s));
     CHECK_EQ_U64(s.allocated_bytes.current, 0);
@@ -338,6 +343,20 @@ static void hitters_stop(hit_shared *sh, hit_worker *workers, pthread_t *threads
     }
 }
 
+/* Stops the hitters, then: no errors, the pool's checker content, every
+ * allocation freed, no hazard; the final statistics in *out. */
+static void hitters_stop_and_check(hit_shared *sh, hit_worker *workers, pthread_t *threads, int n, tp_pool_stats *out) {
+    hitters_stop(sh, workers, threads, n);
+    CHECK_EQ_U64(sh->errors, 0);
+    expect_pool_consistent(sh->pool);
+    CHECK_OK(tp_pool_get_stats(sh->pool, out));
+    CHECK_EQ_U64(out->allocs, out->frees);
+    CHECK_EQ_U64(out->allocated_bytes.current, 0);
+    tp_sim_counters c;
+    CHECK_OK(tp_sim_get_counters(sh->dev, &c));
+    CHECK_EQ_U64(c.hazards, 0);
+}
+
 /* The statistics, the checker, trim and tick while other threads hit:
  * every read sees one consistent pool (the world lock excludes hits and
  * folds their counts in), and trim and tick reach every stream's cache. */
@@ -364,9 +383,7 @@ static void stats_trim_and_check_while_threads_hit(tp_pool_kind kind) {
         CHECK_GE_U64(s.allocated_bytes.peak, s.allocated_bytes.current);
         CHECK_EQ_U64(s.cached_bytes.current, s.reserved_bytes.current - s.allocated_bytes.current);
         CHECK_LE_U64(s.cache_hits, s.allocs);
-        char msg[256] = "";
-        tp_status st = tp_pool_check(sh.pool, msg, sizeof msg);
-        CHECK_MSG(st == TP_OK, "%s", msg);
+        expect_pool_consistent(sh.pool);
         if (round % 3 == 0) {
             uint64_t released = 0;
             CHECK_OK(tp_pool_trim(sh.pool, 0, &released));
@@ -380,17 +397,10 @@ static void stats_trim_and_check_while_threads_hit(tp_pool_kind kind) {
         reads++;
         sched_yield();
     }
-    hitters_stop(&sh, workers, threads, HIT_THREADS);
-    CHECK_EQ_U64(sh.errors, 0);
     tp_pool_stats s;
-    CHECK_OK(tp_pool_get_stats(sh.pool, &s));
-    CHECK_EQ_U64(s.allocs, s.frees);
+    hitters_stop_and_check(&sh, workers, threads, HIT_THREADS, &s);
     CHECK_EQ_U64(s.allocs, sh.pairs);
-    CHECK_EQ_U64(s.allocated_bytes.current, 0);
     CHECK_GT_U64(s.cache_hits, s.allocs / 2); /* mostly hits */
-    tp_sim_counters c;
-    CHECK_OK(tp_sim_get_counters(sh.dev, &c));
-    CHECK_EQ_U64(c.hazards, 0);
     printf("  %s: %llu pairs by %d threads, %llu consistent reads (%llu after a trim)\n",
            kind == TP_POOL_VMM ? "vmm" : "segment", (unsigned long long)s.allocs, HIT_THREADS, reads, flushed_reads);
     CHECK_OK(tp_pool_destroy(sh.pool));
@@ -416,31 +426,20 @@ static void threads_share_the_last_freed_slot(void) {
         CHECK_GE_U64(s.allocs, s.frees);
         CHECK_LE_U64(s.allocs - s.frees, 2 * HIT_THREADS); /* a worker holds at most two */
         CHECK_LE_U64(s.allocated_bytes.current, HIT_THREADS * (sh.large_bytes + HIT_BYTES));
-        char msg[256] = "";
-        tp_status st = tp_pool_check(sh.pool, msg, sizeof msg);
-        CHECK_MSG(st == TP_OK, "%s", msg);
+        expect_pool_consistent(sh.pool);
         if (round % 10 == 0) {
             uint64_t released = 0;
             CHECK_OK(tp_pool_trim(sh.pool, 0, &released));
         }
         sched_yield();
     }
-    hitters_stop(&sh, workers, threads, HIT_THREADS);
-    CHECK_EQ_U64(sh.errors, 0);
     tp_pool_stats s;
-    CHECK_OK(tp_pool_get_stats(sh.pool, &s));
-    CHECK_EQ_U64(s.allocs, s.frees);
+    hitters_stop_and_check(&sh, workers, threads, HIT_THREADS, &s);
     CHECK_EQ_U64(s.allocs, sh.pairs);
-    CHECK_EQ_U64(s.allocated_bytes.current, 0);
-    char msg[256] = "";
-    CHECK_MSG(tp_pool_check(sh.pool, msg, sizeof msg) == TP_OK, "%s", msg);
     uint64_t released = 0;
     CHECK_OK(tp_pool_trim(sh.pool, 0, &released));
     CHECK_OK(tp_pool_get_stats(sh.pool, &s));
     CHECK_EQ_U64(s.reserved_bytes.current, 0); /* nothing parked or lost */
-    tp_sim_counters c;
-    CHECK_OK(tp_sim_get_counters(sh.dev, &c));
-    CHECK_EQ_U64(c.hazards, 0);
     printf("  %llu allocations by %d threads, large and small in turn\n", (unsigned long long)s.allocs, HIT_THREADS);
     CHECK_OK(tp_pool_destroy(sh.pool));
     CHECK_OK(tp_device_close(sh.dev));
@@ -482,18 +481,8 @@ static void forget_streams_while_threads_hit(tp_pool_kind kind) {
     }
     for (int i = 0; i < 100; i++)
         if (left_over[i]) CHECK_OK(tp_pool_free(sh.pool, left_over[i], keeper));
-    hitters_stop(&sh, workers, threads, 2);
-    CHECK_EQ_U64(sh.errors, 0);
-    char msg[256] = "";
-    tp_status st = tp_pool_check(sh.pool, msg, sizeof msg);
-    CHECK_MSG(st == TP_OK, "%s", msg);
     tp_pool_stats s;
-    CHECK_OK(tp_pool_get_stats(sh.pool, &s));
-    CHECK_EQ_U64(s.allocs, s.frees);
-    CHECK_EQ_U64(s.allocated_bytes.current, 0);
-    tp_sim_counters c;
-    CHECK_OK(tp_sim_get_counters(sh.dev, &c));
-    CHECK_EQ_U64(c.hazards, 0);
+    hitters_stop_and_check(&sh, workers, threads, 2, &s);
     CHECK_OK(tp_pool_forget_stream(sh.pool, keeper));
     CHECK_OK(tp_stream_destroy(sh.dev, keeper));
     CHECK_OK(tp_pool_destroy(sh.pool));
@@ -585,9 +574,7 @@ static void two_threads_free_each_others_blocks(tp_pool_kind kind) {
             CHECK_OK(tp_event_destroy(sh.dev, sh.box[i][k].ready));
         }
     CHECK_EQ_U64(sh.errors, 0);
-    char msg[256] = "";
-    tp_status st = tp_pool_check(sh.pool, msg, sizeof msg);
-    CHECK_MSG(st == TP_OK, "%s", msg);
+    expect_pool_consistent(sh.pool);
     tp_pool_stats s;
     CHECK_OK(tp_pool_get_stats(sh.pool, &s));
     CHECK_EQ_U64(s.allocs, 6000);
