@@ -370,16 +370,8 @@ uint32_t tpi_front_pop(tpi_front *f, uint64_t size, uint32_t slot) {
         return TPI_RA_NONE;
     }
     tpi_front_stream *fs = slot < f->stream_capacity ? f->streams[slot] : NULL;
-    uint32_t bin = tpi_ra_bin_of_units(size >> f->size_shift);
-    for (uint32_t b = bin; fs && b <= bin + 1 && b < f->bin_count; b++) {
-        uint8_t count = fs->counts[b];
-        if (!count) continue;
-        tpi_front_entry *e = &fs->bins[b][count - 1];
-        if (e->size < size || e->size - size > size / 8) continue;
-        if (--fs->counts[b] == 0) fs->nonempty[b / 64] &= ~(1ull << (b % 64));
-        fs->parked_bytes -= e->size;
-        return e->node; /* no placement: the slot may stay */
-    }
+    const tpi_front_entry *e = fs ? tpi_front_bin_take(f, fs, size) : NULL;
+    if (e) return e->node; /* no placement: the slot may stay */
     slot_release(f);
     return TPI_RA_NONE;
 }

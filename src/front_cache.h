@@ -360,15 +360,28 @@ static inline tpi_front_stream *tpi_front_hit_enter(tpi_front *f, tp_stream hand
 }
 
 /* The newest block of bin b if it holds size bytes and wastes at most 1/8
- * of them, else NULL. (One unsigned test for both: pick asks in bin(size)
- * and the next, where a smaller block is smaller by less than size / 16 --
- * a bin spans a sixteenth of its power of two -- so the difference wraps
- * far above size / 8.) */
+ * of them, else NULL. (One unsigned test for both: a take asks in
+ * bin(size) and the next, where a smaller block is smaller by less than
+ * size / 16 -- a bin spans a sixteenth of its power of two -- so the
+ * difference wraps far above size / 8.) */
 static inline tpi_front_entry *tpi_front_bin_fit(tpi_front_stream *fs, uint32_t b, uint64_t size) {
     uint32_t count = fs->counts[b];
     if (!count) return NULL;
     tpi_front_entry *e = &fs->bins[b][count - 1];
     return e->size - size <= size / 8 ? e : NULL;
+}
+
+/* The bins' one rule for a request of size bytes, on the hit path and the
+ * locked path alike: the newest block of bin(size), else of the next bin,
+ * that fits (tpi_front_bin_fit), taken out of fs's bins; NULL if neither
+ * has one. The entry stays readable until the bin's next put. */
+static inline const tpi_front_entry *tpi_front_bin_take(const tpi_front *f, tpi_front_stream *fs, uint64_t size) {
+    uint32_t b = tpi_ra_bin_of_units(size >> f->size_shift);
+    tpi_front_entry *e = b < f->bin_count ? tpi_front_bin_fit(fs, b, size) : NULL;
+    if (!e && (++b >= f->bin_count || !(e = tpi_front_bin_fit(fs, b, size)))) return NULL;
+    if (--fs->counts[b] == 0) fs->nonempty[b / 64] &= ~(1ull << (b % 64));
+    fs->parked_bytes -= e->size;
+    return e;
 }
 
 /* A hit allocation of size bytes (bytes asked): tpi_front_hit_pick, then
@@ -393,12 +406,9 @@ static inline bool tpi_front_hit_pick(tpi_front *f, tpi_front_stream *fs, uint64
         return word < TPI_FRONT_SLOT_FILLING && (uint32_t)(word >> 32) == fs->slot && f->slot_size == size;
     }
     *out_word = TPI_FRONT_SLOT_EMPTY; /* a bin's block, whatever the slot holds: no placement, so it may stay */
-    uint32_t b = tpi_ra_bin_of_units(size >> f->size_shift);
-    tpi_front_entry *e = b < f->bin_count ? tpi_front_bin_fit(fs, b, size) : NULL;
-    if (!e && (++b >= f->bin_count || !(e = tpi_front_bin_fit(fs, b, size)))) return false;
+    const tpi_front_entry *e = tpi_front_bin_take(f, fs, size);
+    if (!e) return false;
     *out = (tpi_live_entry){e->offset, bytes, e->size, e->node, 0};
-    if (--fs->counts[b] == 0) fs->nonempty[b / 64] &= ~(1ull << (b % 64));
-    fs->parked_bytes -= out->size;
     return true;
 }
 
