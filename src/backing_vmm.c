@@ -324,14 +324,16 @@ static bool window_ready(tpi_core *core, uint32_t slot, uint64_t at, uint64_t si
 }
 
 /* Slides a window of pl->size bytes over the page-aligned positions of free
- * range id, [start, end), after its start (place_window has looked there),
+ * range id after its start (place_window has looked there),
  * and notes the one with the fewest unmapped pages and no blocked page as
  * pl->best if it beats it (and as pl->end when it has none missing). Stops
  * past the pages ever mapped (beyond them every window is all new pages)
  * and when pl->slide_budget runs out. */
-static void fewest_missing_window(tpi_core *core, placement *pl, uint32_t id, uint64_t start, uint64_t end) {
+static void fewest_missing_window(tpi_core *core, placement *pl, uint32_t id) {
     tpi_units *units = &core->units;
-    uint64_t first = tpi_page_of(units, start) + 1;
+    const tpi_ra_node *range = tpi_ra_node_at(&core->ra, id);
+    uint64_t end = range->offset + range->size;
+    uint64_t first = tpi_page_of(units, range->offset) + 1;
     if (first >= units->page_high) return;
     uint64_t last_start = tpi_page_of(units, end - pl->size); /* its window ends at or before end */
     uint64_t width = (pl->size + units->page_bytes - 1) >> units->page_shift;
@@ -447,10 +449,8 @@ static tp_status vmm_try_alloc(tpi_backing *b, uint64_t size, uint32_t slot, boo
     }
     /* No window at a candidate's start or end: windows inside them. */
     if (pl.best_missing != UINT64_MAX) pl.slide_budget = pl.best_missing * PLACE_SLIDE_PAGES_PER_MISSING;
-    for (unsigned i = 0; id == TPI_RA_NONE && pl.end == TPI_RA_NONE && i < seen; i++) {
-        const tpi_ra_node *c = tpi_ra_node_at(&core->ra, seen_ids[i]);
-        fewest_missing_window(core, &pl, seen_ids[i], c->offset, c->offset + c->size);
-    }
+    for (unsigned i = 0; id == TPI_RA_NONE && pl.end == TPI_RA_NONE && i < seen; i++)
+        fewest_missing_window(core, &pl, seen_ids[i]);
     /* Nothing usable among the first candidates (their pages held by other
      * streams' pending work, which a capture keeps pending): look on, so
      * that blocked ranges do not hide address space that can take new
