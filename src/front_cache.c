@@ -60,6 +60,7 @@ tp_status tpi_front_init(tpi_front *f, tpi_core *core, tpi_backing *backing, uin
     uint32_t top = tpi_ra_bin_of_units(max_units > (UINT64_MAX >> 1) ? (UINT64_MAX >> 1) : max_units);
     f->bin_count = TPI_MIN(top + 2, (uint32_t)TPI_RA_BIN_COUNT);
     f->hazard_checker = core->device->hazard_checker;
+    f->hazard_work = f->hazard_checker ? core->device->hazard_work : NULL;
     atomic_init(&f->slot_word, TPI_FRONT_SLOT_EMPTY);
     for (size_t i = 0; i < TPI_FRONT_SETS * TPI_FRONT_WAYS; i++) {
         atomic_init(&f->lookup[i].key, 0);

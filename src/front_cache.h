@@ -149,6 +149,9 @@ typedef struct tpi_front {
     uint32_t bin_count;       /* bins a block up to max_block_bytes can use */
     unsigned size_shift;      /* the range allocator's unit */
     bool hazard_checker;      /* the device checks every block handed out */
+    /* With hazard_checker: the device's count that is 0 while a check would
+     * find nothing (tp_device.hazard_work); NULL: check every hand-out. */
+    const _Atomic size_t *hazard_work;
     tpi_front_stream **streams; /* by slot; NULL until the stream's first call */
     size_t stream_capacity;
     uint32_t slot_end;        /* above the highest slot with a front stream */
@@ -447,6 +450,14 @@ static inline void tpi_front_hit_record(tpi_front_stream *fs, const tpi_live_ent
     tpi_stats_local_requested_rise(st, block->requested);
     st->requested_total += block->requested;
     st->allocs++;
+}
+
+/* Whether a hit must go by the hazard checker although the pool's extras
+ * leave it out (pool.c): the device counts work a hand-out could conflict
+ * with, and some is pending. (Relaxed, as the checker's own early return:
+ * work queued meanwhile on another thread is ordered after the hand-out.) */
+static inline bool tpi_front_hazard_work_pending(const tpi_front *f) {
+    return f->hazard_work && atomic_load_explicit(f->hazard_work, memory_order_relaxed);
 }
 
 /* Check (calls the device): the block shown to the hazard checker. */

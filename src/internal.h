@@ -143,6 +143,10 @@ struct tp_device {
     tpi_logger logger;
     tp_device_info info;
     bool hazard_checker; /* check_handout is worth calling */
+    /* With hazard_checker: a count that is 0 while check_handout would find
+     * nothing (no work pending to conflict with), read without a lock; NULL:
+     * check every hand-out. */
+    const _Atomic size_t *hazard_work;
     atomic_int users;    /* pools and caches open on this device */
 };
 

@@ -84,9 +84,11 @@ void tpi_pool_release_block_locked(tp_pool *pool, uint32_t node) {
 }
 
 /* Sets pool->hit_extras from what it sums up (the world lock held: hits
- * read it; see the hit path below). */
+ * read it; see the hit path below). A hazard checker that says when it has
+ * work to check against (front.hazard_work) is not an extra: a hit
+ * allocation looks at that count instead, and a free never checks. */
 static void hit_extras_update_locked(tp_pool *pool) {
-    pool->hit_extras = pool->core.stats.observer.fn || pool->front.hazard_checker ||
+    pool->hit_extras = pool->core.stats.observer.fn || (pool->front.hazard_checker && !pool->front.hazard_work) ||
                        (pool->core.config.flags & TP_POOL_FLAG_CHECK_INVARIANTS);
 }
 
@@ -380,7 +382,8 @@ static tp_status alloc_locked(tp_pool *pool, uint64_t size, size_t bytes, tp_str
 
 /* The hit path, in tp_pool_alloc and tp_pool_free, makes no call that
  * returns to it, so that they save no registers and keep no stack frame,
- * and tests one flag for the hit's rare extras (pool->hit_extras): where a
+ * and tests one flag for the hit's rare extras (pool->hit_extras; an
+ * allocation also whether the hazard checker has work pending): where a
  * hit needs a call (a stream lock someone holds, the last-freed slot, the
  * upkeep's clock) or has extras (an observer, the hazard checker, the
  * checks after every call) it goes on in a function of its own (*_waiting,
@@ -465,7 +468,8 @@ tp_status tp_pool_alloc(tp_pool *pool, size_t bytes, tp_stream stream, void **ou
     if (!fs) return alloc_waiting(pool, size, bytes, stream, out_ptr);
     /* (hit_extras is read under the stream lock and written under the
      * world lock, which no hit runs beside: no race.) */
-    if (pool->hit_extras) return alloc_entered(pool, fs, size, bytes, out_ptr);
+    if (pool->hit_extras || tpi_front_hazard_work_pending(&pool->front))
+        return alloc_entered(pool, fs, size, bytes, out_ptr);
     return alloc_from(pool, fs, size, bytes, out_ptr, false);
 }
 

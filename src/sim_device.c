@@ -976,6 +976,7 @@ tp_status tpi_sim_device_create(tp_device *device, const tpi_device_options *opt
     device->impl = sim;
     device->ops = &tpi_sim_ops;
     device->hazard_checker = sim->check;
+    device->hazard_work = &sim->kernels_pending; /* (sim_check_handout's early return) */
     tp_device_info *info = &device->info;
     snprintf(info->name, sizeof info->name, "simulated device");
     snprintf(info->backend, sizeof info->backend, "sim");

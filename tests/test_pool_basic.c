@@ -1011,6 +1011,61 @@ static void forgotten_stream_comes_back_to_the_hit_path(tp_pool_kind kind) {
     fixture_close(&f);
 }
 
+/* A block a hit hands out is shown to the device's hazard checker whenever
+ * work is pending: a bin's block (4 KiB) and the last-freed slot's (256
+ * KiB), each freed on stream a while a kernel the caller launched on
+ * stream b without ordering still uses it. The hit path skips the checker
+ * only while the device has no work pending at all; a hit then finds
+ * nothing, and none is counted. */
+static void hit_shows_its_block_to_the_hazard_checker(tp_pool_kind kind) {
+    fixture f;
+    /* (Without the invariant checks, which send every hit by the extras.) */
+    fixture_open_with(&f, "sim:1GiB", kind, NULL, false);
+    tp_stream a, b;
+    REQUIRE_OK(tp_stream_create(f.dev, &a));
+    REQUIRE_OK(tp_stream_create(f.dev, &b));
+    const uint64_t sizes[2] = {4096, 256 * 1024};
+    for (int i = 0; i < 2; i++) {
+        uint64_t bytes = sizes[i];
+        void *p, *q;
+        CHECK_OK(tp_pool_alloc(f.pool, bytes, a, &p));
+        CHECK_OK(tp_pool_free(f.pool, p, a));
+        tp_pool_stats before, after;
+        CHECK_OK(tp_pool_get_stats(f.pool, &before));
+        /* Nothing pending: a hit, nothing found. */
+        CHECK_OK(tp_pool_alloc(f.pool, bytes, a, &q));
+        CHECK_EQ_PTR(q, p);
+        CHECK_OK(tp_stream_synchronize(f.dev, a)); /* b may use it from here */
+        tp_range r = {(uint64_t)(uintptr_t)q, bytes};
+        CHECK_OK(tp_sim_launch(f.dev, b, 1000000, &r, 1));
+        CHECK_OK(tp_pool_free(f.pool, q, a)); /* the caller's mistake: b still runs on it */
+        CHECK_OK(tp_pool_alloc(f.pool, bytes, a, &q));
+        CHECK_EQ_PTR(q, p);
+        CHECK_OK(tp_pool_get_stats(f.pool, &after));
+        CHECK_MSG(after.cache_hits == before.cache_hits + 2, "%s %llu B: %llu hits, expected 2", kind_name(kind),
+                  (unsigned long long)bytes, (unsigned long long)(after.cache_hits - before.cache_hits));
+        CHECK_MSG(after.hazards == before.hazards + 1, "%s %llu B: %llu hazards counted, expected 1",
+                  kind_name(kind), (unsigned long long)bytes, (unsigned long long)(after.hazards - before.hazards));
+        CHECK_OK(tp_stream_synchronize(f.dev, b));
+        CHECK_OK(tp_pool_free(f.pool, q, a));
+    }
+    tp_sim_counters c;
+    CHECK_OK(tp_sim_get_counters(f.dev, &c));
+    CHECK_EQ_U64(c.hazards_handout, 2);
+    CHECK_OK(tp_pool_forget_stream(f.pool, a));
+    CHECK_OK(tp_pool_forget_stream(f.pool, b));
+    CHECK_OK(tp_stream_destroy(f.dev, a));
+    CHECK_OK(tp_stream_destroy(f.dev, b));
+    /* fixture_close would take the two hazards for the pool's. */
+    char msg[256] = "";
+    CHECK_MSG(tp_pool_check(f.pool, msg, sizeof msg) == TP_OK, "%s pool invariant: %s", kind_name(kind), msg);
+    CHECK_OK(tp_pool_destroy(f.pool));
+    CHECK_OK(tp_sim_get_counters(f.dev, &c));
+    CHECK_EQ_U64(c.physical_used_bytes, 0);
+    CHECK_EQ_U64(c.hazards, 2);
+    CHECK_OK(tp_device_close(f.dev));
+}
+
 KIND_TEST(alloc_free)
 KIND_TEST(peaks_are_exact_on_one_stream)
 KIND_TEST(peaks_bound_the_true_peaks_across_streams)
@@ -1031,6 +1086,7 @@ KIND_TEST(capture_pins_the_capturing_streams_blocks)
 KIND_TEST(reclaim_callback_drops_a_pin)
 KIND_TEST(capture_elsewhere_does_not_fail_allocations)
 KIND_TEST(forgotten_stream_comes_back_to_the_hit_path)
+KIND_TEST(hit_shows_its_block_to_the_hazard_checker)
 
 
 /* ggml captures every evaluation into a graph, so each step's temporaries
@@ -1095,6 +1151,7 @@ static const test_case tests[] = {
     KIND_CASES(alloc_free),
     KIND_CASES(capture_elsewhere_does_not_fail_allocations),
     KIND_CASES(forgotten_stream_comes_back_to_the_hit_path),
+    KIND_CASES(hit_shows_its_block_to_the_hazard_checker),
     TEST_CASE(test_pins_span_adjacent_segments),
     TEST_CASE(test_vmm_growth_maps_chunks_given_back_whole),
     TEST_CASE(test_vmm_chunk_waits_for_the_work_of_all_its_pages),
