@@ -331,6 +331,7 @@ typedef struct replay_lane {
     size_t block_capacity;
     stream_entry streams[MAX_STREAMS];
     size_t stream_count;
+    stream_entry last_stream; /* the latest lane_stream answer (at first trace stream 0: the default) */
     tpi_map folded; /* trace streams past MAX_STREAMS (or not created), replayed on the default stream */
     uint64_t live_bytes;
     uint64_t sample_every, next_sample, samples_capacity;
@@ -406,7 +407,7 @@ static void lane_sample(replay_lane *lane, uint64_t time_ns) {
         (replay_sample){r->events, time_ns, lane->live_bytes, c.reserved_bytes, c.cached_bytes};
 }
 
-static tp_stream lane_stream(replay_lane *lane, uint32_t trace_id) {
+static tp_stream lane_stream_lookup(replay_lane *lane, uint32_t trace_id) {
     if (trace_id == 0) return TP_STREAM_DEFAULT;
     for (size_t i = 0; i < lane->stream_count; i++)
         if (lane->streams[i].trace_id == trace_id) return lane->streams[i].stream;
@@ -418,6 +419,14 @@ static tp_stream lane_stream(replay_lane *lane, uint32_t trace_id) {
     /* no stream of its own: the default one, and the stream counted once */
     if (!tpi_map_find(&lane->folded, trace_id) && tpi_map_put(&lane->folded, trace_id, 1)) lane->result.folded_streams++;
     return TP_STREAM_DEFAULT;
+}
+
+/* The pool stream of a trace stream (made at its first event); the same as
+ * the previous event's more often than not, which costs no call. */
+static inline tp_stream lane_stream(replay_lane *lane, uint32_t trace_id) {
+    if (trace_id != lane->last_stream.trace_id)
+        lane->last_stream = (stream_entry){trace_id, lane_stream_lookup(lane, trace_id)};
+    return lane->last_stream.stream;
 }
 
 static void lane_oom_report(replay_lane *lane, char *buf, size_t capacity) {
