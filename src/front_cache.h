@@ -114,11 +114,11 @@ typedef struct tpi_live_entry {
  * probing, at most a quarter full, backward-shift deletion (the scheme of
  * common/tpi_map.h with a wider value; a quarter, not half: a replay of a
  * trace with a thousand blocks live probed 1.2 extra entries per insertion
- * at half, 0.3 at a quarter, for 32 bytes more per live block). The newest block is the next one
- * freed more often than not (a temporary freed before the next allocation,
- * or scopes ending in reverse): its entry, newest, is a plain field, and such
- * a pair never hashes. An allocation moves the previous newest into the
- * table. count covers both. */
+ * at half, 0.3 at a quarter, for 32 bytes more per live block). The newest
+ * block is the next one freed more often than not (a temporary freed before
+ * the next allocation, or scopes ending in reverse): its entry, newest, is a
+ * plain field, and such a pair never hashes. An allocation moves the
+ * previous newest into the table. count covers both. */
 typedef struct tpi_live_map {
     tpi_live_entry newest;   /* offset UINT64_MAX: empty */
     tpi_live_entry *entries; /* cache-line aligned, inside base */
