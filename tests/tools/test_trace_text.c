@@ -339,6 +339,91 @@ static void test_damage_with_threads(void) {
     in_process = false;
 }
 
+/* text[0, length) as gzip members cut at the given offsets, into path;
+ * the size written. */
+static size_t write_members(const char *path, const char *text, size_t length, const size_t *cuts, int cut_count,
+                            unsigned char *out, size_t out_capacity) {
+    size_t size = 0, from = 0;
+    for (int m = 0; m <= cut_count; m++) {
+        size_t to = m < cut_count ? cuts[m] : length;
+        uLong bound = compressBound((uLong)(to - from)) + 64;
+        REQUIRE(size + bound <= out_capacity);
+        z_stream z;
+        memset(&z, 0, sizeof z);
+        REQUIRE(deflateInit2(&z, 6, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) == Z_OK);
+        z.next_in = (Bytef *)(uintptr_t)(text + from);
+        z.avail_in = (uInt)(to - from);
+        z.next_out = out + size;
+        z.avail_out = (uInt)bound;
+        REQUIRE(deflate(&z, Z_FINISH) == Z_STREAM_END);
+        size += z.total_out;
+        deflateEnd(&z);
+        from = to;
+    }
+    FILE *f = fopen(path, "wb");
+    REQUIRE(f && fwrite(out, 1, size, f) == size && fclose(f) == 0);
+    return size;
+}
+
+/* A stream's gzip checks, the first member's deferred to the ordering step
+ * (tools/trace.c: crc_feed) and later members' made by zlib, with 0 to 4
+ * threads, in a worker process or not: concatenated members read whole
+ * (the first ending inside the header line, mid-line or at a block's
+ * edge); a wrong CRC or length in the first or a later member is the same
+ * error, at the same line, whatever the threads. */
+static void test_gzip_checks_with_threads(void) {
+    enum { COUNT = 3000 };
+    static char text[COUNT * 64];
+    size_t length = make_text(text, sizeof text, COUNT);
+    static trace_event reference[COUNT], got[COUNT];
+    char err[512], path[1024];
+    long expected = read_memory(text, length, NULL, 0, reference, COUNT, err, sizeof err);
+    REQUIRE(expected == COUNT);
+    snprintf(path, sizeof path, "%s/members.csv.gz", scratch_dir);
+    static unsigned char bytes[COUNT * 64 * 2];
+    const size_t block = 1500;
+    const size_t cuts[][2] = {{10, 0}, {length / 3 + 7, 0}, {block - 1, 2 * block + 1}, {length / 2, length - 5}};
+    const int cut_counts[] = {1, 1, 2, 2};
+    for (int c = 0; c < 4; c++) {
+        write_members(path, text, length, cuts[c], cut_counts[c], bytes, sizeof bytes);
+        for (unsigned threads = 0; threads <= 4; threads++) {
+            in_process = threads % 2 == 0;
+            trace_open_options options = {.block_bytes = block, .stream_gzip = true};
+            long n = read_path(path, &options, threads, got, COUNT, err, sizeof err);
+            bool same = n == expected;
+            for (long i = 0; same && i < n; i++) same = same_event(&reference[i], &got[i]);
+            CHECK_MSG(same, "members cut %d, %u threads: %ld events (%s)", c, threads, n, err);
+        }
+    }
+    /* Damage: the first member's CRC, then its length; a later member's CRC. */
+    const size_t two[2] = {length / 3 + 7, 2 * length / 3};
+    for (int damage = 0; damage < 3; damage++) {
+        size_t size = write_members(path, text, length, two, 2, bytes, sizeof bytes);
+        /* the first member's trailer ends where the second's magic begins */
+        size_t second = 0;
+        for (size_t i = 10; i + 1 < size && !second; i++)
+            if (bytes[i] == 0x1f && bytes[i + 1] == 0x8b && bytes[i + 2] == 8 && i >= 8) second = i;
+        REQUIRE(second);
+        size_t at = damage == 0 ? second - 8 : damage == 1 ? second - 4 : size - 8;
+        bytes[at] ^= 0x01;
+        FILE *f = fopen(path, "wb");
+        REQUIRE(f && fwrite(bytes, 1, size, f) == size && fclose(f) == 0);
+        char serial_err[512] = "";
+        trace_open_options options = {.block_bytes = block, .stream_gzip = true};
+        in_process = false;
+        CHECK(read_path(path, &options, 0, NULL, 0, serial_err, sizeof serial_err) == -1);
+        CHECK_MSG(strstr(serial_err, "corrupt gzip data") != NULL, "damage %d: '%s'", damage, serial_err);
+        for (unsigned threads = 1; threads <= 4; threads++) {
+            in_process = threads % 2 == 0;
+            err[0] = '\0';
+            CHECK(read_path(path, &options, threads, NULL, 0, err, sizeof err) == -1);
+            CHECK_MSG(!strcmp(err, serial_err), "damage %d, %u threads%s: '%s', serial '%s'", damage, threads,
+                      in_process ? " in a worker process" : "", err, serial_err);
+        }
+    }
+    in_process = false;
+}
+
 /* The batch hook: one call at a time, in trace order, on exactly the
  * events the caller then gets (relative times; what it rewrote is what the
  * caller sees) -- and none after a bad line; with 0 to 4 threads. */
@@ -432,6 +517,7 @@ static void test_worker_process_death(void) {
 static const test_case tests[] = {
     TEST_CASE(test_fast_matches_careful), TEST_CASE(test_strict_lines),        TEST_CASE(test_block_boundaries),
     TEST_CASE(test_sources_and_threads),  TEST_CASE(test_parallel_real_trace), TEST_CASE(test_damage_with_threads),
+    TEST_CASE(test_gzip_checks_with_threads),
     TEST_CASE(test_batch_hook),           TEST_CASE(test_worker_process_death),
 };
 
