@@ -874,16 +874,22 @@ static void peaks_bound_the_true_peaks(tp_pool_kind kind, int n) {
 static void peaks_are_exact_on_one_stream(tp_pool_kind kind) { peaks_bound_the_true_peaks(kind, 1); }
 static void peaks_bound_the_true_peaks_across_streams(tp_pool_kind kind) { peaks_bound_the_true_peaks(kind, 2); }
 
+/* A pool on a fresh simulated device, without the invariant checks (which
+ * send every hit by the extras), and two streams. */
+static void open_with_two_streams(fixture *f, tp_pool_kind kind, tp_stream *a, tp_stream *b) {
+    fixture_open_with(f, "sim:1GiB", kind, NULL, false);
+    REQUIRE_OK(tp_stream_create(f->dev, a));
+    REQUIRE_OK(tp_stream_create(f->dev, b));
+}
+
 /* Two streams each rise by one block and fall back, all hits, no locked call
  * between: the true peak rose by one block, the reported one by at most
  * two (the streams' own rises), never less than one. After a locked call
  * (get_stats) a single stream's rise is exact again. */
 static void peak_overstatement_is_bounded_by_the_streams_rises(tp_pool_kind kind) {
     fixture f;
-    fixture_open_with(&f, "sim:1GiB", kind, NULL, false);
     tp_stream a, b;
-    CHECK_OK(tp_stream_create(f.dev, &a));
-    CHECK_OK(tp_stream_create(f.dev, &b));
+    open_with_two_streams(&f, kind, &a, &b);
     const size_t block = 64 << 10;
     void *p, *q;
     for (int warm = 0; warm < 2; warm++) { /* each stream parks one block of the size */
@@ -1019,11 +1025,8 @@ static void forgotten_stream_comes_back_to_the_hit_path(tp_pool_kind kind) {
  * nothing, and none is counted. */
 static void hit_shows_its_block_to_the_hazard_checker(tp_pool_kind kind) {
     fixture f;
-    /* (Without the invariant checks, which send every hit by the extras.) */
-    fixture_open_with(&f, "sim:1GiB", kind, NULL, false);
     tp_stream a, b;
-    REQUIRE_OK(tp_stream_create(f.dev, &a));
-    REQUIRE_OK(tp_stream_create(f.dev, &b));
+    open_with_two_streams(&f, kind, &a, &b);
     const uint64_t sizes[2] = {4096, 256 * 1024};
     for (int i = 0; i < 2; i++) {
         uint64_t bytes = sizes[i];
