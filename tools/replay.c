@@ -446,7 +446,7 @@ static bool lane_reserve(replay_lane *lane, uint32_t slot) {
 }
 
 /* Frees the pool's block in slot (nothing for a failed or zero-byte alloc). */
-static void lane_release(replay_lane *lane, uint32_t slot, uint32_t trace_stream) {
+static inline void lane_release(replay_lane *lane, uint32_t slot, uint32_t trace_stream) {
     live_block block = lane->blocks[slot];
     lane->blocks[slot] = (live_block){0, 0};
     if (!block.address) return;
