@@ -23,10 +23,11 @@ struct tp_pool {
      * nothing: written when the world lock is given back, read by hits,
      * so a stream takes the world lock for its upkeep only when it is due. */
     _Atomic(uint64_t) upkeep_due_ns;
-    /* An observer, the hazard checker or the checks after every call:
-     * what makes a hit more than the common case (pool.c's hit path looks
-     * at each only when this is set). Written with the world lock held,
-     * read by hits under their stream lock. */
+    /* An observer, a hazard checker that cannot say when it has nothing to
+     * check against (the simulated device can: pool.c's hit path asks it),
+     * or the checks after every call: what makes a hit more than the common
+     * case (pool.c's hit path looks at each only when this is set). Written
+     * with the world lock held, read by hits under their stream lock. */
     bool hit_extras;
 };
 
