@@ -162,8 +162,8 @@ struct trace_reader {
     uint64_t pending_end_offset;
     uint32_t pending_crc;
     bool crc_checking;        /* in text order: the first member's text is being summed */
-    bool crc_end_known;
-    uint64_t crc_end, crc_pos;
+    uint64_t crc_end;         /* where the first member's text ends (UINT64_MAX: not known yet) */
+    uint64_t crc_pos;         /* text summed so far */
     uint32_t crc, crc_expected;
     char *carry; /* stream: text after the last whole line (block_bytes) */
     size_t carry_length;
@@ -356,9 +356,16 @@ static long stream_read(trace_reader *r, char *buf, size_t capacity) {
 /* The deferred check (r->crc_deferred) learns where the first member ends
  * and what its trailer says. */
 static void crc_end_from(trace_reader *r, uint64_t offset, uint32_t crc) {
-    r->crc_end_known = true;
     r->crc_end = offset;
     r->crc_expected = crc;
+}
+
+/* ... from stream_read directly, on the thread that reads (the header line
+ * at open, the pickle reader); blocks carry it to the ordering step. */
+static void crc_end_from_pending(trace_reader *r) {
+    if (!r->member_end_pending) return;
+    crc_end_from(r, r->pending_end_offset, r->pending_crc);
+    r->member_end_pending = false;
 }
 
 /* The deferred check, fed the text in order from its start: up to the first
@@ -366,19 +373,19 @@ static void crc_end_from(trace_reader *r, uint64_t offset, uint32_t crc) {
  * compared with the trailer's. False (why set) on a mismatch. */
 static bool crc_feed(trace_reader *r, const char *text, size_t length, char *why, size_t why_capacity) {
     if (!r->crc_checking) return true;
-    if (r->crc_end_known && r->crc_pos > r->crc_end) { /* (cannot happen: the end is learnt before its text) */
+    if (r->crc_pos > r->crc_end) { /* (cannot happen: the end is learnt before its text) */
         snprintf(why, why_capacity, "internal error: the first gzip member's end was learnt after its text");
         return false;
     }
     size_t take = length;
-    if (r->crc_end_known && r->crc_end - r->crc_pos < take) take = (size_t)(r->crc_end - r->crc_pos);
+    if (r->crc_end - r->crc_pos < take) take = (size_t)(r->crc_end - r->crc_pos);
     for (size_t done = 0; done < take;) { /* (crc32 takes an unsigned int) */
         size_t part = take - done < (1u << 30) ? take - done : (1u << 30);
         r->crc = (uint32_t)crc32(r->crc, (const unsigned char *)text + done, (uInt)part);
         done += part;
     }
     r->crc_pos += take;
-    if (!r->crc_end_known || r->crc_pos != r->crc_end) return true;
+    if (r->crc_pos != r->crc_end) return true;
     r->crc_checking = false;
     if (r->crc == r->crc_expected) return true;
     snprintf(why, why_capacity, "corrupt gzip data (the text's CRC-32 is %08lx, the trailer's %08lx)",
@@ -498,6 +505,7 @@ static bool open_source(trace_reader *r, const char *path, char *err, size_t cap
         if (regular) { /* the first member's check deferred: its trailer can be read back */
             inflateValidate(&r->z, 0);
             r->crc_deferred = r->crc_checking = true;
+            r->crc_end = UINT64_MAX;
         }
     }
     r->carry = malloc(r->block_bytes);
@@ -984,10 +992,7 @@ static bool read_header(trace_reader *r, char *err, size_t cap) {
         r->region_offset = nl ? (size_t)(nl - text) + 1 : avail;
     } else {
         size_t used = nl ? (size_t)(nl - text) + 1 : avail;
-        if (r->member_end_pending) {
-            crc_end_from(r, r->pending_end_offset, r->pending_crc);
-            r->member_end_pending = false;
-        }
+        crc_end_from_pending(r);
         char why[REASON_CAPACITY];
         if (!crc_feed(r, r->carry, used, why, sizeof why)) {
             snprintf(err, cap, "%s:1: %s", r->name, why);
@@ -1176,10 +1181,7 @@ static unsigned char *slurp(trace_reader *r, size_t *out_length, char *err, size
         }
         break;
     }
-    if (r->member_end_pending) { /* (the text from its start is in buf: no header line was taken) */
-        crc_end_from(r, r->pending_end_offset, r->pending_crc);
-        r->member_end_pending = false;
-    }
+    crc_end_from_pending(r); /* (the text from its start is in buf: no header line was taken) */
     char why[REASON_CAPACITY];
     if (!crc_feed(r, (const char *)buf, length, why, sizeof why)) {
         snprintf(err, cap, "%s: %s", r->name, why);
