@@ -1,0 +1,351 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * test_inflater.c -- tools/inflater.c against zlib.
+ *
+ * Valid streams: texts of many shapes (random bytes, runs, short periods,
+ * CSV-like lines, a mix) deflated by zlib at every level and strategy, with
+ * flushes (empty stored blocks, byte-aligned block ends) at random points,
+ * decoded into buffers of random sizes (1 byte up to the whole text): the
+ * text must come back exactly, END with it, and the input used must be the
+ * stream's length.
+ * Damaged streams: the same streams with bits flipped, bytes overwritten,
+ * or cut short, and random bytes: whatever the inflater produces must be a
+ * prefix of what zlib's inflate produces from the same bytes (the caller
+ * hands an error to zlib, skipping the text it already has), and END only
+ * where zlib also reaches the stream's end with the same text and input.
+ */
+#include "inflater.h"
+
+#include <dirent.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zlib.h>
+
+static int failures;
+#define CHECK(cond, ...)                                                                                              \
+    do {                                                                                                              \
+        if (!(cond)) {                                                                                                \
+            fprintf(stderr, "%s:%d: check failed: %s: ", __FILE__, __LINE__, #cond);                                   \
+            fprintf(stderr, __VA_ARGS__);                                                                             \
+            fprintf(stderr, "\n");                                                                                    \
+            failures++;                                                                                               \
+        }                                                                                                             \
+    } while (0)
+
+static uint64_t rng_state = 0x696e666c61746572ull;
+static uint64_t rng(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+static size_t below(size_t n) { return n ? (size_t)(rng() % n) : 0; }
+
+/* A text of `shape`, length bytes. */
+static void make_text(unsigned char *t, size_t length, unsigned shape) {
+    size_t i = 0;
+    switch (shape) {
+    case 0: /* random bytes: stored blocks at level 0, literals otherwise */
+        for (; i < length; i++) t[i] = (unsigned char)rng();
+        break;
+    case 1: /* runs: distance 1 */
+        while (i < length) {
+            unsigned char c = (unsigned char)rng();
+            for (size_t n = 1 + below(600); n-- && i < length;) t[i++] = c;
+        }
+        break;
+    case 2: /* short periods: distances 2..15 */
+        while (i < length) {
+            size_t period = 2 + below(14), n = below(400);
+            unsigned char p[16];
+            for (size_t k = 0; k < period; k++) p[k] = (unsigned char)('a' + below(4));
+            for (size_t k = 0; k < n && i < length; k++) t[i++] = p[k % period];
+        }
+        break;
+    case 3: { /* CSV lines like a trace's */
+        uint64_t time = 1000, addr = 0x7f0000000000ull;
+        while (i < length) {
+            char line[128];
+            int n = snprintf(line, sizeof line, "%llu,%s,0x%llx,%llu,%u\n", (unsigned long long)time,
+                             rng() & 1 ? "alloc" : "free", (unsigned long long)(addr + 512 * below(4096)),
+                             (unsigned long long)(1ull << below(30)), (unsigned)below(3));
+            time += below(50);
+            for (int k = 0; k < n && i < length; k++) t[i++] = (unsigned char)line[k];
+        }
+        break;
+    }
+    default: /* a mix, with repeats from far back (distances up to 32 KiB) */
+        while (i < length) {
+            size_t n = 1 + below(3000), kind = below(4);
+            for (size_t k = 0; k < n && i < length; k++, i++)
+                t[i] = kind == 0 || i < 40000 ? (unsigned char)(rng() % (kind == 1 ? 3 : 256))
+                       : kind == 1       ? t[i - 1 - below(8)]
+                                         : t[i - 32768 + below(16)];
+        }
+    }
+}
+
+/* zlib's raw deflate of t at level/strategy, flushing (SYNC or FULL) at
+ * random points when asked; NULL if zlib fails or does not finish. */
+static unsigned char *deflate_text(const unsigned char *t, size_t length, int level, int strategy, int mem_level,
+                                   bool flushes, size_t *out_length) {
+    z_stream z;
+    memset(&z, 0, sizeof z);
+    if (deflateInit2(&z, level, Z_DEFLATED, -15, mem_level, strategy) != Z_OK) return NULL;
+    size_t capacity = deflateBound(&z, length) + 64, used = 0;
+    unsigned char *out = malloc(capacity);
+    size_t at = 0;
+    int ret = Z_OK;
+    while (out && ret != Z_STREAM_END) {
+        size_t n = flushes ? 1 + below(length / 4 + 1) : length - at;
+        if (n > length - at) n = length - at;
+        z.next_in = (unsigned char *)t + at;
+        z.avail_in = (uInt)n;
+        at += n;
+        int flush = at == length ? Z_FINISH : !flushes ? Z_NO_FLUSH : rng() & 1 ? Z_SYNC_FLUSH : Z_FULL_FLUSH;
+        do { /* (a flush adds bytes deflateBound does not count: the buffer grows) */
+            if (used == capacity) {
+                unsigned char *grown = realloc(out, capacity * 2);
+                if (!grown) break;
+                out = grown;
+                capacity *= 2;
+            }
+            z.next_out = out + used;
+            z.avail_out = (uInt)(capacity - used);
+            ret = deflate(&z, flush);
+            used = capacity - z.avail_out;
+        } while ((ret == Z_OK || ret == Z_BUF_ERROR) && z.avail_out == 0);
+        if (ret != Z_OK && ret != Z_STREAM_END && ret != Z_BUF_ERROR) break;
+        if (at == length && ret != Z_STREAM_END && z.avail_out != 0) break; /* Z_FINISH should have ended it */
+    }
+    deflateEnd(&z);
+    if (ret != Z_STREAM_END) {
+        free(out);
+        return NULL;
+    }
+    *out_length = used;
+    return out;
+}
+
+/* What zlib's raw inflate makes of in: its text (*text_length), whether it
+ * reached the stream's end, and the input it used. */
+static bool zlib_inflate(const unsigned char *in, size_t length, unsigned char *text, size_t capacity,
+                         size_t *text_length, size_t *used) {
+    z_stream z;
+    memset(&z, 0, sizeof z);
+    inflateInit2(&z, -15);
+    z.next_in = (unsigned char *)in;
+    z.avail_in = (uInt)length;
+    z.next_out = text;
+    z.avail_out = (uInt)capacity;
+    int ret = inflate(&z, Z_FINISH);
+    *text_length = capacity - z.avail_out;
+    *used = length - z.avail_in;
+    inflateEnd(&z);
+    return ret == Z_STREAM_END;
+}
+
+/* The inflater over in, into buffers of random sizes (or all `chunk` when
+ * not 0): the text, the status it ended with, the input used at END. */
+static inflater_status inflate_chunks(inflater *d, const unsigned char *in, size_t length, unsigned char *text,
+                                      size_t capacity, size_t chunk, size_t *text_length, size_t *used) {
+    inflater_start(d, in, length);
+    size_t at = 0;
+    inflater_status st = INFLATER_MORE;
+    for (;;) {
+        size_t n = chunk ? chunk : rng() % 4 == 0 ? 1 + below(16) : 1 + below(1u << (below(20) + 1));
+        if (n > capacity - at) n = capacity - at;
+        size_t got = 0;
+        st = inflater_read(d, text + at, n, &got);
+        if (got > n) {
+            fprintf(stderr, "produced %zu into %zu\n", got, n);
+            failures++;
+            break;
+        }
+        at += got;
+        if (st != INFLATER_MORE) break;
+        if (got != n) {
+            fprintf(stderr, "MORE with a buffer not full (%zu of %zu)\n", got, n);
+            failures++;
+            break;
+        }
+        if (at == capacity) break; /* more text than the case allows: the caller's check fails */
+    }
+    *text_length = at;
+    *used = st == INFLATER_END ? inflater_input_used(d) : 0;
+    if (st == INFLATER_END) { /* after END, END again with nothing */
+        size_t got = 1;
+        unsigned char b;
+        CHECK(inflater_read(d, &b, 1, &got) == INFLATER_END && got == 0, "END is not sticky");
+    }
+    CHECK(inflater_total_out(d) == at, "total_out %llu, produced %zu", (unsigned long long)inflater_total_out(d), at);
+    return st;
+}
+
+#define MAX_TEXT (3u << 20)
+
+static void test_valid_streams(inflater *d, unsigned char *text, unsigned char *back, unsigned cases) {
+    static const int strategies[] = {Z_DEFAULT_STRATEGY, Z_FILTERED, Z_HUFFMAN_ONLY, Z_RLE, Z_FIXED};
+    for (unsigned k = 0; k < cases; k++) {
+        size_t length = k % 7 == 0 ? below(64) : k % 3 == 0 ? below(MAX_TEXT) : below(200000);
+        unsigned shape = (unsigned)below(5);
+        int level = (int)below(10), strategy = strategies[below(5)], mem_level = 1 + (int)below(9);
+        bool flushes = rng() % 3 == 0;
+        make_text(text, length, shape);
+        size_t zlength = 0;
+        unsigned char *z = deflate_text(text, length, level, strategy, mem_level, flushes, &zlength);
+        CHECK(z, "deflate failed");
+        if (!z) continue;
+        size_t chunk = k % 5 == 0 ? MAX_TEXT : 0, got = 0, used = 0;
+        inflater_status st = inflate_chunks(d, z, zlength, back, MAX_TEXT, chunk, &got, &used);
+        CHECK(st == INFLATER_END, "case %u (shape %u, level %d, strategy %d, %zu bytes): status %d (%s)", k, shape,
+              level, strategy, length, st, inflater_error(d));
+        CHECK(got == length && !memcmp(back, text, length), "case %u: %zu bytes back of %zu, or different", k, got,
+              length);
+        CHECK(used == zlength, "case %u: used %zu of %zu", k, used, zlength);
+        /* the same stream with bytes after it: they are not taken */
+        unsigned char *longer = malloc(zlength + 40);
+        memcpy(longer, z, zlength);
+        for (unsigned i = 0; i < 40; i++) longer[zlength + i] = (unsigned char)rng();
+        st = inflate_chunks(d, longer, zlength + 40, back, MAX_TEXT, 0, &got, &used);
+        CHECK(st == INFLATER_END && got == length && used == zlength, "case %u with bytes after it", k);
+        free(longer);
+        free(z);
+    }
+}
+
+static void test_damaged_streams(inflater *d, unsigned char *text, unsigned char *mine, unsigned char *theirs,
+                                 unsigned cases) {
+    unsigned ends = 0, errors = 0;
+    for (unsigned k = 0; k < cases; k++) {
+        size_t length = below(k % 4 == 0 ? 300000 : 20000), zlength = 0;
+        make_text(text, length, (unsigned)below(5));
+        unsigned char *z = deflate_text(text, length, (int)below(10), rng() & 1 ? Z_DEFAULT_STRATEGY : Z_FIXED, 8,
+                                        rng() % 4 == 0, &zlength);
+        if (!z) continue;
+        switch (k % 4) {
+        case 0: /* bits flipped */
+            for (size_t n = 1 + below(3); n--;) z[below(zlength)] ^= (unsigned char)(1u << below(8));
+            break;
+        case 1: /* bytes overwritten */
+            for (size_t n = 1 + below(4); n--;) z[below(zlength)] = (unsigned char)rng();
+            break;
+        case 2: /* cut short */
+            zlength = below(zlength);
+            break;
+        default: /* random bytes */
+            for (size_t i = 0; i < zlength; i++) z[i] = (unsigned char)rng();
+            zlength = below(zlength + 1);
+        }
+        size_t mine_length = 0, used = 0, theirs_length = 0, theirs_used = 0;
+        inflater_status st = inflate_chunks(d, z, zlength, mine, MAX_TEXT, 0, &mine_length, &used);
+        bool zlib_end = zlib_inflate(z, zlength, theirs, MAX_TEXT, &theirs_length, &theirs_used);
+        CHECK(mine_length <= theirs_length && !memcmp(mine, theirs, mine_length),
+              "case %u: the inflater's %zu bytes are not a prefix of zlib's %zu", k, mine_length, theirs_length);
+        if (st == INFLATER_END) {
+            ends++;
+            CHECK(zlib_end && theirs_length == mine_length && theirs_used == used,
+                  "case %u: END where zlib %s (%zu/%zu bytes, used %zu/%zu)", k, zlib_end ? "ended" : "did not end",
+                  mine_length, theirs_length, used, theirs_used);
+        } else {
+            errors++;
+            CHECK(st == INFLATER_ERROR, "case %u: status %d", k, st);
+        }
+        free(z);
+    }
+    printf("damaged streams: %u cases, %u ended (zlib agreeing), %u rejected\n", cases, ends, errors);
+}
+
+/* Hand-made streams zlib's rules treat specially. */
+static void test_edge_streams(inflater *d, unsigned char *mine, unsigned char *theirs) {
+    static const struct {
+        const char *what;
+        unsigned char bytes[16];
+        size_t length;
+    } streams[] = {
+        {"empty fixed block", {0x03, 0x00}, 2},
+        {"empty stored block", {0x01, 0x00, 0x00, 0xff, 0xff}, 5},
+        {"stored block, lengths that disagree", {0x01, 0x01, 0x00, 0xff, 0xff, 'x'}, 6},
+        {"block type 3", {0x07, 0x00}, 2},
+        {"distance before the start", {0x63, 0x00, 0x42, 0x00}, 4}, /* fixed: literal 0, length 3, distance 1..? */
+        {"nothing", {0}, 0},
+    };
+    for (size_t i = 0; i < sizeof streams / sizeof *streams; i++) {
+        size_t mine_length = 0, used = 0, theirs_length = 0, theirs_used = 0;
+        inflater_status st =
+            inflate_chunks(d, streams[i].bytes, streams[i].length, mine, 4096, 0, &mine_length, &used);
+        bool zlib_end = zlib_inflate(streams[i].bytes, streams[i].length, theirs, 4096, &theirs_length, &theirs_used);
+        CHECK((st == INFLATER_END) == zlib_end, "%s: inflater %d, zlib %s", streams[i].what, st,
+              zlib_end ? "ended" : "rejected");
+        CHECK(mine_length <= theirs_length && !memcmp(mine, theirs, mine_length), "%s: not a prefix", streams[i].what);
+        if (st == INFLATER_END) CHECK(used == theirs_used, "%s: used %zu, zlib %zu", streams[i].what, used, theirs_used);
+    }
+}
+
+/* --seeds OUT IN: the fuzzer's seeds (tools/fuzz_inflater.c) into OUT,
+ * from each file in IN: its raw deflate at levels 1, 6 and 9 behind a byte
+ * that picks the fuzzer's buffer sizes. */
+static int write_seeds(const char *out_dir, const char *in_dir) {
+    DIR *dir = opendir(in_dir);
+    if (!dir) {
+        fprintf(stderr, "test_inflater: cannot open %s\n", in_dir);
+        return 1;
+    }
+    int written = 0;
+    for (struct dirent *entry; (entry = readdir(dir));) {
+        if (entry->d_name[0] == '.') continue;
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", in_dir, entry->d_name);
+        FILE *f = fopen(path, "rb");
+        if (!f) continue;
+        static unsigned char text[1u << 16];
+        size_t length = fread(text, 1, sizeof text, f);
+        fclose(f);
+        for (int level = 1; level <= 9; level += level == 1 ? 5 : 3) {
+            size_t zlength = 0;
+            unsigned char *z = deflate_text(text, length, level, Z_DEFAULT_STRATEGY, 8, false, &zlength);
+            snprintf(path, sizeof path, "%s/%s.%d", out_dir, entry->d_name, level);
+            FILE *out = fopen(path, "wb");
+            unsigned char chunk = (unsigned char)(1 + (written * 37 + level) % 255);
+            bool ok = z && out && fwrite(&chunk, 1, 1, out) == 1 && fwrite(z, 1, zlength, out) == zlength;
+            if (out && fclose(out) != 0) ok = false;
+            free(z);
+            if (!ok) {
+                fprintf(stderr, "test_inflater: cannot write %s\n", path);
+                closedir(dir);
+                return 1;
+            }
+            written++;
+        }
+    }
+    closedir(dir);
+    printf("test_inflater: %d seeds in %s\n", written, out_dir);
+    return written ? 0 : 1;
+}
+
+int main(int argc, char **argv) {
+    if (argc == 4 && !strcmp(argv[1], "--seeds")) return write_seeds(argv[2], argv[3]);
+    unsigned cases = argc > 1 ? (unsigned)strtoul(argv[1], NULL, 10) : 300;
+    inflater *d = inflater_create();
+    unsigned char *text = malloc(MAX_TEXT), *a = malloc(MAX_TEXT), *b = malloc(MAX_TEXT);
+    if (!d || !text || !a || !b) {
+        fprintf(stderr, "out of memory\n");
+        return 1;
+    }
+    test_edge_streams(d, a, b);
+    test_valid_streams(d, text, a, cases);
+    test_damaged_streams(d, text, a, b, cases * 5);
+    inflater_destroy(d);
+    free(text);
+    free(a);
+    free(b);
+    if (failures) {
+        fprintf(stderr, "%d failures\n", failures);
+        return 1;
+    }
+    printf("test_inflater: all passed (%u valid streams)\n", cases);
+    return 0;
+}
