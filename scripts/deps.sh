@@ -4,9 +4,6 @@
 # whole test suite needs ("test"; "install": only what scripts/check_install.sh
 # needs) is there, and on Debian or Ubuntu installs what is not with apt-get.
 #   scripts/deps.sh [build|install|test]
-# libdeflate (libdeflate-dev) is optional: tide inflates gzip traces about
-# twice as fast with it and falls back to zlib alone without it, so it is
-# installed where apt-get can, and its absence is only a note.
 # It checks what each package provides (a command, a header that compiles, a
 # sanitizer runtime that links), not the package database, so when all is
 # there it installs nothing and needs no root, wherever the tools came from.
@@ -27,10 +24,8 @@ links() { # compiler, flags...: compiles and links a small C program
 clang_major() { clang -dumpversion 2>/dev/null | cut -d. -f1; }
 
 missing=()
-optional=()
-check() { # fills missing (and optional) with the Debian/Ubuntu packages of what is absent
+check() { # fills missing with the Debian/Ubuntu packages of what is absent
   missing=()
-  optional=()
   local have_cc=1
   printf 'int main(void) { return 0; }\n' >"$tmp/t.c"
   links cc || { have_cc=0; missing+=(build-essential); }
@@ -38,8 +33,6 @@ check() { # fills missing (and optional) with the Debian/Ubuntu packages of what
   command -v ninja >/dev/null || missing+=(ninja-build)
   printf '#include <zlib.h>\nint main(void) { return zlibVersion() == 0; }\n' >"$tmp/t.c"
   if [ "$have_cc" = 1 ] && ! links cc -lz; then missing+=(zlib1g-dev); fi
-  printf '#include <libdeflate.h>\nint main(void) { libdeflate_free_decompressor(libdeflate_alloc_decompressor()); return 0; }\n' >"$tmp/t.c"
-  if [ "$have_cc" = 1 ] && ! links cc -ldeflate; then optional+=(libdeflate-dev); fi
   [ "$mode" != build ] || return 0
   command -v make >/dev/null || missing+=(make)               # examples/consumer (check_install.sh)
   command -v pkg-config >/dev/null || missing+=(pkg-config)   # check_install.sh
@@ -65,19 +58,7 @@ check() { # fills missing (and optional) with the Debian/Ubuntu packages of what
 }
 
 check
-if [ ${#missing[@]} -eq 0 ]; then
-  [ ${#optional[@]} -eq 0 ] && exit 0
-  # only optional packages are absent: install them if this can, else say so
-  if command -v apt-get >/dev/null && { [ "$(id -u)" -eq 0 ] || command -v sudo >/dev/null; }; then
-    s=(); [ "$(id -u)" -eq 0 ] || s=(sudo)
-    { "${s[@]}" apt-get update -qq && "${s[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${optional[@]}" >/dev/null; } \
-      && echo "deps: installed ${optional[*]} (optional)" \
-      || echo "deps: could not install ${optional[*]} (optional: tide inflates gzip traces with zlib alone)" >&2
-  else
-    echo "deps: optional, not installed: ${optional[*]} (tide inflates gzip traces with zlib alone)" >&2
-  fi
-  exit 0
-fi
+[ ${#missing[@]} -eq 0 ] && exit 0
 
 cannot() { # why
   echo "deps: $1; install these packages (Debian/Ubuntu names) and run again: ${missing[*]}" >&2
@@ -103,8 +84,6 @@ apt_install() {
 first=()
 for p in "${missing[@]}"; do case "$p" in libclang-rt-*) ;; *) first+=("$p") ;; esac; done
 [ ${#first[@]} -eq 0 ] || apt_install "${first[@]}"
-[ ${#optional[@]} -eq 0 ] || "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${optional[@]}" >/dev/null \
-  || echo "deps: could not install ${optional[*]} (optional: tide inflates gzip traces with zlib alone)" >&2
 check
 for p in "${missing[@]}"; do
   case "$p" in

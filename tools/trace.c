@@ -5,21 +5,22 @@
  * The source. A file is gzip when it starts with the gzip magic (1f 8b),
  * plain otherwise (as zlib's gzopen tells them). Its text comes from one of
  *   - a region in memory, cut into blocks without copying: the caller's
- *     data (trace_open_memory), a plain regular file mapped (mmap), or a
- *     gzip file inflated whole by libdeflate -- only where tide was built
- *     with it (TIDE_HAVE_LIBDEFLATE), the file is one gzip member, and its
- *     size (the trailer's ISIZE) is at most TRACE_WHOLE_INFLATE_MAX_BYTES, so
- *     a big trace never needs its whole text in memory (and not asked to
- *     stream: trace_open_options.stream_gzip, TIDE_INFLATE=zlib); anything
- *     libdeflate does not take (damaged data included) goes to zlib, which
- *     then says what is wrong and where;
- *   - a stream, read in blocks of BLOCK_BYTES through a fixed buffer: zlib's
- *     inflate over the file (concatenated gzip members are read on, bytes
- *     after the last member ignored, as gzread does), or read() for a plain
- *     file that cannot be mapped (a pipe). Of a regular file, the first
- *     member's CRC-32 is not computed by zlib but summed over the text in
- *     the ordering step (crc_feed), off the thread that inflates, which
- *     inflates a third faster without it; later members zlib checks.
+ *     data (trace_open_memory), or a plain regular file mapped (mmap);
+ *   - a stream, read in blocks of BLOCK_BYTES through a fixed buffer: gzip
+ *     inflated into the blocks as they are cut (concatenated members are
+ *     read on, bytes after the last member ignored, as gzread does), or
+ *     read() for a plain file that cannot be mapped (a pipe). Of a regular
+ *     gzip file, the first member -- a trace's whole text, as gzip writes
+ *     it -- is decoded by the inflater (inflater.c, twice zlib's speed)
+ *     from the file mapped, unless its header is one zlib should read or
+ *     TIDE_INFLATE=zlib (trace_open_options.zlib_gzip); later members, a
+ *     pipe's, and a first member the inflater rejects are zlib's: zlib then
+ *     inflates the file again from its start, drops the text already
+ *     given, and decodes the rest or says what is wrong (so damaged data
+ *     reads as it does with zlib alone). The first member's CRC-32 is not
+ *     computed by the thread that inflates but summed over the text in the
+ *     ordering step (crc_feed), where it is taken in order anyway; later
+ *     members zlib checks.
  * Damaged gzip data is an error, never a shorter trace: a stream cut short
  * (inflate wants input after the file's end: "truncated gzip file"), bad
  * deflate data or a wrong CRC/length trailer ("corrupt gzip data"), or a
@@ -64,6 +65,7 @@
  */
 #include "trace.h"
 
+#include "inflater.h"
 #include "pickle.h"
 #include "trace_text.h"
 
@@ -84,13 +86,9 @@
 #ifdef __linux__
 #include <sys/prctl.h>
 #endif
-#ifdef TIDE_HAVE_LIBDEFLATE
-#include <libdeflate.h>
-#endif
 
 #define BLOCK_BYTES (1u << 20)
 #define INPUT_BYTES (1u << 18) /* compressed bytes read at a time */
-#define TRACE_WHOLE_INFLATE_MAX_BYTES (1ull << 30)
 #define MAX_THREADS 64
 #define REASON_CAPACITY 400
 
@@ -132,7 +130,9 @@ struct trace_reader {
     trace_format format;
     unsigned pt_device; /* PyTorch snapshot: which device's trace */
     size_t block_bytes; /* BLOCK_BYTES, or the options' */
-    bool stream_gzip;   /* options: never inflate whole */
+    bool zlib_gzip;     /* options: gzip inflated by zlib alone */
+    bool inflater_gives_up; /* options (tests): the inflater acts as if it rejected the data ... */
+    uint64_t inflater_gives_up_at; /* ... once it has given this many bytes of text */
     uint64_t snapshot_max_bytes; /* TRACE_SNAPSHOT_MAX_BYTES, or the options' */
     uint64_t file_bytes; /* the file's size as stored (0: not known) */
     /* The source: a region of text, or a stream (fd). */
@@ -140,11 +140,20 @@ struct trace_reader {
     size_t region_length, region_offset;
     void *mapping; /* a mapped plain file */
     size_t mapping_length;
-    char *inflated; /* a gzip file inflated whole */
     int fd;
     bool gzip, z_ready, input_end, member_end;
     z_stream z;
     unsigned char *input; /* compressed bytes (INPUT_BYTES, or the whole file) */
+    /* The first member of a regular gzip file, decoded by the inflater
+     * (inflater.c) from the file mapped whole; later members, and a first
+     * member the inflater rejects (zlib then inflates it again from the
+     * file's start, skipping the text already given: skip_text), by zlib. */
+    inflater *fast;
+    bool fast_active;
+    const unsigned char *gz_map; /* the gzip file mapped */
+    size_t gz_map_length;
+    size_t fast_data_start; /* the first member's deflate data: its offset in the file */
+    uint64_t skip_text;     /* zlib: text to inflate and drop first */
     size_t input_capacity;
     uint64_t raw_bytes; /* bytes read from the file */
     bool damage_pending; /* found after producing output: the next read reports it */
@@ -265,27 +274,120 @@ static bool read_input(trace_reader *r) {
  * refilled since), its length checked here, its CRC-32 kept for crc_feed.
  * False (reason set) when the trailer cannot be read or its length is
  * wrong. */
+static bool first_member_trailer(trace_reader *r, const unsigned char t[8], uint64_t member_text, uint64_t produced);
+
 static bool first_member_ended(trace_reader *r, uint64_t produced) {
-    r->crc_deferred = false;
     uint64_t trailer_end = r->raw_bytes - r->z.avail_in; /* the file offset just past it */
     unsigned char t[8];
     ssize_t got = trailer_end >= 8 ? pread(r->fd, t, 8, (off_t)(trailer_end - 8)) : -1;
     if (got != 8) {
+        r->crc_deferred = false;
         snprintf(r->damage_reason, sizeof r->damage_reason, "read error: the gzip trailer cannot be read back (%s)",
                  got < 0 ? strerror(errno) : "short read");
         return false;
     }
+    return first_member_trailer(r, t, r->z.total_out, produced);
+}
+
+/* ... its trailer t, its text member_text bytes long: the length checked,
+ * the CRC-32 kept for crc_feed. */
+static bool first_member_trailer(trace_reader *r, const unsigned char t[8], uint64_t member_text, uint64_t produced) {
+    r->crc_deferred = false;
     uint32_t crc = (uint32_t)t[0] | (uint32_t)t[1] << 8 | (uint32_t)t[2] << 16 | (uint32_t)t[3] << 24;
     uint32_t isize = (uint32_t)t[4] | (uint32_t)t[5] << 8 | (uint32_t)t[6] << 16 | (uint32_t)t[7] << 24;
-    if (isize != (uint32_t)r->z.total_out) {
+    if (isize != (uint32_t)member_text) {
         snprintf(r->damage_reason, sizeof r->damage_reason,
                  "corrupt gzip data (the trailer gives a length of %lu bytes, modulo 2^32; the member has %lu)",
-                 (unsigned long)isize, (unsigned long)(uint32_t)r->z.total_out);
+                 (unsigned long)isize, (unsigned long)(uint32_t)member_text);
         return false;
     }
     r->member_end_pending = true;
     r->pending_end_offset = r->text_produced + produced;
     r->pending_crc = crc;
+    return true;
+}
+
+/* zlib reads the file on from offset (the inflater mapped it). False
+ * (reason set) when it cannot seek there. */
+static bool zlib_from(trace_reader *r, uint64_t offset) {
+    r->fast_active = false;
+    if (lseek(r->fd, (off_t)offset, SEEK_SET) < 0) {
+        snprintf(r->damage_reason, sizeof r->damage_reason, "read error: %s", strerror(errno));
+        return false;
+    }
+    r->raw_bytes = offset;
+    r->z.next_in = r->input;
+    r->z.avail_in = 0;
+    r->input_end = false;
+    return true;
+}
+
+/* stream_read_text's text while the inflater decodes the first member:
+ * > 0 bytes, -1 on damage (reason set), or 0 when zlib goes on from here
+ * with nothing given yet: the member ended (later members are zlib's), or
+ * the inflater rejected it (zlib inflates it again from the file's start,
+ * dropping the text given so far, and then decodes it or says what is
+ * wrong: inflater.h's contract). */
+static long fast_read(trace_reader *r, char *buf, size_t capacity) {
+    size_t got = 0;
+    if (r->inflater_gives_up && r->inflater_gives_up_at - r->text_produced < capacity)
+        capacity = (size_t)(r->inflater_gives_up_at - r->text_produced);
+    inflater_status st = capacity ? inflater_read(r->fast, (unsigned char *)buf, capacity, &got) : INFLATER_ERROR;
+    if (st == INFLATER_MORE && r->inflater_gives_up && r->text_produced + got == r->inflater_gives_up_at)
+        st = INFLATER_ERROR;
+    if (st == INFLATER_MORE) return (long)got;
+    size_t trailer = r->fast_data_start + inflater_input_used(r->fast);
+    if (st == INFLATER_END && r->gz_map_length - trailer >= 8) {
+        if (!first_member_trailer(r, r->gz_map + trailer, inflater_total_out(r->fast), got) ||
+            !zlib_from(r, trailer + 8)) {
+            r->damage_pending = true;
+            return got ? (long)got : -1;
+        }
+        r->member_end = true; /* another member follows, or the end */
+        return (long)got;
+    }
+    r->skip_text = r->text_produced + got;
+    if (!zlib_from(r, 0)) {
+        r->damage_pending = true;
+        return got ? (long)got : -1;
+    }
+    inflateReset(&r->z);
+    inflateValidate(&r->z, 0); /* the deferred check, as before */
+    r->member_end = false;
+    return (long)got;
+}
+
+/* zlib, taking over a member the inflater rejected, inflates and drops the
+ * text already given (skip_text). False (reason set) on damage, or where
+ * its text ends before that (which inflater.h's contract rules out). */
+static bool drop_given_text(trace_reader *r) {
+    unsigned char scratch[16384];
+    while (r->skip_text) {
+        if (r->z.avail_in == 0) {
+            if (!read_input(r)) return false;
+            if (r->z.avail_in == 0) {
+                truncated_reason(r);
+                return false;
+            }
+        }
+        uInt room = r->skip_text < sizeof scratch ? (uInt)r->skip_text : (uInt)sizeof scratch;
+        r->z.next_out = scratch;
+        r->z.avail_out = room;
+        int ret = inflate(&r->z, Z_NO_FLUSH);
+        r->skip_text -= room - r->z.avail_out;
+        if (ret == Z_STREAM_END) {
+            if (r->skip_text) {
+                snprintf(r->damage_reason, sizeof r->damage_reason,
+                         "internal error: zlib's text of the first gzip member ends before the inflater's");
+                return false;
+            }
+            r->member_end = true;
+            if (r->crc_deferred && !first_member_ended(r, 0)) return false;
+        } else if (ret != Z_OK && ret != Z_BUF_ERROR) {
+            zlib_reason(r, ret);
+            return false;
+        }
+    }
     return true;
 }
 
@@ -311,6 +413,14 @@ static long stream_read_text(trace_reader *r, char *buf, size_t capacity) {
             r->raw_bytes += (uint64_t)n;
             return (long)n;
         }
+    }
+    if (r->fast_active) {
+        long n = fast_read(r, buf, capacity);
+        if (n != 0) return n;
+    }
+    if (r->skip_text && !drop_given_text(r)) {
+        r->damage_pending = true;
+        return -1;
     }
     r->z.next_out = (unsigned char *)buf;
     r->z.avail_out = (uInt)capacity;
@@ -395,72 +505,56 @@ static bool crc_feed(trace_reader *r, const char *text, size_t length, char *why
 
 /* Bytes of the file as stored behind the text read so far. */
 static uint64_t source_position(const trace_reader *r) {
-    if (r->region) {
-        if (r->inflated && r->region_length)
-            return (uint64_t)((double)r->file_bytes * (double)r->region_offset / (double)r->region_length);
-        return r->region_offset;
-    }
+    if (r->region) return r->region_offset;
+    if (r->fast_active) return r->fast_data_start + inflater_input_position(r->fast);
     return r->raw_bytes - r->z.avail_in;
 }
 
-/* Inflates a regular gzip file whole with libdeflate into r->inflated; on
- * any failure keeps what it read as zlib's input instead. False only when
- * reading failed (reason in err). */
-static bool inflate_whole(trace_reader *r, char *err, size_t cap) {
-#ifdef TIDE_HAVE_LIBDEFLATE
-    const char *choice = getenv("TIDE_INFLATE");
-    if (r->stream_gzip || (choice && !strcmp(choice, "zlib"))) return true;
-    if (r->file_bytes < 18 || r->file_bytes > UINT32_MAX) return true; /* zlib's avail_in is 32 bits */
-    /* the part of the file the gzip check read is in r->input already */
-    unsigned char *all = malloc((size_t)r->file_bytes);
-    if (!all) return true;
-    size_t have = r->z.avail_in;
-    memcpy(all, r->z.next_in, have);
-    while (have < r->file_bytes) {
-        ssize_t n = read(r->fd, all + have, (size_t)r->file_bytes - have);
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0) {
-            snprintf(err, cap, "%s: read error: %s", r->name, strerror(errno));
-            free(all);
-            return false;
-        }
-        if (n == 0) break; /* the file shrank: zlib will say so */
-        have += (size_t)n;
-        r->raw_bytes += (uint64_t)n;
+/* The length of the gzip header at p (n bytes), or 0 where zlib should
+ * read it: not deflate, reserved flags, a header CRC-32 (zlib checks it),
+ * or cut short. */
+static size_t gzip_header_bytes(const unsigned char *p, size_t n) {
+    if (n < 10 || p[0] != 0x1f || p[1] != 0x8b || p[2] != 8 || (p[3] & 0xe2)) return 0;
+    size_t at = 10;
+    if (p[3] & 4) { /* FEXTRA */
+        if (n - at < 2) return 0;
+        size_t extra = (size_t)p[at] | (size_t)p[at + 1] << 8;
+        at += 2;
+        if (n - at < extra) return 0;
+        at += extra;
     }
-    /* one member's ISIZE: its text's size modulo 2^32 */
-    const unsigned char *t = all + have - 4;
-    size_t size = (size_t)t[0] | (size_t)t[1] << 8 | (size_t)t[2] << 16 | (size_t)t[3] << 24;
-    struct libdeflate_decompressor *d = NULL;
-    if (have >= 18 && size <= TRACE_WHOLE_INFLATE_MAX_BYTES && (r->inflated = malloc(size ? size : 1)) &&
-        (d = libdeflate_alloc_decompressor())) {
-        size_t used_in = 0, used_out = 0;
-        enum libdeflate_result res = libdeflate_gzip_decompress_ex(d, all, have, r->inflated, size, &used_in, &used_out);
-        libdeflate_free_decompressor(d);
-        if (res == LIBDEFLATE_SUCCESS && used_in == have && used_out == size) {
-            free(all);
-            r->region = r->inflated;
-            r->region_length = used_out;
-            return true;
-        }
+    for (unsigned flag = 8; flag <= 16; flag <<= 1) { /* FNAME, FCOMMENT */
+        if (!(p[3] & flag)) continue;
+        const unsigned char *nul = memchr(p + at, 0, n - at);
+        if (!nul) return 0;
+        at = (size_t)(nul - p) + 1;
     }
-    free(r->inflated);
-    r->inflated = NULL;
-    /* zlib reads from the whole file in memory */
-    free(r->input);
-    r->input = all;
-    r->input_capacity = have;
-    r->z.next_in = all;
-    r->z.avail_in = (uInt)have;
-    r->input_end = true;
-#else
-    (void)r, (void)err, (void)cap;
-#endif
-    return true;
+    return at;
 }
 
-/* Opens the source of path: a mapped plain file, a gzip file inflated whole,
- * or a stream. */
+/* The first member of a regular gzip file to the inflater, the file mapped
+ * (unless zlib alone is asked for, or it cannot be mapped, or zlib should
+ * read its header). */
+static void start_inflater(trace_reader *r) {
+    const char *choice = getenv("TIDE_INFLATE");
+    if (r->zlib_gzip || (choice && !strcmp(choice, "zlib")) || !r->file_bytes || r->file_bytes > SIZE_MAX) return;
+    size_t length = (size_t)r->file_bytes;
+    void *m = mmap(NULL, length, PROT_READ, MAP_PRIVATE, r->fd, 0);
+    if (m == MAP_FAILED) return;
+    size_t header = gzip_header_bytes(m, length);
+    if (!header || !(r->fast = inflater_create())) {
+        munmap(m, length);
+        return;
+    }
+    madvise(m, length, MADV_SEQUENTIAL);
+    r->gz_map = m;
+    r->gz_map_length = length;
+    r->fast_data_start = header;
+    inflater_start(r->fast, r->gz_map + header, length - header);
+    r->fast_active = true;
+}
+
+/* Opens the source of path: a mapped plain file, or a stream. */
 static bool open_source(trace_reader *r, const char *path, char *err, size_t cap) {
     r->fd = open(path, O_RDONLY | O_CLOEXEC);
     if (r->fd < 0) {
@@ -495,8 +589,6 @@ static bool open_source(trace_reader *r, const char *path, char *err, size_t cap
         }
     }
     if (r->gzip) {
-        if (regular && !inflate_whole(r, err, cap)) return false;
-        if (r->region) return true;
         if (inflateInit2(&r->z, 15 + 16) != Z_OK) {
             snprintf(err, cap, "%s: out of memory", path);
             return false;
@@ -506,6 +598,7 @@ static bool open_source(trace_reader *r, const char *path, char *err, size_t cap
             inflateValidate(&r->z, 0);
             r->crc_deferred = r->crc_checking = true;
             r->crc_end = UINT64_MAX;
+            start_inflater(r);
         }
     }
     r->carry = malloc(r->block_bytes);
@@ -1060,7 +1153,9 @@ static trace_reader *new_reader(const char *name, const trace_open_options *opti
     if (options) {
         if (options->snapshot_max_bytes) r->snapshot_max_bytes = options->snapshot_max_bytes;
         r->pt_device = options->pt_device;
-        r->stream_gzip = options->stream_gzip;
+        r->zlib_gzip = options->zlib_gzip;
+        r->inflater_gives_up = options->inflater_gives_up;
+        r->inflater_gives_up_at = options->inflater_gives_up_at;
         if (options->block_bytes) r->block_bytes = options->block_bytes;
         if (r->block_bytes <= TRACE_LINE_MAX_BYTES) r->block_bytes = TRACE_LINE_MAX_BYTES + 1;
     }
@@ -1104,9 +1199,10 @@ void trace_close(trace_reader *r) {
     if (r->blocks_shared) munmap(r->blocks_memory, r->blocks_memory_bytes);
     else free(r->blocks_memory);
     if (r->z_ready) inflateEnd(&r->z);
+    inflater_destroy(r->fast);
+    if (r->gz_map) munmap((void *)r->gz_map, r->gz_map_length);
     if (r->mapping) munmap(r->mapping, r->mapping_length);
     if (r->fd >= 0) close(r->fd);
-    free(r->inflated);
     free(r->input);
     free(r->carry);
     free(r->pk_events);

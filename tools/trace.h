@@ -18,9 +18,8 @@
  *                          are left out; addr, size, stream, time_us as in
  *                          the CSV; other keys (frames, ...) are ignored.
  * Files may be gzip-compressed or plain. CSV events come out in blocks of
- * lines, so a trace of any length streams through fixed memory (a gzip
- * file of at most 1 GiB of text may be inflated whole first, where tide was
- * built with libdeflate); with threads, worker threads (in the caller's
+ * lines, so a trace of any length streams through fixed memory; with
+ * threads, worker threads (in the caller's
  * process, or in a worker process) parse blocks ahead (and run the batch
  * hook on them, in order) while the caller takes them in order. A snapshot is read whole at open (a
  * pickle is one object), its events kept: at most TRACE_SNAPSHOT_MAX_BYTES
@@ -66,13 +65,16 @@ trace_reader *trace_open_memory(const char *data, size_t length, char *err, size
 typedef struct trace_open_options {
     unsigned pt_device; /* PyTorch snapshots: the device whose trace is read (default 0) */
     /* For tests and measurements (0/false: the defaults): the bytes of text
-     * in a block (at least 1024; default 1 MiB), gzip inflated by zlib as a
-     * stream even where libdeflate could take the file whole (also the
-     * environment's TIDE_INFLATE=zlib), and the most bytes of a snapshot
-     * (default TRACE_SNAPSHOT_MAX_BYTES). */
+     * in a block (at least 1024; default 1 MiB), gzip inflated by zlib
+     * alone, never the inflater (also the environment's TIDE_INFLATE=zlib),
+     * the most bytes of a snapshot (default TRACE_SNAPSHOT_MAX_BYTES), and
+     * the inflater made to give up (as on data it rejects: zlib takes over)
+     * once it has given inflater_gives_up_at bytes of text. */
     size_t block_bytes;
-    bool stream_gzip;
+    bool zlib_gzip;
     uint64_t snapshot_max_bytes;
+    bool inflater_gives_up;
+    uint64_t inflater_gives_up_at;
 } trace_open_options;
 /* The same with options (NULL: the defaults). A snapshot that cannot be
  * read, or has no trace for the device, fails here with the reason

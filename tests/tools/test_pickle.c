@@ -323,7 +323,7 @@ static void test_snapshot_size_limit(void) {
         for (int stream = 0; stream <= 1; stream++) {
             char path[1024], err[512] = "", expected[256];
             snprintf(path, sizeof path, "%s/%s", data_dir, files[f].name);
-            trace_open_options options = {.stream_gzip = stream, .snapshot_max_bytes = files[f].size - 1};
+            trace_open_options options = {.zlib_gzip = stream, .snapshot_max_bytes = files[f].size - 1};
             trace_reader *r = trace_open_with(path, &options, err, sizeof err);
             CHECK_MSG(r == NULL, "%s opened with a limit below its size", files[f].name);
             trace_close(r);

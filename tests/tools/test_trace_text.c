@@ -264,7 +264,7 @@ static void test_sources_and_threads(void) {
         in_process = process;
         for (int p = 0; p < 3; p++) {
             for (unsigned threads = 0; threads <= 5; threads++) {
-                trace_open_options options = {.block_bytes = 1024 + 97 * threads, .stream_gzip = p == 2};
+                trace_open_options options = {.block_bytes = 1024 + 97 * threads, .zlib_gzip = p == 2};
                 long n = read_path(paths[p], &options, threads, got, COUNT, err, sizeof err);
                 bool same = n == expected;
                 for (long i = 0; same && i < n; i++) same = same_event(&reference[i], &got[i]);
@@ -297,7 +297,7 @@ static void test_parallel_real_trace(void) {
     CHECK_MSG(n0 > 1000000, "%ld (%s)", n0, err);
     unsigned counts[] = {1, 3, 7};
     for (int i = 0; i < 3; i++) {
-        trace_open_options options = {.stream_gzip = i == 1};
+        trace_open_options options = {.zlib_gzip = i == 1};
         long n = read_path(path, &options, counts[i], parallel, MAX, err, sizeof err);
         bool same = n == n0;
         for (long j = 0; same && j < n; j++) same = same_event(&serial[j], &parallel[j]);
@@ -388,11 +388,12 @@ static void test_gzip_checks_with_threads(void) {
         write_members(path, text, length, cuts[c], cut_counts[c], bytes, sizeof bytes);
         for (unsigned threads = 0; threads <= 4; threads++) {
             in_process = threads % 2 == 0;
-            trace_open_options options = {.block_bytes = block, .stream_gzip = true};
+            trace_open_options options = {.block_bytes = block, .zlib_gzip = threads % 2 == 1};
             long n = read_path(path, &options, threads, got, COUNT, err, sizeof err);
             bool same = n == expected;
             for (long i = 0; same && i < n; i++) same = same_event(&reference[i], &got[i]);
-            CHECK_MSG(same, "members cut %d, %u threads: %ld events (%s)", c, threads, n, err);
+            CHECK_MSG(same, "members cut %d, %u threads, %s: %ld events (%s)", c, threads,
+                      options.zlib_gzip ? "zlib" : "the inflater", n, err);
         }
     }
     /* Damage: the first member's CRC, then its length; a later member's CRC. */
@@ -409,16 +410,77 @@ static void test_gzip_checks_with_threads(void) {
         FILE *f = fopen(path, "wb");
         REQUIRE(f && fwrite(bytes, 1, size, f) == size && fclose(f) == 0);
         char serial_err[512] = "";
-        trace_open_options options = {.block_bytes = block, .stream_gzip = true};
+        trace_open_options options = {.block_bytes = block};
         in_process = false;
         CHECK(read_path(path, &options, 0, NULL, 0, serial_err, sizeof serial_err) == -1);
         CHECK_MSG(strstr(serial_err, "corrupt gzip data") != NULL, "damage %d: '%s'", damage, serial_err);
         for (unsigned threads = 1; threads <= 4; threads++) {
             in_process = threads % 2 == 0;
+            options.zlib_gzip = threads >= 3;
             err[0] = '\0';
             CHECK(read_path(path, &options, threads, NULL, 0, err, sizeof err) == -1);
             CHECK_MSG(!strcmp(err, serial_err), "damage %d, %u threads%s: '%s', serial '%s'", damage, threads,
                       in_process ? " in a worker process" : "", err, serial_err);
+        }
+    }
+    in_process = false;
+}
+
+/* The inflater (tools/inflater.c) handing a gzip file's first member to
+ * zlib at any point (as on data it rejects: trace_open_options'
+ * inflater_gives_up): zlib inflates it again from the start and drops the
+ * text already given, so the events are the same wherever it happens --
+ * at the start, mid-block, at a block's edge, just before or at the
+ * member's end, or not at all -- with 0 to 3 threads; and a damaged file
+ * reads as the same error, at the same line, as with zlib alone. */
+static void test_inflater_gives_up(void) {
+    enum { COUNT = 3000 };
+    static char text[COUNT * 64];
+    size_t length = make_text(text, sizeof text, COUNT);
+    static trace_event reference[COUNT], got[COUNT];
+    static unsigned char bytes[COUNT * 64 * 2];
+    char err[512], path[1024];
+    long expected = read_memory(text, length, NULL, 0, reference, COUNT, err, sizeof err);
+    REQUIRE(expected == COUNT);
+    snprintf(path, sizeof path, "%s/gives_up.csv.gz", scratch_dir);
+    const size_t block = 1500, first_end = length / 2 + 3;
+    const uint64_t points[] = {0, 1, 37, block - 1, block, 2 * block + 5, first_end - 1, first_end, first_end + 1,
+                               length - 1, length, length + 10};
+    for (int members = 1; members <= 2; members++) {
+        size_t size = write_members(path, text, length, &first_end, members - 1, bytes, sizeof bytes);
+        for (size_t p = 0; p < sizeof points / sizeof *points; p++) {
+            unsigned threads = (unsigned)(p % 4);
+            in_process = p % 3 == 0;
+            trace_open_options options = {.block_bytes = block, .inflater_gives_up = true,
+                                          .inflater_gives_up_at = points[p]};
+            long n = read_path(path, &options, threads, got, COUNT, err, sizeof err);
+            bool same = n == expected;
+            for (long i = 0; same && i < n; i++) same = same_event(&reference[i], &got[i]);
+            CHECK_MSG(same, "%d member(s), gives up at %llu, %u threads: %ld events (%s)", members,
+                      (unsigned long long)points[p], threads, n, err);
+        }
+        /* damaged: deflate data changed or cut, a CRC or length changed */
+        for (int damage = 0; damage < 6; damage++) {
+            size = write_members(path, text, length, &first_end, members - 1, bytes, sizeof bytes);
+            size_t at = damage == 0 ? size / 5 : damage == 1 ? size / 3 : damage == 2 ? size / 2 : size - 8 + damage;
+            if (damage < 2) bytes[at] ^= 0x5a;
+            size_t written = damage == 2 ? at : size;
+            if (damage >= 3) bytes[at] ^= 0x01;
+            FILE *f = fopen(path, "wb");
+            REQUIRE(f && fwrite(bytes, 1, written, f) == written && fclose(f) == 0);
+            char zlib_err[512] = "";
+            in_process = false;
+            trace_open_options options = {.block_bytes = block, .zlib_gzip = true};
+            long zn = read_path(path, &options, 0, NULL, 0, zlib_err, sizeof zlib_err);
+            CHECK_MSG(zn == -1, "%d member(s), damage %d: zlib read %ld events", members, damage, zn);
+            for (int way = 0; way < 4; way++) {
+                options = (trace_open_options){.block_bytes = block, .inflater_gives_up = way > 0,
+                                               .inflater_gives_up_at = way == 1 ? 0 : way == 2 ? 2 * block + 5 : length};
+                err[0] = '\0';
+                long n = read_path(path, &options, (unsigned)way, NULL, 0, err, sizeof err);
+                CHECK_MSG(n == -1 && !strcmp(err, zlib_err), "%d member(s), damage %d, way %d: %ld, '%s', zlib '%s'",
+                          members, damage, way, n, err, zlib_err);
+            }
         }
     }
     in_process = false;
@@ -517,6 +579,7 @@ static void test_worker_process_death(void) {
 static const test_case tests[] = {
     TEST_CASE(test_fast_matches_careful), TEST_CASE(test_strict_lines),        TEST_CASE(test_block_boundaries),
     TEST_CASE(test_sources_and_threads),  TEST_CASE(test_parallel_real_trace), TEST_CASE(test_damage_with_threads),
+    TEST_CASE(test_inflater_gives_up),
     TEST_CASE(test_gzip_checks_with_threads),
     TEST_CASE(test_batch_hook),           TEST_CASE(test_worker_process_death),
 };
