@@ -3,12 +3,12 @@
  * inflater.c -- raw deflate (RFC 1951) decoded from memory into the
  * caller's buffers, a buffer at a time (inflater.h).
  *
- * Why not zlib: its inflate sums nothing we need but copies every buffer
- * into its own window and decodes with a 32-bit bit buffer and small
- * tables; libdeflate is about twice as fast but only inflates a whole
- * stream in one call, so the trace's parse could not start before the
- * last byte is out. This decoder takes libdeflate's way of decoding and
- * keeps zlib's way of streaming.
+ * Why not zlib or libdeflate: zlib's inflate streams but decodes a trace
+ * at half this speed; libdeflate decodes as fast but only a whole stream
+ * in one call, so the trace's parse could not start before the last byte
+ * is out (docs/results.md: "Gzip traces through the trace reader's own
+ * inflater"). This decoder takes libdeflate's way of decoding and keeps
+ * zlib's way of streaming.
  *
  * Algorithm.
  *   - Bits: a 64-bit buffer, lowest bit first, refilled to at least 56
@@ -24,10 +24,12 @@
  *     consume, its kind (literal, length, end of block, distance, subtable,
  *     invalid), the extra bits that follow and its value (the literal, the
  *     base length or distance, the subtable's index).
- *   - The fast loop: while 16 input bytes and FAST_OUT_MARGIN bytes of
- *     buffer are left, a refill gives enough bits for up to three literals
- *     or one length/distance pair without a check; matches copy 16 or 8
- *     bytes at a time when the distance allows (writing up to 15 bytes past
+ *   - The fast loop: while FAST_IN_MARGIN input bytes (enough for every
+ *     refill of one pass) and FAST_OUT_MARGIN bytes of buffer are left, a
+ *     refill gives enough bits for up to three literals or one
+ *     length/distance pair without a check, and the next entry is looked
+ *     up before a match is copied; matches copy 32 bytes and then 16 at a
+ *     time, or 8, when the distance allows (writing up to 31 bytes past
  *     the match's end, inside the margin, to be overwritten).
  *   - Near either end, a careful loop decodes one symbol at a time; a
  *     match cut by the buffer's end is kept (match_left, match_dist) and

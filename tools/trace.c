@@ -143,7 +143,7 @@ struct trace_reader {
     int fd;
     bool gzip, z_ready, input_end, member_end;
     z_stream z;
-    unsigned char *input; /* compressed bytes (INPUT_BYTES, or the whole file) */
+    unsigned char *input; /* compressed bytes for zlib (INPUT_BYTES) */
     /* The first member of a regular gzip file, decoded by the inflater
      * (inflater.c) from the file mapped whole; later members, and a first
      * member the inflater rejects (zlib then inflates it again from the
