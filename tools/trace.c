@@ -18,9 +18,10 @@
  *     inflates the file again from its start, drops the text already
  *     given, and decodes the rest or says what is wrong (so damaged data
  *     reads as it does with zlib alone). The first member's CRC-32 is not
- *     computed by the thread that inflates but summed over the text in the
- *     ordering step (crc_feed), where it is taken in order anyway; later
- *     members zlib checks.
+ *     computed by the thread that inflates: each block's text is summed as
+ *     it is parsed (in parallel), and the ordering step, which takes the
+ *     blocks in order anyway, combines the sums and compares (crc_feed);
+ *     later members zlib checks.
  * Damaged gzip data is an error, never a shorter trace: a stream cut short
  * (inflate wants input after the file's end: "truncated gzip file"), bad
  * deflate data or a wrong CRC/length trailer ("corrupt gzip data"), or a
@@ -107,6 +108,7 @@ typedef struct text_block {
     bool member_end;
     uint64_t member_end_offset;
     uint32_t member_crc;
+    uint32_t text_crc; /* the CRC-32 of its text, summed as it is parsed (crc_in_blocks) */
     trace_event *events;
     size_t event_capacity;
     trace_text_result parsed;
@@ -171,6 +173,7 @@ struct trace_reader {
     uint64_t pending_end_offset;
     uint32_t pending_crc;
     bool crc_checking;        /* in text order: the first member's text is being summed */
+    bool crc_in_blocks;       /* set at open: blocks sum their own text's CRC-32 as they are parsed, in parallel */
     uint64_t crc_end;         /* where the first member's text ends (UINT64_MAX: not known yet) */
     uint64_t crc_pos;         /* text summed so far */
     uint32_t crc, crc_expected;
@@ -478,10 +481,24 @@ static void crc_end_from_pending(trace_reader *r) {
     r->member_end_pending = false;
 }
 
+/* crc continued over text[0, length). */
+static uint32_t crc_over(uint32_t crc, const char *text, size_t length) {
+    for (size_t done = 0; done < length;) { /* (crc32 takes an unsigned int) */
+        size_t part = length - done < (1u << 30) ? length - done : (1u << 30);
+        crc = (uint32_t)crc32(crc, (const unsigned char *)text + done, (uInt)part);
+        done += part;
+    }
+    return crc;
+}
+
 /* The deferred check, fed the text in order from its start: up to the first
  * member's end, once known, the text's CRC-32 is summed; there it is
- * compared with the trailer's. False (why set) on a mismatch. */
-static bool crc_feed(trace_reader *r, const char *text, size_t length, char *why, size_t why_capacity) {
+ * compared with the trailer's. A block's text comes with its own CRC-32
+ * (text_crc; NULL: none), summed in parallel as it was parsed: combined
+ * (zlib's crc32_combine) where the whole text is the member's. False (why
+ * set) on a mismatch. */
+static bool crc_feed(trace_reader *r, const char *text, size_t length, const uint32_t *text_crc, char *why,
+                     size_t why_capacity) {
     if (!r->crc_checking) return true;
     if (r->crc_pos > r->crc_end) { /* (cannot happen: the end is learnt before its text) */
         snprintf(why, why_capacity, "internal error: the first gzip member's end was learnt after its text");
@@ -489,11 +506,10 @@ static bool crc_feed(trace_reader *r, const char *text, size_t length, char *why
     }
     size_t take = length;
     if (r->crc_end - r->crc_pos < take) take = (size_t)(r->crc_end - r->crc_pos);
-    for (size_t done = 0; done < take;) { /* (crc32 takes an unsigned int) */
-        size_t part = take - done < (1u << 30) ? take - done : (1u << 30);
-        r->crc = (uint32_t)crc32(r->crc, (const unsigned char *)text + done, (uInt)part);
-        done += part;
-    }
+    if (text_crc && take == length && (z_off_t)length >= 0)
+        r->crc = (uint32_t)crc32_combine(r->crc, *text_crc, (z_off_t)length);
+    else
+        r->crc = crc_over(r->crc, text, take);
     r->crc_pos += take;
     if (r->crc_pos != r->crc_end) return true;
     r->crc_checking = false;
@@ -596,7 +612,7 @@ static bool open_source(trace_reader *r, const char *path, char *err, size_t cap
         r->z_ready = true;
         if (regular) { /* the first member's check deferred: its trailer can be read back */
             inflateValidate(&r->z, 0);
-            r->crc_deferred = r->crc_checking = true;
+            r->crc_deferred = r->crc_checking = r->crc_in_blocks = true;
             r->crc_end = UINT64_MAX;
             start_inflater(r);
         }
@@ -681,6 +697,7 @@ static void cut_block(trace_reader *r, text_block *b) {
 
 static void parse_block(trace_reader *r, text_block *b) {
     b->bad = !trace_text_parse(r->format, b->text, b->length, b->events, &b->parsed, b->what, sizeof b->what);
+    if (r->crc_in_blocks) b->text_crc = crc_over(0, b->text, b->length);
 }
 
 /* The ordering step, block by block in trace order: event times made
@@ -707,7 +724,8 @@ static void order_events(trace_reader *r, text_block *b) {
     if (r->order_stopped) return;
     if (b->member_end) crc_end_from(r, b->member_end_offset, b->member_crc);
     if (!b->bad && b->tail != TAIL_DAMAGED && b->tail != TAIL_TOO_LONG &&
-        !crc_feed(r, b->text, b->length, b->tail_reason, sizeof b->tail_reason))
+        !crc_feed(r, b->text, b->length, r->crc_in_blocks ? &b->text_crc : NULL, b->tail_reason,
+                  sizeof b->tail_reason))
         b->tail = TAIL_DAMAGED; /* its events are not returned: the caller stops with the reason */
     if (b->tail == TAIL_END && r->crc_checking) { /* (cannot happen: a text's end follows its member's) */
         snprintf(b->tail_reason, sizeof b->tail_reason, "internal error: the first gzip member's end was not seen");
@@ -1087,7 +1105,7 @@ static bool read_header(trace_reader *r, char *err, size_t cap) {
         size_t used = nl ? (size_t)(nl - text) + 1 : avail;
         crc_end_from_pending(r);
         char why[REASON_CAPACITY];
-        if (!crc_feed(r, r->carry, used, why, sizeof why)) {
+        if (!crc_feed(r, r->carry, used, NULL, why, sizeof why)) {
             snprintf(err, cap, "%s:1: %s", r->name, why);
             return false;
         }
@@ -1279,7 +1297,7 @@ static unsigned char *slurp(trace_reader *r, size_t *out_length, char *err, size
     }
     crc_end_from_pending(r); /* (the text from its start is in buf: no header line was taken) */
     char why[REASON_CAPACITY];
-    if (!crc_feed(r, (const char *)buf, length, why, sizeof why)) {
+    if (!crc_feed(r, (const char *)buf, length, NULL, why, sizeof why)) {
         snprintf(err, cap, "%s: %s", r->name, why);
         free(buf);
         return NULL;
