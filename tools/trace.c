@@ -310,6 +310,17 @@ static bool first_member_trailer(trace_reader *r, const unsigned char t[8], uint
     return true;
 }
 
+/* After inflate returned ret, given room bytes of output: true (reason
+ * set) when zlib can go no further without input and the file has none
+ * left -- a stream cut short. (It is asked even with no input: it may hold
+ * the bits of what comes next, an error included, having stopped only
+ * because the output was full.) */
+static bool zlib_stuck(trace_reader *r, int ret, uInt room) {
+    if (ret != Z_BUF_ERROR || r->z.avail_in || !r->input_end || r->z.avail_out != room) return false;
+    truncated_reason(r);
+    return true;
+}
+
 /* zlib reads the file on from offset (the inflater mapped it). False
  * (reason set) when it cannot seek there. */
 static bool zlib_from(trace_reader *r, uint64_t offset) {
@@ -366,18 +377,13 @@ static long fast_read(trace_reader *r, char *buf, size_t capacity) {
 static bool drop_given_text(trace_reader *r) {
     unsigned char scratch[16384];
     while (r->skip_text) {
-        if (r->z.avail_in == 0) {
-            if (!read_input(r)) return false;
-            if (r->z.avail_in == 0) {
-                truncated_reason(r);
-                return false;
-            }
-        }
+        if (r->z.avail_in == 0 && !read_input(r)) return false;
         uInt room = r->skip_text < sizeof scratch ? (uInt)r->skip_text : (uInt)sizeof scratch;
         r->z.next_out = scratch;
         r->z.avail_out = room;
         int ret = inflate(&r->z, Z_NO_FLUSH);
         r->skip_text -= room - r->z.avail_out;
+        if (zlib_stuck(r, ret, room)) return false;
         if (ret == Z_STREAM_END) {
             if (r->skip_text) {
                 snprintf(r->damage_reason, sizeof r->damage_reason,
@@ -436,14 +442,10 @@ static long stream_read_text(trace_reader *r, char *buf, size_t capacity) {
             inflateValidate(&r->z, 1); /* a later member: zlib checks it */
             r->member_end = false;
         }
-        if (r->z.avail_in == 0) {
-            if (!read_input(r)) goto damaged;
-            if (r->z.avail_in == 0) {
-                truncated_reason(r);
-                goto damaged;
-            }
-        }
+        if (r->z.avail_in == 0 && !read_input(r)) goto damaged;
+        uInt room = r->z.avail_out;
         int ret = inflate(&r->z, Z_NO_FLUSH);
+        if (zlib_stuck(r, ret, room)) goto damaged;
         if (ret == Z_STREAM_END) {
             r->member_end = true;
             if (r->crc_deferred && !first_member_ended(r, capacity - r->z.avail_out)) goto damaged;

@@ -486,6 +486,37 @@ static void test_inflater_gives_up(void) {
     in_process = false;
 }
 
+/* Damage found after zlib's output filled up (found by fuzz_gzip_reader):
+ * a gzip file whose deflate data (no trailer) gives 38 bytes of text and
+ * then a distance before the text's start. The inflater rejects it there
+ * and zlib, taking over, drops those 38 bytes -- and stops, its output full,
+ * with the bad distance's bits already read and no input left. The reader
+ * took that for a file cut short ("truncated gzip file") where zlib alone
+ * says "invalid distance too far back": zlib must be asked once more, with
+ * no input, before the file is called truncated. */
+static void test_damage_when_the_output_fills(void) {
+    static const unsigned char deflate_data[] = {
+        0x6b, 0x60, 0xd5, 0xd0, 0xd0, 0x28, 0xc9, 0xcc, 0x4d, 0x8d, 0x2f, 0x2d, 0xd6, 0x49, 0x4c, 0x2e, 0xc9,
+        0xcc, 0xcf, 0x29, 0x49, 0xd5, 0xd5, 0x29, 0x2e, 0x29, 0x4a, 0x4d, 0xcc, 0x54, 0x68, 0x72, 0x65, 0x61,
+        0x64, 0x2c, 0x3e, 0xfc, 0x01, 0xe6, 0x00};
+    static const unsigned char header[10] = {0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 3};
+    char path[1024], zlib_err[512] = "", err[512];
+    snprintf(path, sizeof path, "%s/output_fills.csv.gz", scratch_dir);
+    FILE *f = fopen(path, "wb");
+    REQUIRE(f && fwrite(header, 1, sizeof header, f) == sizeof header &&
+            fwrite(deflate_data, 1, sizeof deflate_data, f) == sizeof deflate_data && fclose(f) == 0);
+    in_process = false;
+    trace_open_options options = {.zlib_gzip = true};
+    CHECK(read_path(path, &options, 0, NULL, 0, zlib_err, sizeof zlib_err) == -1);
+    CHECK_CONTAINS(zlib_err, "invalid distance too far back");
+    for (int way = 0; way < 3; way++) {
+        options = (trace_open_options){.inflater_gives_up = way > 0, .inflater_gives_up_at = way == 1 ? 0 : 38};
+        err[0] = '\0';
+        CHECK(read_path(path, &options, (unsigned)way, NULL, 0, err, sizeof err) == -1);
+        CHECK_MSG(!strcmp(err, zlib_err), "way %d: '%s', zlib alone '%s'", way, err, zlib_err);
+    }
+}
+
 /* The batch hook: one call at a time, in trace order, on exactly the
  * events the caller then gets (relative times; what it rewrote is what the
  * caller sees) -- and none after a bad line; with 0 to 4 threads. */
@@ -580,6 +611,7 @@ static const test_case tests[] = {
     TEST_CASE(test_fast_matches_careful), TEST_CASE(test_strict_lines),        TEST_CASE(test_block_boundaries),
     TEST_CASE(test_sources_and_threads),  TEST_CASE(test_parallel_real_trace), TEST_CASE(test_damage_with_threads),
     TEST_CASE(test_inflater_gives_up),
+    TEST_CASE(test_damage_when_the_output_fills),
     TEST_CASE(test_gzip_checks_with_threads),
     TEST_CASE(test_batch_hook),           TEST_CASE(test_worker_process_death),
 };
