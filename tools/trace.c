@@ -160,13 +160,13 @@ struct trace_reader {
     uint64_t raw_bytes; /* bytes read from the file */
     bool damage_pending; /* found after producing output: the next read reports it */
     char damage_reason[REASON_CAPACITY];
-    /* The first member's check, deferred (a regular gzip file read as a
-     * stream): zlib inflates it without computing its CRC-32
-     * (inflateValidate), and the text's own is compared with the trailer's
-     * where the text is taken in order anyway -- the header line at open,
-     * then the ordering step, on a worker other than the one inflating, or
-     * the pickle reader -- so the inflating thread does not spend a third
-     * of its time on it. Later members are checked by zlib. */
+    /* The first member's check, deferred (a regular gzip file): the
+     * inflater, or zlib (inflateValidate off), decodes it without computing
+     * its CRC-32, and the text's own is compared with the trailer's where
+     * the text is taken in order anyway -- the header line at open, then
+     * the ordering step, which combines the sums the parse workers took of
+     * their blocks (crc_in_blocks), or the pickle reader -- so the decoding
+     * thread does not spend its time on it. Later members zlib checks. */
     bool crc_deferred;        /* stream_read: the member being inflated is the first, unchecked */
     uint64_t text_produced;   /* stream_read: text bytes produced so far */
     bool member_end_pending;  /* stream_read: the first member ended; not yet given to a block */
@@ -271,29 +271,10 @@ static bool read_input(trace_reader *r) {
     }
 }
 
-/* The first member's end, inflated without its check (r->crc_deferred),
- * after `produced` bytes of this call's text: its trailer read back from
- * the file (zlib has consumed it, and the input buffer may have been
- * refilled since), its length checked here, its CRC-32 kept for crc_feed.
- * False (reason set) when the trailer cannot be read or its length is
- * wrong. */
-static bool first_member_trailer(trace_reader *r, const unsigned char t[8], uint64_t member_text, uint64_t produced);
-
-static bool first_member_ended(trace_reader *r, uint64_t produced) {
-    uint64_t trailer_end = r->raw_bytes - r->z.avail_in; /* the file offset just past it */
-    unsigned char t[8];
-    ssize_t got = trailer_end >= 8 ? pread(r->fd, t, 8, (off_t)(trailer_end - 8)) : -1;
-    if (got != 8) {
-        r->crc_deferred = false;
-        snprintf(r->damage_reason, sizeof r->damage_reason, "read error: the gzip trailer cannot be read back (%s)",
-                 got < 0 ? strerror(errno) : "short read");
-        return false;
-    }
-    return first_member_trailer(r, t, r->z.total_out, produced);
-}
-
-/* ... its trailer t, its text member_text bytes long: the length checked,
- * the CRC-32 kept for crc_feed. */
+/* The first member's end, decoded without its check (r->crc_deferred),
+ * after `produced` bytes of this call's text: its trailer t, its text
+ * member_text bytes long. The length is checked here, the CRC-32 kept for
+ * crc_feed. False (reason set) when the length is wrong. */
 static bool first_member_trailer(trace_reader *r, const unsigned char t[8], uint64_t member_text, uint64_t produced) {
     r->crc_deferred = false;
     uint32_t crc = (uint32_t)t[0] | (uint32_t)t[1] << 8 | (uint32_t)t[2] << 16 | (uint32_t)t[3] << 24;
@@ -310,15 +291,45 @@ static bool first_member_trailer(trace_reader *r, const unsigned char t[8], uint
     return true;
 }
 
-/* After inflate returned ret, given room bytes of output: true (reason
- * set) when zlib can go no further without input and the file has none
- * left -- a stream cut short. (It is asked even with no input: it may hold
- * the bits of what comes next, an error included, having stopped only
- * because the output was full.) */
-static bool zlib_stuck(trace_reader *r, int ret, uInt room) {
-    if (ret != Z_BUF_ERROR || r->z.avail_in || !r->input_end || r->z.avail_out != room) return false;
-    truncated_reason(r);
-    return true;
+/* ... zlib's: the trailer read back from the file (zlib has consumed it,
+ * and the input buffer may have been refilled since). False (reason set)
+ * also when it cannot be read. */
+static bool first_member_ended(trace_reader *r, uint64_t produced) {
+    uint64_t trailer_end = r->raw_bytes - r->z.avail_in; /* the file offset just past it */
+    unsigned char t[8];
+    ssize_t got = trailer_end >= 8 ? pread(r->fd, t, 8, (off_t)(trailer_end - 8)) : -1;
+    if (got != 8) {
+        r->crc_deferred = false;
+        snprintf(r->damage_reason, sizeof r->damage_reason, "read error: the gzip trailer cannot be read back (%s)",
+                 got < 0 ? strerror(errno) : "short read");
+        return false;
+    }
+    return first_member_trailer(r, t, r->z.total_out, produced);
+}
+
+/* One inflate call into the output the caller set, zlib's input read
+ * first if it has none: *member_ended set at a member's end (the caller
+ * checks it). False (reason set) on damage: data zlib rejects, a read
+ * error, or a stream cut short -- zlib can go no further and the file has
+ * no input left. (zlib is called even with no input: having stopped only
+ * because its output was full, it may hold the bits of what comes next, an
+ * error included.) */
+static bool zlib_step(trace_reader *r, bool *member_ended) {
+    *member_ended = false;
+    if (r->z.avail_in == 0 && !read_input(r)) return false;
+    uInt room = r->z.avail_out;
+    int ret = inflate(&r->z, Z_NO_FLUSH);
+    if (ret == Z_STREAM_END) {
+        *member_ended = r->member_end = true;
+        return true;
+    }
+    if (ret == Z_BUF_ERROR && !r->z.avail_in && r->input_end && r->z.avail_out == room) {
+        truncated_reason(r);
+        return false;
+    }
+    if (ret == Z_OK || ret == Z_BUF_ERROR) return true;
+    zlib_reason(r, ret);
+    return false;
 }
 
 /* zlib reads the file on from offset (the inflater mapped it). False
@@ -377,25 +388,19 @@ static long fast_read(trace_reader *r, char *buf, size_t capacity) {
 static bool drop_given_text(trace_reader *r) {
     unsigned char scratch[16384];
     while (r->skip_text) {
-        if (r->z.avail_in == 0 && !read_input(r)) return false;
         uInt room = r->skip_text < sizeof scratch ? (uInt)r->skip_text : (uInt)sizeof scratch;
         r->z.next_out = scratch;
         r->z.avail_out = room;
-        int ret = inflate(&r->z, Z_NO_FLUSH);
+        bool ended;
+        if (!zlib_step(r, &ended)) return false;
         r->skip_text -= room - r->z.avail_out;
-        if (zlib_stuck(r, ret, room)) return false;
-        if (ret == Z_STREAM_END) {
-            if (r->skip_text) {
-                snprintf(r->damage_reason, sizeof r->damage_reason,
-                         "internal error: zlib's text of the first gzip member ends before the inflater's");
-                return false;
-            }
-            r->member_end = true;
-            if (r->crc_deferred && !first_member_ended(r, 0)) return false;
-        } else if (ret != Z_OK && ret != Z_BUF_ERROR) {
-            zlib_reason(r, ret);
+        if (!ended) continue;
+        if (r->skip_text) {
+            snprintf(r->damage_reason, sizeof r->damage_reason,
+                     "internal error: zlib's text of the first gzip member ends before the inflater's");
             return false;
         }
+        if (r->crc_deferred && !first_member_ended(r, 0)) return false;
     }
     return true;
 }
@@ -442,17 +447,9 @@ static long stream_read_text(trace_reader *r, char *buf, size_t capacity) {
             inflateValidate(&r->z, 1); /* a later member: zlib checks it */
             r->member_end = false;
         }
-        if (r->z.avail_in == 0 && !read_input(r)) goto damaged;
-        uInt room = r->z.avail_out;
-        int ret = inflate(&r->z, Z_NO_FLUSH);
-        if (zlib_stuck(r, ret, room)) goto damaged;
-        if (ret == Z_STREAM_END) {
-            r->member_end = true;
-            if (r->crc_deferred && !first_member_ended(r, capacity - r->z.avail_out)) goto damaged;
-        } else if (ret != Z_OK && ret != Z_BUF_ERROR) {
-            zlib_reason(r, ret);
-            goto damaged;
-        }
+        bool ended;
+        if (!zlib_step(r, &ended)) goto damaged;
+        if (ended && r->crc_deferred && !first_member_ended(r, capacity - r->z.avail_out)) goto damaged;
     }
     return (long)(capacity - r->z.avail_out);
 damaged:
