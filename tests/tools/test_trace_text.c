@@ -236,6 +236,12 @@ static void test_block_boundaries(void) {
 }
 
 /* Reads a file whole with options and threads; the events or -1. */
+/* bytes[0, length) as the file at path (the test ends if it cannot be written). */
+static void write_file(const char *path, const void *bytes, size_t length) {
+    FILE *f = fopen(path, "wb");
+    REQUIRE(f && fwrite(bytes, 1, length, f) == length && fclose(f) == 0);
+}
+
 static long read_path(const char *path, const trace_open_options *options, unsigned threads, trace_event *events,
                       size_t capacity, char *err, size_t cap) {
     trace_reader *r = trace_open_with(path, options, err, cap);
@@ -252,8 +258,7 @@ static void test_sources_and_threads(void) {
     char plain[1024], gz[1024], err[512];
     snprintf(plain, sizeof plain, "%s/text_trace.csv", scratch_dir);
     snprintf(gz, sizeof gz, "%s/text_trace.csv.gz", scratch_dir);
-    FILE *f = fopen(plain, "wb");
-    REQUIRE(f && fwrite(text, 1, length, f) == length && fclose(f) == 0);
+    write_file(plain, text, length);
     gzFile g = gzopen(gz, "wb6");
     REQUIRE(g && gzwrite(g, text, (unsigned)length) == (int)length && gzclose(g) == Z_OK);
     static trace_event reference[COUNT], got[COUNT];
@@ -323,8 +328,7 @@ static void test_damage_with_threads(void) {
     static unsigned char bytes[COUNT * 64];
     size_t size = fread(bytes, 1, sizeof bytes, f);
     fclose(f);
-    f = fopen(cut, "wb");
-    REQUIRE(f && fwrite(bytes, 1, size * 2 / 3, f) == size * 2 / 3 && fclose(f) == 0);
+    write_file(cut, bytes, size * 2 / 3);
     char serial_err[512] = "", err[512] = "";
     CHECK(read_path(cut, NULL, 0, NULL, 0, serial_err, sizeof serial_err) == -1);
     CHECK_CONTAINS(serial_err, "truncated gzip file");
@@ -360,8 +364,7 @@ static size_t write_members(const char *path, const char *text, size_t length, c
         deflateEnd(&z);
         from = to;
     }
-    FILE *f = fopen(path, "wb");
-    REQUIRE(f && fwrite(out, 1, size, f) == size && fclose(f) == 0);
+    write_file(path, out, size);
     return size;
 }
 
@@ -407,8 +410,7 @@ static void test_gzip_checks_with_threads(void) {
         REQUIRE(second);
         size_t at = damage == 0 ? second - 8 : damage == 1 ? second - 4 : size - 8;
         bytes[at] ^= 0x01;
-        FILE *f = fopen(path, "wb");
-        REQUIRE(f && fwrite(bytes, 1, size, f) == size && fclose(f) == 0);
+        write_file(path, bytes, size);
         char serial_err[512] = "";
         trace_open_options options = {.block_bytes = block};
         in_process = false;
@@ -466,8 +468,7 @@ static void test_inflater_gives_up(void) {
             if (damage < 2) bytes[at] ^= 0x5a;
             size_t written = damage == 2 ? at : size;
             if (damage >= 3) bytes[at] ^= 0x01;
-            FILE *f = fopen(path, "wb");
-            REQUIRE(f && fwrite(bytes, 1, written, f) == written && fclose(f) == 0);
+            write_file(path, bytes, written);
             char zlib_err[512] = "";
             in_process = false;
             trace_open_options options = {.block_bytes = block, .zlib_gzip = true};
@@ -499,12 +500,12 @@ static void test_damage_when_the_output_fills(void) {
         0x6b, 0x60, 0xd5, 0xd0, 0xd0, 0x28, 0xc9, 0xcc, 0x4d, 0x8d, 0x2f, 0x2d, 0xd6, 0x49, 0x4c, 0x2e, 0xc9,
         0xcc, 0xcf, 0x29, 0x49, 0xd5, 0xd5, 0x29, 0x2e, 0x29, 0x4a, 0x4d, 0xcc, 0x54, 0x68, 0x72, 0x65, 0x61,
         0x64, 0x2c, 0x3e, 0xfc, 0x01, 0xe6, 0x00};
-    static const unsigned char header[10] = {0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 3};
+    /* a gzip header, then the data */
+    unsigned char file[10 + sizeof deflate_data] = {0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 3};
+    memcpy(file + 10, deflate_data, sizeof deflate_data);
     char path[1024], zlib_err[512] = "", err[512];
     snprintf(path, sizeof path, "%s/output_fills.csv.gz", scratch_dir);
-    FILE *f = fopen(path, "wb");
-    REQUIRE(f && fwrite(header, 1, sizeof header, f) == sizeof header &&
-            fwrite(deflate_data, 1, sizeof deflate_data, f) == sizeof deflate_data && fclose(f) == 0);
+    write_file(path, file, sizeof file);
     in_process = false;
     trace_open_options options = {.zlib_gzip = true};
     CHECK(read_path(path, &options, 0, NULL, 0, zlib_err, sizeof zlib_err) == -1);
