@@ -16,6 +16,7 @@
  * which the fuzzer reports as a crash.
  */
 #include "trace.h"
+#include "zlib_reference.h"
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -80,16 +81,8 @@ int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size) {
     memcpy(file, header, 10);
     at = 10;
 
-    z_stream z;
-    memset(&z, 0, sizeof z);
-    if (inflateInit2(&z, -15) != Z_OK) broken("zlib: out of memory", "", "");
-    z.next_in = (unsigned char *)(uintptr_t)in;
-    z.avail_in = (uInt)length;
-    z.next_out = text;
-    z.avail_out = (uInt)TEXT_MAX;
-    bool whole = inflate(&z, Z_FINISH) == Z_STREAM_END;
-    size_t used = length - z.avail_in, text_length = TEXT_MAX - z.avail_out;
-    inflateEnd(&z);
+    size_t text_length = 0, used = 0;
+    bool whole = zlib_raw_inflate(in, length, text, TEXT_MAX, &text_length, &used);
     if (whole) { /* the stream, its true trailer, then the rest */
         memcpy(file + at, in, used);
         at += used;

@@ -16,6 +16,7 @@
  */
 #include "../check.h"
 #include "inflater.h"
+#include "zlib_reference.h"
 
 #include <dirent.h>
 #include <stdbool.h>
@@ -113,24 +114,6 @@ static unsigned char *deflate_text(const unsigned char *t, size_t length, int le
     }
     *out_length = used;
     return out;
-}
-
-/* What zlib's raw inflate makes of in: its text (*text_length), whether it
- * reached the stream's end, and the input it used. */
-static bool zlib_inflate(const unsigned char *in, size_t length, unsigned char *text, size_t capacity,
-                         size_t *text_length, size_t *used) {
-    z_stream z;
-    memset(&z, 0, sizeof z);
-    inflateInit2(&z, -15);
-    z.next_in = (unsigned char *)in;
-    z.avail_in = (uInt)length;
-    z.next_out = text;
-    z.avail_out = (uInt)capacity;
-    int ret = inflate(&z, Z_FINISH);
-    *text_length = capacity - z.avail_out;
-    *used = length - z.avail_in;
-    inflateEnd(&z);
-    return ret == Z_STREAM_END;
 }
 
 /* The inflater over in, into buffers of random sizes (or all `chunk` when
@@ -240,7 +223,7 @@ static void test_damaged_streams(void) {
         }
         size_t mine_length = 0, used = 0, theirs_length = 0, theirs_used = 0;
         inflater_status st = inflate_chunks(d, z, zlength, mine, MAX_TEXT, 0, &mine_length, &used);
-        bool zlib_end = zlib_inflate(z, zlength, theirs, MAX_TEXT, &theirs_length, &theirs_used);
+        bool zlib_end = zlib_raw_inflate(z, zlength, theirs, MAX_TEXT, &theirs_length, &theirs_used);
         CHECK_MSG(mine_length <= theirs_length && !memcmp(mine, theirs, mine_length),
                   "case %u: the inflater's %zu bytes are not a prefix of zlib's %zu", k, mine_length, theirs_length);
         if (st == INFLATER_END) {
@@ -278,7 +261,8 @@ static void test_edge_streams(void) {
     for (size_t i = 0; i < sizeof streams / sizeof *streams; i++) {
         size_t mine_length = 0, used = 0, theirs_length = 0, theirs_used = 0;
         inflater_status st = inflate_chunks(d, streams[i].bytes, streams[i].length, mine, 4096, 0, &mine_length, &used);
-        bool zlib_end = zlib_inflate(streams[i].bytes, streams[i].length, theirs, 4096, &theirs_length, &theirs_used);
+        bool zlib_end =
+            zlib_raw_inflate(streams[i].bytes, streams[i].length, theirs, 4096, &theirs_length, &theirs_used);
         CHECK_MSG((st == INFLATER_END) == zlib_end, "%s: inflater %d, zlib %s", streams[i].what, st,
                   zlib_end ? "ended" : "rejected");
         CHECK_MSG(mine_length <= theirs_length && !memcmp(mine, theirs, mine_length), "%s: not a prefix",
