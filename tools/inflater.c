@@ -268,16 +268,21 @@ static inline uint32_t take(cursor *c, unsigned n) {
 /* True when the stream has used bits past the input's end. */
 static inline bool cut_short(const cursor *c) { return c->overrun && c->overrun * 8u > c->bit_count; }
 
-/* The entry for the next code in table (primary width table_bits), its
- * bits consumed. */
-static inline uint32_t decode(cursor *c, const uint32_t *table, unsigned table_bits) {
-    uint32_t e = table[c->bits & ((1u << table_bits) - 1)];
+/* The code whose primary entry e (table's, primary width table_bits) was
+ * looked up from the next bits: its final entry (through its subtable for
+ * a long code), its bits consumed. */
+static inline uint32_t finish_entry(cursor *c, const uint32_t *table, unsigned table_bits, uint32_t e) {
     if (ENTRY_KIND(e) == KIND_SUBTABLE) {
         consume(c, table_bits);
         e = table[ENTRY_VALUE(e) + (c->bits & ((1u << ENTRY_EXTRA(e)) - 1))];
     }
     consume(c, ENTRY_BITS(e));
     return e;
+}
+
+/* The entry for the next code in table, its bits consumed. */
+static inline uint32_t decode(cursor *c, const uint32_t *table, unsigned table_bits) {
+    return finish_entry(c, table, table_bits, table[c->bits & ((1u << table_bits) - 1)]);
 }
 
 /* Copies a match of length bytes from dist back, byte by byte, through
@@ -424,11 +429,7 @@ static unsigned char *decode_fast(inflater *d, cursor *cursor_in, unsigned char 
             }
             refill(c); /* e stays: it was looked up with 34 bits or more in */
         }
-        if (ENTRY_KIND(e) == KIND_SUBTABLE) {
-            consume(c, LIT_TABLE_BITS);
-            e = lit[ENTRY_VALUE(e) + (c->bits & ((1u << ENTRY_EXTRA(e)) - 1))];
-        }
-        consume(c, ENTRY_BITS(e));
+        e = finish_entry(c, lit, LIT_TABLE_BITS, e);
         unsigned kind = ENTRY_KIND(e);
         if (kind == KIND_LITERAL) {
             *out++ = (unsigned char)ENTRY_VALUE(e);
