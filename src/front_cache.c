@@ -358,12 +358,29 @@ bool tpi_front_push(tpi_front *f, uint32_t slot, uint32_t node, uint64_t offset,
     return true;
 }
 
+/* The slot's block, larger than size and freed on slot, cut down to size
+ * where it is when placement would put the allocation there anyway (the
+ * backing's shrink_block); false, the slot as it was, otherwise. */
+static bool slot_shrink(tpi_front *f, uint32_t node, uint64_t size, uint32_t slot) {
+    tpi_backing *b = f->backing;
+    if (!b->ops->shrink_block) return false;
+    tpi_ra_node *n = tpi_ra_node_at(&f->core->ra, node);
+    uint64_t word = n->owner;
+    n->owner = f->slot_tag; /* as release_parked gives it back */
+    if (!b->ops->shrink_block(b, node, size, slot, f->slot_freed_ns ? f->slot_freed_ns : 1)) {
+        tpi_ra_node_at(&f->core->ra, node)->owner = word;
+        return false;
+    }
+    return true;
+}
+
 uint32_t tpi_front_pop(tpi_front *f, uint64_t size, uint32_t slot) {
     uint64_t word = atomic_load_explicit(&f->slot_word, memory_order_relaxed);
     if (size > f->max_block_bytes) {
         uint32_t node = (uint32_t)word;
-        if (word != TPI_FRONT_SLOT_EMPTY && f->slot_size == size && (uint32_t)(word >> 32) == slot &&
-            tpi_front_reuse_in_place(&f->core->ra, node)) {
+        if (word != TPI_FRONT_SLOT_EMPTY && (uint32_t)(word >> 32) == slot &&
+            ((f->slot_size == size && tpi_front_reuse_in_place(&f->core->ra, node)) ||
+             (f->slot_size > size && slot_shrink(f, node, size, slot)))) {
             atomic_store_explicit(&f->slot_word, TPI_FRONT_SLOT_EMPTY, memory_order_relaxed);
             return node;
         }

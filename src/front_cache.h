@@ -25,7 +25,11 @@
  * Pool-wide: the last-freed slot. The last freed block too large for the
  * bins parks alone until the next allocation that is not a bin's hit;
  * reused in place when that allocation asks for its size on its stream and
- * good-fit placement would choose the same address anyway, else released
+ * good-fit placement would choose the same address anyway, or, asking for
+ * less on its stream (under the lock, where the backing can tell:
+ * shrink_block, VMM), cut down to the request where it is when release and
+ * placement would put it exactly there -- the same ranges, pages and tags
+ * in one step instead of a release, a search and a take; else released
  * before the allocation looks for room, so placement sees the same free
  * memory as without it. (An allocation served by a bin places nothing, so
  * the slot may stay through it: freeing a large and a small temporary in
@@ -251,9 +255,10 @@ void tpi_front_live_sums(const tpi_front *front, uint64_t *out_allocated, uint64
 /* Parks a block freed on slot with tag. False when it does not fit: the
  * caller releases it. */
 bool tpi_front_push(tpi_front *front, uint32_t slot, uint32_t node, uint64_t offset, uint64_t size, tpi_tag tag);
-/* A parked block for size bytes on slot, taken out of the cache, or
- * TPI_RA_NONE, the last-freed slot then released (the allocation looks for
- * room next). A bin's block leaves the slot as it is, as the hit path's
+/* A parked block for size bytes on slot, taken out of the cache (the
+ * last-freed slot's block reused in place, or cut down to size where it
+ * is), or TPI_RA_NONE, the last-freed slot then released (the allocation
+ * looks for room next). A bin's block leaves the slot as it is, as the hit path's
  * pick does. */
 uint32_t tpi_front_pop(tpi_front *front, uint64_t size, uint32_t slot);
 /* Gives every parked block back to the backing; returns the bytes. */

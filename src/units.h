@@ -199,6 +199,29 @@ static inline void tpi_units_pages_ref(tpi_units *u, uint64_t first, uint64_t la
     u->idle_bytes = idle_bytes;
 }
 
+/* Pages [first, last] of a block that stays live take tag (a free inside
+ * them) into their own, as tpi_units_pages_unref does, the merge done once
+ * per distinct tag met; their live counts and idle state are unchanged.
+ * Stops, false, at the first page whose merged tag is neither clean nor
+ * slot's own (the pages before it merged). */
+static inline bool tpi_units_pages_merge_tag(tpi_units *u, uint64_t first, uint64_t last, tpi_tag tag,
+                                             uint32_t slot) {
+    tpi_tag merged_from = tag, merged = tag; /* merge(tag, tag) == tag */
+    bool own = tag == TPI_TAG_CLEAN || tpi_tag_slot(tag) == slot;
+    for (uint64_t p = first; p <= last; p++) {
+        tpi_unit *unit = &u->units[p];
+        if (unit->state == TPI_UNIT_UNUSED) continue;
+        if (unit->tag != merged_from) {
+            merged_from = unit->tag;
+            merged = tpi_order_merge(u->order, merged_from, tag);
+            own = merged == TPI_TAG_CLEAN || tpi_tag_slot(merged) == slot;
+        }
+        if (!own) return false;
+        unit->tag = merged;
+    }
+    return true;
+}
+
 /* Pages [first, last], a block's, lose that live block, freed with tag:
  * every mapped one merges tag into its own, and those left with no live
  * block become idle at since_ns (0: now, the clock read once, at the

@@ -846,7 +846,71 @@ static void test_segment_sparse_small_segments_do_not_keep_requests_apart(void) 
     fixture_close(&f);
 }
 
+/* The last-freed block and a smaller request on its stream (VMM): the
+ * block is cut down where it is only when good fit would put the request
+ * there after releasing it. Here its first page is shared with a block
+ * another stream freed while its kernel still runs (then took back, so the
+ * range before the parked block is in use): good fit skips that page, and
+ * so must the cut. Then the other way: a parked block cut down in place
+ * leaves the pages past its new end idle, and trim gives them back. */
+static void test_vmm_parked_block_cut_down_only_where_good_fit_would_place(void) {
+    const uint64_t page = 2 * TEST_MiB;
+    tp_pool_config pc = {.release_threshold_bytes = TP_BYTES_UNLIMITED};
+    fixture f;
+    fixture_open(&f, "sim:1GiB", TP_POOL_VMM, &pc);
+    tp_stream t;
+    REQUIRE_OK(tp_stream_create(f.dev, &t));
+    void *a, *y, *fence, *z;
+    REQUIRE_OK(tp_pool_alloc(f.pool, TEST_MiB, t, &a));
+    REQUIRE_OK(tp_pool_alloc(f.pool, 3 * TEST_MiB, TP_STREAM_DEFAULT, &y));
+    REQUIRE_OK(tp_pool_alloc(f.pool, TEST_MiB, TP_STREAM_DEFAULT, &fence));
+    REQUIRE((uintptr_t)a % page == 0 && (char *)y == (char *)a + TEST_MiB && (char *)fence == (char *)y + 3 * TEST_MiB);
+    launch(f.dev, t, 1000 * MS, a, TEST_MiB);
+    CHECK_OK(tp_pool_free(f.pool, a, t)); /* parked in the last-freed slot */
+    void *other, *again;
+    REQUIRE_OK(tp_pool_alloc(f.pool, page, t, &other)); /* another size: a goes back, page 0 takes t's tag */
+    REQUIRE_OK(tp_pool_alloc(f.pool, TEST_MiB, t, &again)); /* t may: its own free */
+    REQUIRE(again == a);
+    CHECK_OK(tp_pool_free(f.pool, y, TP_STREAM_DEFAULT)); /* the last-freed slot */
+    REQUIRE_OK(tp_pool_alloc(f.pool, TEST_MiB / 2, TP_STREAM_DEFAULT, &z));
+    CHECK_MSG((char *)z == (char *)a + page, "got %p: y = %p, the next page at %p", z, y, (void *)((char *)a + page));
+    CHECK_EQ_U64(counters(f.dev).hazards_handout, 0);
+    CHECK_OK(tp_pool_free(f.pool, z, TP_STREAM_DEFAULT));
+    CHECK_OK(tp_pool_free(f.pool, again, t));
+    CHECK_OK(tp_pool_free(f.pool, other, t));
+    CHECK_OK(tp_pool_free(f.pool, fence, TP_STREAM_DEFAULT));
+    CHECK_OK(tp_stream_synchronize(f.dev, t));
+
+    /* In place: 8 MiB on whole pages between two live blocks, parked, then
+     * 1 MiB asked on its stream: the same address, and the last three of
+     * its four pages idle. */
+    void *left, *big, *right, *small;
+    REQUIRE_OK(tp_pool_alloc(f.pool, page, TP_STREAM_DEFAULT, &left));
+    REQUIRE_OK(tp_pool_alloc(f.pool, 4 * page, TP_STREAM_DEFAULT, &big));
+    REQUIRE_OK(tp_pool_alloc(f.pool, page, TP_STREAM_DEFAULT, &right));
+    REQUIRE((uintptr_t)big % page == 0 && (char *)right == (char *)big + 4 * page);
+    CHECK_OK(tp_pool_trim(f.pool, 0, NULL)); /* nothing idle but these from here on */
+    CHECK_OK(tp_pool_free(f.pool, big, TP_STREAM_DEFAULT));
+    REQUIRE_OK(tp_pool_alloc(f.pool, TEST_MiB, TP_STREAM_DEFAULT, &small));
+    CHECK_EQ_PTR(small, big);
+    tp_pool_stats before, after;
+    CHECK_OK(tp_pool_get_stats(f.pool, &before));
+    uint64_t released = 0;
+    CHECK_OK(tp_pool_trim(f.pool, 0, &released));
+    CHECK_OK(tp_pool_get_stats(f.pool, &after));
+    CHECK_EQ_U64(released, 3 * page);
+    CHECK_EQ_U64(before.reserved_bytes.current - after.reserved_bytes.current, 3 * page);
+    CHECK_EQ_U64(after.allocated_bytes.current, before.allocated_bytes.current);
+    CHECK_OK(tp_pool_free(f.pool, small, TP_STREAM_DEFAULT));
+    CHECK_OK(tp_pool_free(f.pool, left, TP_STREAM_DEFAULT));
+    CHECK_OK(tp_pool_free(f.pool, right, TP_STREAM_DEFAULT));
+    CHECK_OK(tp_pool_forget_stream(f.pool, t));
+    CHECK_OK(tp_stream_destroy(f.dev, t));
+    fixture_close(&f);
+}
+
 static const test_case tests[] = {
+    TEST_CASE(test_vmm_parked_block_cut_down_only_where_good_fit_would_place),
     TEST_CASE(test_vmm_window_waits_for_every_blocking_stream),
     TEST_CASE(test_detach_during_a_reclaim_round_does_not_deadlock),
     TEST_CASE(test_unlimited_segment_pool_refuses_a_near_2_64_request),

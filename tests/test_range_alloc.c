@@ -235,6 +235,115 @@ static void test_random_against_model(unsigned long long seed) {
     tpi_ra_destroy(&ra);
 }
 
+/* A copy of ra, its nodes its own. */
+static void ra_clone(const tpi_ra *from, tpi_ra *to) {
+    *to = *from;
+    to->nodes = tpi_host_alloc(&host, from->node_capacity * sizeof *from->nodes);
+    REQUIRE(to->nodes);
+    memcpy(to->nodes, from->nodes, from->node_capacity * sizeof *from->nodes);
+}
+
+/* Do a and b hold the same ranges (offset, size, state; the owner word of
+ * free ones) and the same bin lists, in the same order? Node ids may
+ * differ. */
+static void check_same_ranges(const tpi_ra *a, const tpi_ra *b) {
+    CHECK(a->free_bytes == b->free_bytes && a->free_count == b->free_count && a->used_count == b->used_count);
+    CHECK(a->fl_bitmap == b->fl_bitmap && !memcmp(a->sl_bitmap, b->sl_bitmap, sizeof a->sl_bitmap));
+    for (uint32_t bin = 0; bin < TPI_RA_BIN_COUNT; bin++) {
+        uint32_t x = a->heads[bin], y = b->heads[bin];
+        for (; x != TPI_RA_NONE && y != TPI_RA_NONE; x = a->nodes[x].list_next, y = b->nodes[y].list_next) {
+            const tpi_ra_node *m = &a->nodes[x], *n = &b->nodes[y];
+            CHECK_MSG(m->offset == n->offset && m->size == n->size && m->owner == n->owner,
+                      "bin %u: [%llx +%llx owner %llx] against [%llx +%llx owner %llx]", bin,
+                      (unsigned long long)m->offset, (unsigned long long)m->size, (unsigned long long)m->owner,
+                      (unsigned long long)n->offset, (unsigned long long)n->size, (unsigned long long)n->owner);
+        }
+        CHECK_MSG(x == TPI_RA_NONE && y == TPI_RA_NONE, "bin %u: lists of different lengths", bin);
+    }
+    /* Address order, region by region, from each region's first node. */
+    for (uint32_t id = 0; id < a->node_capacity; id++) {
+        const tpi_ra_node *m = &a->nodes[id];
+        if (m->state == TPI_RA_NODE_UNUSED || m->addr_prev != TPI_RA_NONE) continue;
+        uint32_t other = TPI_RA_NONE;
+        for (uint32_t j = 0; j < b->node_capacity && other == TPI_RA_NONE; j++)
+            if (b->nodes[j].state != TPI_RA_NODE_UNUSED && b->nodes[j].offset == m->offset) other = j;
+        REQUIRE(other != TPI_RA_NONE);
+        for (uint32_t x = id, y = other; x != TPI_RA_NONE || y != TPI_RA_NONE;
+             x = a->nodes[x].addr_next, y = b->nodes[y].addr_next) {
+            REQUIRE(x != TPI_RA_NONE && y != TPI_RA_NONE);
+            const tpi_ra_node *p = &a->nodes[x], *q = &b->nodes[y];
+            CHECK(p->offset == q->offset && p->size == q->size && p->state == q->state);
+            if (p->state == TPI_RA_NODE_FREE) CHECK(p->owner == q->owner);
+        }
+    }
+}
+
+/* tpi_ra_release_lands_in_place and tpi_ra_shrink against what they stand
+ * for, on random states of two regions: whenever the predicate says yes,
+ * a release of the block (owner word set) and a good-fit search for the
+ * smaller size find first the range at the block's start, and a take of
+ * the size there leaves the same ranges and bin lists as the shrink. */
+static void test_shrink_is_release_then_take(unsigned long long seed) {
+    tpi_ra ra;
+    REQUIRE(ra_open(&ra) == TP_OK);
+    const uint64_t base = 1ull << 40, region_bytes = 4ull << 20;
+    REQUIRE(tpi_ra_add_region(&ra, base, region_bytes, 1, 0) != TPI_RA_NONE);
+    REQUIRE(tpi_ra_add_region(&ra, base + region_bytes, region_bytes, 2, 0) != TPI_RA_NONE);
+    uint32_t live[512];
+    size_t live_count = 0;
+    test_rng rng = {seed};
+    unsigned said_yes = 0, landed = 0, trials = 0;
+    int failures_before = check_failures;
+    for (int op = 0; op < 6000 && check_failures < failures_before + 20; op++) {
+        unsigned what = rng_below(&rng, 100);
+        if (live_count < 512 && (live_count == 0 || what < 50)) {
+            uint64_t size = (rng_log_uniform(&rng, 1, 512 << 10) + 255) & ~255ull;
+            uint32_t id = find(&ra, size, NULL);
+            if (id == TPI_RA_NONE) continue;
+            REQUIRE((id = tpi_ra_take(&ra, id, size)) != TPI_RA_NONE);
+            live[live_count++] = id;
+        } else if (what < 80) {
+            size_t k = rng_below(&rng, live_count);
+            tpi_ra_node_at(&ra, live[k])->owner = 1ull << rng_below(&rng, 8);
+            tpi_ra_release(&ra, live[k]);
+            live[k] = live[--live_count];
+        } else {
+            size_t k = rng_below(&rng, live_count);
+            uint32_t id = live[k];
+            uint64_t old_size = tpi_ra_node_at(&ra, id)->size, start = tpi_ra_node_at(&ra, id)->offset;
+            uint64_t size = ((rng_below(&rng, old_size >> 8)) + 1) << 8; /* 256 B .. old_size */
+            uint64_t owner = 1ull << rng_below(&rng, 8);
+            bool yes = tpi_ra_release_lands_in_place(&ra, id, size);
+            tpi_ra copy;
+            ra_clone(&ra, &copy);
+            tpi_ra_node_at(&copy, id)->owner = owner;
+            tpi_ra_release(&copy, id);
+            uint32_t first = find(&copy, size, NULL);
+            bool lands = first != TPI_RA_NONE && tpi_ra_node_at(&copy, first)->offset == start;
+            trials++;
+            said_yes += yes;
+            landed += lands;
+            CHECK_MSG(!yes || lands, "seed %llu op %d: said in place, the search found %s", seed, op,
+                      first == TPI_RA_NONE ? "nothing" : "another range");
+            if (yes && lands && size < old_size) {
+                REQUIRE(tpi_ra_reserve_nodes(&ra, 1));
+                REQUIRE(tpi_ra_shrink(&ra, id, size, owner) != TPI_RA_NONE);
+                REQUIRE(tpi_ra_take(&copy, first, size) != TPI_RA_NONE);
+                CHECK(tpi_ra_node_at(&ra, id)->size == size && tpi_ra_node_at(&ra, id)->offset == start);
+                check_same_ranges(&ra, &copy);
+                check_ra(&ra);
+            }
+            tpi_ra_destroy(&copy);
+        }
+    }
+    /* The test means something only if both answers came up often (not
+     * asked after a failure above, which ends the loop early). */
+    if (check_failures == failures_before)
+        CHECK_MSG(trials >= 500 && said_yes >= trials / 10 && trials - said_yes >= trials / 10,
+                  "seed %llu: %u trials, %u said in place (%u landed there)", seed, trials, said_yes, landed);
+    tpi_ra_destroy(&ra);
+}
+
 static void test_checker_catches_corruption(void) {
     tpi_ra ra;
     REQUIRE(ra_open(&ra) == TP_OK);
@@ -265,6 +374,7 @@ int main(void) {
     test_owner_words_split_and_merge_through_the_hook();
     test_reserved_nodes_let_split_and_take_succeed();
     for (unsigned long long seed = 1; seed <= 4; seed++) test_random_against_model(seed);
+    for (unsigned long long seed = 1; seed <= 8; seed++) test_shrink_is_release_then_take(seed);
     test_checker_catches_corruption();
     return check_report("test_range_alloc");
 }
