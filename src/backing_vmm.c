@@ -61,27 +61,33 @@ static void vmm_release_block(tpi_backing *b, uint32_t node, uint64_t idle_since
  * step where the placement is known: the range allocator finds first the
  * range the release leaves at node's start (tpi_ra_release_lands_in_place),
  * and place_window takes the window there at once -- its pages are mapped
- * (the block holds them) and, with the free's tag merged in, each carries
- * no tag or slot's own (a tag that needs a question to the device leaves
- * the answer to the full path). The pages the block keeps take the tag;
- * only those past its new end lose it. */
-static bool vmm_shrink_block(tpi_backing *b, uint32_t node, uint64_t size, uint32_t slot, uint64_t idle_since_ns) {
+ * and each carries no tag or slot's own, the free's tag merged into the
+ * block's (a page unmapped, or with a tag that needs a question to the
+ * device, leaves the answer to the full path). The pages the block keeps
+ * take the tag; those past a smaller block's end lose it, those past a
+ * larger one's old end gain it. */
+static bool vmm_resize_block(tpi_backing *b, uint32_t node, uint64_t size, uint32_t slot, uint64_t idle_since_ns) {
     tpi_core *core = b->core;
     tpi_units *units = &core->units;
     if (!tpi_ra_release_lands_in_place(&core->ra, node, size)) return false;
     const tpi_ra_node *n = tpi_ra_node_at(&core->ra, node);
-    uint64_t offset = n->offset, old_size = n->size;
+    uint64_t offset = n->offset;
     tpi_tag tag = n->owner;
-    uint64_t first = tpi_page_of(units, offset), last = tpi_page_of(units, offset + size - 1);
+    uint64_t first = tpi_page_of(units, offset), old_last = tpi_page_of(units, offset + n->size - 1),
+             last = tpi_page_of(units, offset + size - 1);
+    for (uint64_t p = old_last + 1; p <= last; p++) { /* a larger block's new pages */
+        const tpi_unit *unit = &units->units[p];
+        if (p >= units->page_high || unit->state == TPI_UNIT_UNUSED ||
+            (unit->tag != TPI_TAG_CLEAN && tpi_tag_slot(unit->tag) != slot))
+            return false;
+    }
     if (!tpi_ra_reserve_nodes(&core->ra, 1)) return false;
     /* The tag into the pages the block keeps (a page that fails the test
      * keeps it too: the full path merges the same tag in again, which
      * changes nothing). */
-    if (!tpi_units_pages_merge_tag(units, first, last, tag, slot)) return false;
-    uint32_t rest = tpi_ra_shrink(&core->ra, node, size, tag);
-    /* (the block's own word as a take from the merged range would leave it) */
-    tpi_ra_node_at(&core->ra, node)->owner = tpi_ra_node_at(&core->ra, rest)->owner;
-    uint64_t old_last = tpi_page_of(units, offset + old_size - 1);
+    if (!tpi_units_pages_merge_tag(units, first, TPI_MIN(last, old_last), tag, slot)) return false;
+    tpi_ra_resize(&core->ra, node, size, tag); /* (cannot fail: a node is reserved) */
+    if (last > old_last) tpi_units_pages_ref(units, old_last + 1, last);
     if (last < old_last) tpi_units_pages_unref(units, last + 1, old_last, tag, idle_since_ns);
     return true;
 }
@@ -670,7 +676,7 @@ static const tpi_backing_ops vmm_ops = {
     .try_alloc = vmm_try_alloc,
     .claim = vmm_claim,
     .release_block = vmm_release_block,
-    .shrink_block = vmm_shrink_block,
+    .resize_block = vmm_resize_block,
     .destroy = vmm_destroy,
     .check = vmm_check,
     .free_figures = vmm_free_figures,

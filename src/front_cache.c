@@ -358,16 +358,16 @@ bool tpi_front_push(tpi_front *f, uint32_t slot, uint32_t node, uint64_t offset,
     return true;
 }
 
-/* The slot's block, larger than size and freed on slot, cut down to size
- * where it is when placement would put the allocation there anyway (the
- * backing's shrink_block); false, the slot as it was, otherwise. */
-static bool slot_shrink(tpi_front *f, uint32_t node, uint64_t size, uint32_t slot) {
+/* The slot's block, of another size than size and freed on slot, resized
+ * to size where it is when placement would put the allocation there anyway
+ * (the backing's resize_block); false, the slot as it was, otherwise. */
+static bool slot_resize(tpi_front *f, uint32_t node, uint64_t size, uint32_t slot) {
     tpi_backing *b = f->backing;
-    if (!b->ops->shrink_block) return false;
+    if (!b->ops->resize_block) return false;
     tpi_ra_node *n = tpi_ra_node_at(&f->core->ra, node);
     uint64_t word = n->owner;
     n->owner = f->slot_tag; /* as release_parked gives it back */
-    if (!b->ops->shrink_block(b, node, size, slot, f->slot_freed_ns ? f->slot_freed_ns : 1)) {
+    if (!b->ops->resize_block(b, node, size, slot, f->slot_freed_ns ? f->slot_freed_ns : 1)) {
         tpi_ra_node_at(&f->core->ra, node)->owner = word;
         return false;
     }
@@ -380,7 +380,7 @@ uint32_t tpi_front_pop(tpi_front *f, uint64_t size, uint32_t slot) {
         uint32_t node = (uint32_t)word;
         if (word != TPI_FRONT_SLOT_EMPTY && (uint32_t)(word >> 32) == slot &&
             ((f->slot_size == size && tpi_front_reuse_in_place(&f->core->ra, node)) ||
-             (f->slot_size > size && slot_shrink(f, node, size, slot)))) {
+             (f->slot_size != size && slot_resize(f, node, size, slot)))) {
             atomic_store_explicit(&f->slot_word, TPI_FRONT_SLOT_EMPTY, memory_order_relaxed);
             return node;
         }

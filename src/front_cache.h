@@ -26,8 +26,8 @@
  * bins parks alone until the next allocation that is not a bin's hit;
  * reused in place when that allocation asks for its size on its stream and
  * good-fit placement would choose the same address anyway, or, asking for
- * less on its stream (under the lock, where the backing can tell:
- * shrink_block, VMM), cut down to the request where it is when release and
+ * another size on its stream (under the lock, where the backing can tell:
+ * resize_block, VMM), resized to the request where it is when release and
  * placement would put it exactly there -- the same ranges, pages and tags
  * in one step instead of a release, a search and a take; else released
  * before the allocation looks for room, so placement sees the same free
@@ -256,8 +256,7 @@ void tpi_front_live_sums(const tpi_front *front, uint64_t *out_allocated, uint64
  * caller releases it. */
 bool tpi_front_push(tpi_front *front, uint32_t slot, uint32_t node, uint64_t offset, uint64_t size, tpi_tag tag);
 /* A parked block for size bytes on slot, taken out of the cache (the
- * last-freed slot's block reused in place, or cut down to size where it
- * is), or TPI_RA_NONE, the last-freed slot then released (the allocation
+ * last-freed slot's block reused in place, or resized where it is), or TPI_RA_NONE, the last-freed slot then released (the allocation
  * looks for room next). A bin's block leaves the slot as it is, as the hit path's
  * pick does. */
 uint32_t tpi_front_pop(tpi_front *front, uint64_t size, uint32_t slot);

@@ -14,9 +14,10 @@
  * Blocks are cut from the start of a free range; a release merges the range
  * with free neighbours of its region, combining their owner words through
  * the owner's merge hook (equal words are kept without a call). A block
- * can also be cut down where it is (its tail released as a block would be),
- * for the owner that knows a release and a new search would put the smaller
- * block there anyway (tpi_ra_release_lands_in_place).
+ * can also be resized where it is (cut down, its tail released as a block
+ * would be, or grown into the free range after it), for the owner that
+ * knows a release and a new search would put the block there anyway
+ * (tpi_ra_release_lands_in_place).
  *
  * Invariants (tpi_ra_check): a free node is in exactly the bin of its size and
  * that bin's bitmap bits are set iff its list is non-empty; neighbours link
@@ -342,7 +343,9 @@ bool tpi_ra_release_lands_in_place(const tpi_ra *ra, uint32_t id, uint64_t size)
     if (n->addr_prev != TPI_RA_NONE && ra->nodes[n->addr_prev].state == TPI_RA_NODE_FREE) return false;
     uint32_t next = n->addr_next;
     const tpi_ra_node *x = next != TPI_RA_NONE && ra->nodes[next].state == TPI_RA_NODE_FREE ? &ra->nodes[next] : NULL;
-    uint32_t merged_bin = bin_of_units((n->size + (x ? x->size : 0)) >> ra->shift);
+    uint64_t merged = n->size + (x ? x->size : 0);
+    if (size > merged) return false;
+    uint32_t merged_bin = bin_of_units(merged >> ra->shift);
     /* Nothing in the bins the search looks at first but the neighbour the
      * merge takes away (alone in its bin). */
     for (uint32_t bin = tpi_ra_next_nonempty_bin(ra, bin_of_units(size >> ra->shift));
@@ -351,35 +354,54 @@ bool tpi_ra_release_lands_in_place(const tpi_ra *ra, uint32_t id, uint64_t size)
     return true; /* and a released range goes to the head of its bin: the first the search sees there */
 }
 
-uint32_t tpi_ra_shrink(tpi_ra *ra, uint32_t id, uint64_t size, uint64_t tail_owner) {
+bool tpi_ra_resize(tpi_ra *ra, uint32_t id, uint64_t size, uint64_t freed_owner) {
     tpi_ra_node *n = &ra->nodes[id];
     uint32_t next = n->addr_next;
     tpi_ra_node *x = next != TPI_RA_NONE && ra->nodes[next].state == TPI_RA_NODE_FREE ? &ra->nodes[next] : NULL;
-    uint32_t rest = split_off_tail_unbinned(ra, id, size);
-    if (rest == TPI_RA_NONE) return TPI_RA_NONE;
-    tpi_ra_node *r = &ra->nodes[rest];
-    r->owner = tail_owner;
-    ra->free_bytes += r->size;
-    ra->free_count++;
-    if (!x) {
-        bin_insert(ra, rest);
-        return rest;
+    /* The merged range's word, which the block and the rest keep. */
+    uint64_t owner = x && x->owner != freed_owner ? ra->merge(ra->merge_ctx, freed_owner, x->owner) : freed_owner;
+    uint32_t rest = next; /* the free range after the block, once resized */
+    if (size < n->size) {
+        rest = split_off_tail_unbinned(ra, id, size);
+        if (rest == TPI_RA_NONE) return false;
+        n = &ra->nodes[id]; /* (the node array may have grown) */
+        x = x ? &ra->nodes[next] : NULL;
+        ra->free_bytes += ra->nodes[rest].size;
+        ra->free_count++;
+        if (x) { /* the tail takes in the free neighbour */
+            tpi_ra_node *r = &ra->nodes[rest];
+            r->size += x->size;
+            r->addr_next = x->addr_next;
+            if (x->addr_next != TPI_RA_NONE) ra->nodes[x->addr_next].addr_prev = rest;
+            bin_remove(ra, next);
+            node_recycle(ra, next);
+            ra->free_count--;
+        }
+    } else { /* the block takes the start of the free neighbour (the predicate saw it is large enough) */
+        uint64_t grow = size - n->size;
+        if (!x || x->size < grow) return false;
+        bin_remove(ra, next);
+        ra->free_bytes -= grow;
+        n->size = size;
+        if (x->size == grow) { /* all of it */
+            n->addr_next = x->addr_next;
+            if (x->addr_next != TPI_RA_NONE) ra->nodes[x->addr_next].addr_prev = id;
+            node_recycle(ra, next);
+            ra->free_count--;
+            rest = TPI_RA_NONE;
+        } else {
+            x->offset += grow;
+            x->size -= grow;
+        }
     }
-    /* The rest, merged, at the head of its bin, as release and take leave
-     * it (both put the range they change at the head). */
-    bool same_bin = bin_of_units((r->size + x->size) >> ra->shift) == x->bin;
-    if (!same_bin) bin_remove(ra, next);
-    r->size += x->size;
-    r->addr_next = x->addr_next;
-    if (x->addr_next != TPI_RA_NONE) ra->nodes[x->addr_next].addr_prev = rest;
-    if (r->owner != x->owner) r->owner = ra->merge(ra->merge_ctx, r->owner, x->owner);
-    if (same_bin)
-        bin_replace(ra, next, rest);
-    else
+    n->owner = owner;
+    if (rest != TPI_RA_NONE) {
+        /* At the head of its bin, where release and take leave the range
+         * they change. */
+        ra->nodes[rest].owner = owner;
         bin_insert(ra, rest);
-    node_recycle(ra, next);
-    ra->free_count--;
-    return rest;
+    }
+    return true;
 }
 
 uint64_t tpi_ra_largest_free(const tpi_ra *ra) {

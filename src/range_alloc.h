@@ -117,22 +117,24 @@ uint32_t tpi_ra_take_at(tpi_ra *ra, uint64_t offset, uint64_t size);
  * neighbours; returns the free node that now contains it. */
 uint32_t tpi_ra_release(tpi_ra *ra, uint32_t node);
 
-/* Would a release of used node id, and then a good-fit search for size
- * (at most id's size), find first the free range that starts where id
- * does -- so that the block could be cut down to size where it is instead?
- * Exactly that, or false where it cannot tell cheaply: id's previous
- * neighbour is not free, the bins the search would look at before the
- * merged range's hold nothing but id's free next neighbour (which the
- * merge takes away); a released range is the first of its own bin. */
+/* Would a release of used node id, and then a good-fit search for size,
+ * find first the free range that starts where id does -- so that the
+ * block could be resized to size where it is instead? Exactly that, or
+ * false where it cannot tell cheaply: id's previous neighbour is not free,
+ * id and a free next neighbour hold at least size, and the bins the search
+ * would look at before the merged range's hold nothing but that neighbour
+ * (which the merge takes away); a released range is the first of its own
+ * bin. */
 bool tpi_ra_release_lands_in_place(const tpi_ra *ra, uint32_t id, uint64_t size);
-/* Cuts used node id down to its first size bytes (0 < size < its size):
- * the rest becomes free with owner word tail_owner, merged with a free next
- * neighbour; every free range and bin list ends up as a release of id
- * (owner word tail_owner) and then a take of size from the same place would
- * leave them. Returns the free node, or TPI_RA_NONE without host memory for
- * the split (nothing changes then; tpi_ra_reserve_nodes(ra, 1) first makes
- * sure it succeeds). */
-uint32_t tpi_ra_shrink(tpi_ra *ra, uint32_t id, uint64_t size, uint64_t tail_owner);
+/* Resizes used node id where it is, to size (not its size) that
+ * tpi_ra_release_lands_in_place allowed: cut down, the tail becomes free and
+ * merges with a free next neighbour; grown, it takes the start of that
+ * neighbour. Every range, owner word (the block's too) and bin list ends up
+ * as a release of id with owner word freed_owner and then a take of size
+ * from the same place would leave them. False, and nothing changed, without
+ * host memory for a cut's split (tpi_ra_reserve_nodes(ra, 1) first makes
+ * sure there is) or when a growth finds no room after the block. */
+bool tpi_ra_resize(tpi_ra *ra, uint32_t id, uint64_t size, uint64_t freed_owner);
 
 /* Size of the largest free range (walks the top non-empty bin). */
 uint64_t tpi_ra_largest_free(const tpi_ra *ra);

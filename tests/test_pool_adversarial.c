@@ -846,14 +846,15 @@ static void test_segment_sparse_small_segments_do_not_keep_requests_apart(void) 
     fixture_close(&f);
 }
 
-/* The last-freed block and a smaller request on its stream (VMM): the
- * block is cut down where it is only when good fit would put the request
- * there after releasing it. Here its first page is shared with a block
+/* The last-freed block and a request of another size on its stream
+ * (VMM): the block is resized where it is only when good fit would put the
+ * request there after releasing it. Here its first page is shared with a block
  * another stream freed while its kernel still runs (then took back, so the
  * range before the parked block is in use): good fit skips that page, and
  * so must the cut. Then the other way: a parked block cut down in place
- * leaves the pages past its new end idle, and trim gives them back. */
-static void test_vmm_parked_block_cut_down_only_where_good_fit_would_place(void) {
+ * leaves the pages past its new end idle, and trim gives them back; one
+ * grown in place into mapped free pages after it makes them busy. */
+static void test_vmm_parked_block_resized_only_where_good_fit_would_place(void) {
     const uint64_t page = 2 * TEST_MiB;
     tp_pool_config pc = {.release_threshold_bytes = TP_BYTES_UNLIMITED};
     fixture f;
@@ -904,13 +905,51 @@ static void test_vmm_parked_block_cut_down_only_where_good_fit_would_place(void)
     CHECK_OK(tp_pool_free(f.pool, small, TP_STREAM_DEFAULT));
     CHECK_OK(tp_pool_free(f.pool, left, TP_STREAM_DEFAULT));
     CHECK_OK(tp_pool_free(f.pool, right, TP_STREAM_DEFAULT));
+
+    /* Grown in place: 2 pages parked with 2 free mapped pages after them
+     * (a block freed before it), then 3 pages asked: the same address, and
+     * only the last free page idle. */
+    void *mid, *grown;
+    REQUIRE_OK(tp_pool_alloc(f.pool, page, TP_STREAM_DEFAULT, &left));
+    REQUIRE_OK(tp_pool_alloc(f.pool, 2 * page, TP_STREAM_DEFAULT, &big));
+    REQUIRE_OK(tp_pool_alloc(f.pool, 2 * page, TP_STREAM_DEFAULT, &mid));
+    REQUIRE_OK(tp_pool_alloc(f.pool, page, TP_STREAM_DEFAULT, &right));
+    REQUIRE((uintptr_t)big % page == 0 && (char *)mid == (char *)big + 2 * page &&
+            (char *)right == (char *)mid + 2 * page);
+    CHECK_OK(tp_pool_trim(f.pool, 0, NULL));
+    CHECK_OK(tp_pool_free(f.pool, mid, TP_STREAM_DEFAULT));
+    CHECK_OK(tp_pool_free(f.pool, big, TP_STREAM_DEFAULT)); /* mid goes back, big parks */
+    CHECK_OK(tp_pool_get_stats(f.pool, &before));
+    REQUIRE_OK(tp_pool_alloc(f.pool, 3 * page, TP_STREAM_DEFAULT, &grown));
+    CHECK_EQ_PTR(grown, big);
+    CHECK_OK(tp_pool_get_stats(f.pool, &after));
+    CHECK_EQ_U64(after.device_calls, before.device_calls);
+    CHECK_OK(tp_pool_trim(f.pool, 0, &released));
+    CHECK_EQ_U64(released, page);
+    /* Again with the free pages after it unmapped (trimmed): not resized
+     * (its pages must be mapped first: the full path, which maps them). */
+    CHECK_OK(tp_pool_free(f.pool, grown, TP_STREAM_DEFAULT)); /* parks */
+    void *shrunk;
+    REQUIRE_OK(tp_pool_alloc(f.pool, 2 * page, TP_STREAM_DEFAULT, &shrunk)); /* cut down: the third page idle */
+    CHECK_EQ_PTR(shrunk, big);
+    CHECK_OK(tp_pool_trim(f.pool, 0, &released));
+    CHECK_EQ_U64(released, page);
+    CHECK_OK(tp_pool_free(f.pool, shrunk, TP_STREAM_DEFAULT)); /* parks, unmapped pages after it */
+    CHECK_OK(tp_pool_get_stats(f.pool, &before));
+    REQUIRE_OK(tp_pool_alloc(f.pool, 3 * page, TP_STREAM_DEFAULT, &grown));
+    CHECK_OK(tp_pool_get_stats(f.pool, &after));
+    CHECK_GE_U64(after.device_calls, before.device_calls + 1); /* a page mapped */
+    CHECK_EQ_U64(counters(f.dev).hazards_handout, 0);
+    CHECK_OK(tp_pool_free(f.pool, grown, TP_STREAM_DEFAULT));
+    CHECK_OK(tp_pool_free(f.pool, left, TP_STREAM_DEFAULT));
+    CHECK_OK(tp_pool_free(f.pool, right, TP_STREAM_DEFAULT));
     CHECK_OK(tp_pool_forget_stream(f.pool, t));
     CHECK_OK(tp_stream_destroy(f.dev, t));
     fixture_close(&f);
 }
 
 static const test_case tests[] = {
-    TEST_CASE(test_vmm_parked_block_cut_down_only_where_good_fit_would_place),
+    TEST_CASE(test_vmm_parked_block_resized_only_where_good_fit_would_place),
     TEST_CASE(test_vmm_window_waits_for_every_blocking_stream),
     TEST_CASE(test_detach_during_a_reclaim_round_does_not_deadlock),
     TEST_CASE(test_unlimited_segment_pool_refuses_a_near_2_64_request),
