@@ -848,27 +848,26 @@ static void test_segment_sparse_small_segments_do_not_keep_requests_apart(void) 
 
 /* The last-freed block and a request of another size on its stream
  * (VMM): the block is resized where it is only when good fit would put the
- * request there after releasing it. Here its first page is shared with a block
- * another stream freed while its kernel still runs (then took back, so the
- * range before the parked block is in use): good fit skips that page, and
- * so must the cut. Then the other way: a parked block cut down in place
- * leaves the pages past its new end idle, and trim gives them back; one
- * grown in place into mapped free pages after it makes them busy. */
-static void test_vmm_parked_block_resized_only_where_good_fit_would_place(void) {
+ * request there after releasing it. The three tests below: a page another
+ * stream still uses, a cut, a growth. */
+
+/* The parked block's first page is shared with a block another stream
+ * freed while its kernel still runs (then took back, so the range before
+ * the parked block is in use): good fit skips that page, and so must the
+ * cut. */
+static void test_vmm_parked_block_not_cut_onto_a_page_another_stream_uses(void) {
     const uint64_t page = 2 * TEST_MiB;
-    tp_pool_config pc = {.release_threshold_bytes = TP_BYTES_UNLIMITED};
     fixture f;
-    fixture_open(&f, "sim:1GiB", TP_POOL_VMM, &pc);
+    fixture_open(&f, "sim:1GiB", TP_POOL_VMM, NULL);
     tp_stream t;
     REQUIRE_OK(tp_stream_create(f.dev, &t));
-    void *a, *y, *fence, *z;
+    void *a, *y, *fence, *z, *other, *again;
     REQUIRE_OK(tp_pool_alloc(f.pool, TEST_MiB, t, &a));
     REQUIRE_OK(tp_pool_alloc(f.pool, 3 * TEST_MiB, TP_STREAM_DEFAULT, &y));
     REQUIRE_OK(tp_pool_alloc(f.pool, TEST_MiB, TP_STREAM_DEFAULT, &fence));
     REQUIRE((uintptr_t)a % page == 0 && (char *)y == (char *)a + TEST_MiB && (char *)fence == (char *)y + 3 * TEST_MiB);
     launch(f.dev, t, 1000 * MS, a, TEST_MiB);
     CHECK_OK(tp_pool_free(f.pool, a, t)); /* parked in the last-freed slot */
-    void *other, *again;
     REQUIRE_OK(tp_pool_alloc(f.pool, page, t, &other)); /* another size: a goes back, page 0 takes t's tag */
     REQUIRE_OK(tp_pool_alloc(f.pool, TEST_MiB, t, &again)); /* t may: its own free */
     REQUIRE(again == a);
@@ -881,16 +880,25 @@ static void test_vmm_parked_block_resized_only_where_good_fit_would_place(void) 
     CHECK_OK(tp_pool_free(f.pool, other, t));
     CHECK_OK(tp_pool_free(f.pool, fence, TP_STREAM_DEFAULT));
     CHECK_OK(tp_stream_synchronize(f.dev, t));
+    CHECK_OK(tp_pool_forget_stream(f.pool, t));
+    CHECK_OK(tp_stream_destroy(f.dev, t));
+    fixture_close(&f);
+}
 
-    /* In place: 8 MiB on whole pages between two live blocks, parked, then
-     * 1 MiB asked on its stream: the same address, and the last three of
-     * its four pages idle. */
+/* 8 MiB on whole pages between two live blocks, parked, then 1 MiB asked on
+ * its stream: the same address, and the last three of its four pages idle
+ * for trim to give back. */
+static void test_vmm_parked_block_cut_down_in_place_leaves_its_tail_idle(void) {
+    const uint64_t page = 2 * TEST_MiB;
+    tp_pool_config pc = {.release_threshold_bytes = TP_BYTES_UNLIMITED};
+    fixture f;
+    fixture_open(&f, "sim:1GiB", TP_POOL_VMM, &pc);
     void *left, *big, *right, *small;
     REQUIRE_OK(tp_pool_alloc(f.pool, page, TP_STREAM_DEFAULT, &left));
     REQUIRE_OK(tp_pool_alloc(f.pool, 4 * page, TP_STREAM_DEFAULT, &big));
     REQUIRE_OK(tp_pool_alloc(f.pool, page, TP_STREAM_DEFAULT, &right));
     REQUIRE((uintptr_t)big % page == 0 && (char *)right == (char *)big + 4 * page);
-    CHECK_OK(tp_pool_trim(f.pool, 0, NULL)); /* nothing idle but these from here on */
+    CHECK_OK(tp_pool_trim(f.pool, 0, NULL)); /* nothing idle but the tail from here on */
     CHECK_OK(tp_pool_free(f.pool, big, TP_STREAM_DEFAULT));
     REQUIRE_OK(tp_pool_alloc(f.pool, TEST_MiB, TP_STREAM_DEFAULT, &small));
     CHECK_EQ_PTR(small, big);
@@ -905,11 +913,20 @@ static void test_vmm_parked_block_resized_only_where_good_fit_would_place(void) 
     CHECK_OK(tp_pool_free(f.pool, small, TP_STREAM_DEFAULT));
     CHECK_OK(tp_pool_free(f.pool, left, TP_STREAM_DEFAULT));
     CHECK_OK(tp_pool_free(f.pool, right, TP_STREAM_DEFAULT));
+    fixture_close(&f);
+}
 
-    /* Grown in place: 2 pages parked with 2 free mapped pages after them
-     * (a block freed before it), then 3 pages asked: the same address, and
-     * only the last free page idle. */
-    void *mid, *grown;
+/* 2 pages parked with 2 free mapped pages after them (a block freed before
+ * it), then 3 pages asked: the same address, no device call, and only the
+ * last free page idle. Then, with the pages after it unmapped (trimmed), 3
+ * pages again: not grown in place (the pages must be mapped first: the full
+ * path does it). */
+static void test_vmm_parked_block_grown_in_place_only_over_mapped_pages(void) {
+    const uint64_t page = 2 * TEST_MiB;
+    tp_pool_config pc = {.release_threshold_bytes = TP_BYTES_UNLIMITED};
+    fixture f;
+    fixture_open(&f, "sim:1GiB", TP_POOL_VMM, &pc);
+    void *left, *big, *mid, *right, *grown, *shrunk;
     REQUIRE_OK(tp_pool_alloc(f.pool, page, TP_STREAM_DEFAULT, &left));
     REQUIRE_OK(tp_pool_alloc(f.pool, 2 * page, TP_STREAM_DEFAULT, &big));
     REQUIRE_OK(tp_pool_alloc(f.pool, 2 * page, TP_STREAM_DEFAULT, &mid));
@@ -919,17 +936,16 @@ static void test_vmm_parked_block_resized_only_where_good_fit_would_place(void) 
     CHECK_OK(tp_pool_trim(f.pool, 0, NULL));
     CHECK_OK(tp_pool_free(f.pool, mid, TP_STREAM_DEFAULT));
     CHECK_OK(tp_pool_free(f.pool, big, TP_STREAM_DEFAULT)); /* mid goes back, big parks */
+    tp_pool_stats before, after;
     CHECK_OK(tp_pool_get_stats(f.pool, &before));
     REQUIRE_OK(tp_pool_alloc(f.pool, 3 * page, TP_STREAM_DEFAULT, &grown));
     CHECK_EQ_PTR(grown, big);
     CHECK_OK(tp_pool_get_stats(f.pool, &after));
     CHECK_EQ_U64(after.device_calls, before.device_calls);
+    uint64_t released = 0;
     CHECK_OK(tp_pool_trim(f.pool, 0, &released));
     CHECK_EQ_U64(released, page);
-    /* Again with the free pages after it unmapped (trimmed): not resized
-     * (its pages must be mapped first: the full path, which maps them). */
     CHECK_OK(tp_pool_free(f.pool, grown, TP_STREAM_DEFAULT)); /* parks */
-    void *shrunk;
     REQUIRE_OK(tp_pool_alloc(f.pool, 2 * page, TP_STREAM_DEFAULT, &shrunk)); /* cut down: the third page idle */
     CHECK_EQ_PTR(shrunk, big);
     CHECK_OK(tp_pool_trim(f.pool, 0, &released));
@@ -943,13 +959,13 @@ static void test_vmm_parked_block_resized_only_where_good_fit_would_place(void) 
     CHECK_OK(tp_pool_free(f.pool, grown, TP_STREAM_DEFAULT));
     CHECK_OK(tp_pool_free(f.pool, left, TP_STREAM_DEFAULT));
     CHECK_OK(tp_pool_free(f.pool, right, TP_STREAM_DEFAULT));
-    CHECK_OK(tp_pool_forget_stream(f.pool, t));
-    CHECK_OK(tp_stream_destroy(f.dev, t));
     fixture_close(&f);
 }
 
 static const test_case tests[] = {
-    TEST_CASE(test_vmm_parked_block_resized_only_where_good_fit_would_place),
+    TEST_CASE(test_vmm_parked_block_not_cut_onto_a_page_another_stream_uses),
+    TEST_CASE(test_vmm_parked_block_cut_down_in_place_leaves_its_tail_idle),
+    TEST_CASE(test_vmm_parked_block_grown_in_place_only_over_mapped_pages),
     TEST_CASE(test_vmm_window_waits_for_every_blocking_stream),
     TEST_CASE(test_detach_during_a_reclaim_round_does_not_deadlock),
     TEST_CASE(test_unlimited_segment_pool_refuses_a_near_2_64_request),
