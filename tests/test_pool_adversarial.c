@@ -885,6 +885,16 @@ static void test_vmm_parked_block_not_cut_onto_a_page_another_stream_uses(void) 
     fixture_close(&f);
 }
 
+/* Blocks of pages[i] 2 MiB pages each on the default stream, in a row
+ * from a fresh VMM pool's start: each right after the one before. */
+static void blocks_in_a_row(fixture *f, const uint64_t *pages, void **out, int count) {
+    for (int i = 0; i < count; i++) {
+        REQUIRE_OK(tp_pool_alloc(f->pool, pages[i] * 2 * TEST_MiB, TP_STREAM_DEFAULT, &out[i]));
+        REQUIRE(i ? (char *)out[i] == (char *)out[i - 1] + pages[i - 1] * 2 * TEST_MiB
+                  : (uintptr_t)out[0] % (2 * TEST_MiB) == 0);
+    }
+}
+
 /* 8 MiB on whole pages between two live blocks, parked, then 1 MiB asked on
  * its stream: the same address, and the last three of its four pages idle
  * for trim to give back. */
@@ -893,11 +903,9 @@ static void test_vmm_parked_block_cut_down_in_place_leaves_its_tail_idle(void) {
     tp_pool_config pc = {.release_threshold_bytes = TP_BYTES_UNLIMITED};
     fixture f;
     fixture_open(&f, "sim:1GiB", TP_POOL_VMM, &pc);
-    void *left, *big, *right, *small;
-    REQUIRE_OK(tp_pool_alloc(f.pool, page, TP_STREAM_DEFAULT, &left));
-    REQUIRE_OK(tp_pool_alloc(f.pool, 4 * page, TP_STREAM_DEFAULT, &big));
-    REQUIRE_OK(tp_pool_alloc(f.pool, page, TP_STREAM_DEFAULT, &right));
-    REQUIRE((uintptr_t)big % page == 0 && (char *)right == (char *)big + 4 * page);
+    void *row[3], *small;
+    blocks_in_a_row(&f, (const uint64_t[]){1, 4, 1}, row, 3);
+    void *left = row[0], *big = row[1], *right = row[2];
     CHECK_OK(tp_pool_trim(f.pool, 0, NULL)); /* nothing idle but the tail from here on */
     CHECK_OK(tp_pool_free(f.pool, big, TP_STREAM_DEFAULT));
     REQUIRE_OK(tp_pool_alloc(f.pool, TEST_MiB, TP_STREAM_DEFAULT, &small));
@@ -926,13 +934,9 @@ static void test_vmm_parked_block_grown_in_place_only_over_mapped_pages(void) {
     tp_pool_config pc = {.release_threshold_bytes = TP_BYTES_UNLIMITED};
     fixture f;
     fixture_open(&f, "sim:1GiB", TP_POOL_VMM, &pc);
-    void *left, *big, *mid, *right, *grown, *shrunk;
-    REQUIRE_OK(tp_pool_alloc(f.pool, page, TP_STREAM_DEFAULT, &left));
-    REQUIRE_OK(tp_pool_alloc(f.pool, 2 * page, TP_STREAM_DEFAULT, &big));
-    REQUIRE_OK(tp_pool_alloc(f.pool, 2 * page, TP_STREAM_DEFAULT, &mid));
-    REQUIRE_OK(tp_pool_alloc(f.pool, page, TP_STREAM_DEFAULT, &right));
-    REQUIRE((uintptr_t)big % page == 0 && (char *)mid == (char *)big + 2 * page &&
-            (char *)right == (char *)mid + 2 * page);
+    void *row[4], *grown, *shrunk;
+    blocks_in_a_row(&f, (const uint64_t[]){1, 2, 2, 1}, row, 4);
+    void *left = row[0], *big = row[1], *mid = row[2], *right = row[3];
     CHECK_OK(tp_pool_trim(f.pool, 0, NULL));
     CHECK_OK(tp_pool_free(f.pool, mid, TP_STREAM_DEFAULT));
     CHECK_OK(tp_pool_free(f.pool, big, TP_STREAM_DEFAULT)); /* mid goes back, big parks */
