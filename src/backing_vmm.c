@@ -7,9 +7,10 @@
  * order works and a block may span any number of pages. Every page is a
  * unit of its own (units[p] for page p): it counts the live blocks touching
  * it, and with none it is idle and may be unmapped, with the rest of its
- * chunk, once the work that last used the chunk has completed. A block goes to the first window, in good-fit
- * order, whose pages are mapped and usable on the stream (place_window);
- * the pages it touches that are not mapped are then mapped in runs, one
+ * chunk, once the work that last used the chunk has completed. A block
+ * goes to the first window, in good-fit order, whose pages are mapped and
+ * usable on the stream (place_window); the pages it touches that are not
+ * mapped are then mapped in runs, one
  * device call per run, each run backed by chunks (physical allocations) of
  * about 1/8 of it (chunk_pages_for: the driver's cost is per allocation; a
  * chunk unmaps only whole, which units.c sees to). Growth maps a look-ahead
@@ -68,20 +69,19 @@ static void vmm_release_block(tpi_backing *b, uint32_t node, uint64_t idle_since
  * block's (a page unmapped, or with a tag that needs a question to the
  * device, leaves the answer to the full path). The pages the block keeps
  * take the tag; those past a smaller block's end lose it, those past a
- * larger one's old end gain it. */
-static bool vmm_resize_block(tpi_backing *b, uint32_t node, uint64_t size, uint32_t slot, uint64_t idle_since_ns) {
+ * larger one's old end become busy. */
+static bool vmm_resize_block(tpi_backing *b, uint32_t node, uint64_t size, tpi_tag tag, uint32_t slot,
+                             uint64_t idle_since_ns) {
     tpi_core *core = b->core;
     tpi_units *units = &core->units;
     if (!tpi_ra_release_lands_in_place(&core->ra, node, size)) return false;
     const tpi_ra_node *n = tpi_ra_node_at(&core->ra, node);
     uint64_t offset = n->offset;
-    tpi_tag tag = n->owner;
     uint64_t first = tpi_page_of(units, offset), old_last = tpi_page_of(units, offset + n->size - 1),
              last = tpi_page_of(units, offset + size - 1);
     for (uint64_t p = old_last + 1; p <= last; p++) { /* a larger block's new pages */
         const tpi_unit *unit = &units->units[p];
-        if (p >= units->page_high || unit->state == TPI_UNIT_UNUSED ||
-            (unit->tag != TPI_TAG_CLEAN && tpi_tag_slot(unit->tag) != slot))
+        if (p >= units->page_high || unit->state == TPI_UNIT_UNUSED || !tpi_order_tag_own(unit->tag, slot))
             return false;
     }
     if (!tpi_ra_reserve_nodes(&core->ra, 1)) return false;

@@ -310,26 +310,6 @@ static void slot_release(tpi_front *f) {
     release_parked(f, (uint32_t)word, f->slot_tag, f->slot_freed_ns ? f->slot_freed_ns : 1);
 }
 
-/* May the parked block n be handed out again in place? Only where
- * good-fit placement would choose the same address had n been released:
- * n has no free range before it (release would merge backwards), and the
- * free range F after it, if any, leaves no better fit: the first non-empty
- * bin at or above n's, F itself aside, is at or above the bin of n + F.
- * So the free X / alloc X loop skips the range allocator without changing
- * where blocks go. */
-bool tpi_front_reuse_in_place(const tpi_ra *ra, uint32_t node) {
-    const tpi_ra_node *n = tpi_ra_node_at(ra, node);
-    if (n->addr_prev != TPI_RA_NONE && tpi_ra_node_at(ra, n->addr_prev)->state == TPI_RA_NODE_FREE) return false;
-    if (n->addr_next == TPI_RA_NONE) return true;
-    const tpi_ra_node *next = tpi_ra_node_at(ra, n->addr_next);
-    if (next->state != TPI_RA_NODE_FREE) return true;
-    uint32_t bin = tpi_ra_bin_floor(ra, n->size);
-    uint32_t first = tpi_ra_next_nonempty_bin(ra, bin);
-    if (first != TPI_RA_NONE && first == next->bin && ra->heads[first] == n->addr_next && next->list_next == TPI_RA_NONE)
-        first = tpi_ra_next_nonempty_bin(ra, first + 1); /* next alone in its bin: look past it */
-    return first == TPI_RA_NONE || first >= tpi_ra_bin_floor(ra, n->size + next->size);
-}
-
 /* The slot's bytes when its block is slot's stream's, else 0. */
 static uint64_t slot_bytes_of(const tpi_front *f, uint32_t slot) {
     uint64_t word = atomic_load_explicit(&f->slot_word, memory_order_relaxed);
@@ -363,15 +343,8 @@ bool tpi_front_push(tpi_front *f, uint32_t slot, uint32_t node, uint64_t offset,
  * (the backing's resize_block); false, the slot as it was, otherwise. */
 static bool slot_resize(tpi_front *f, uint32_t node, uint64_t size, uint32_t slot) {
     tpi_backing *b = f->backing;
-    if (!b->ops->resize_block) return false;
-    tpi_ra_node *n = tpi_ra_node_at(&f->core->ra, node);
-    uint64_t word = n->owner;
-    n->owner = f->slot_tag; /* as release_parked gives it back */
-    if (!b->ops->resize_block(b, node, size, slot, f->slot_freed_ns ? f->slot_freed_ns : 1)) {
-        tpi_ra_node_at(&f->core->ra, node)->owner = word;
-        return false;
-    }
-    return true;
+    return b->ops->resize_block &&
+           b->ops->resize_block(b, node, size, f->slot_tag, slot, f->slot_freed_ns ? f->slot_freed_ns : 1);
 }
 
 uint32_t tpi_front_pop(tpi_front *f, uint64_t size, uint32_t slot) {
@@ -379,7 +352,7 @@ uint32_t tpi_front_pop(tpi_front *f, uint64_t size, uint32_t slot) {
     if (size > f->max_block_bytes) {
         uint32_t node = (uint32_t)word;
         if (word != TPI_FRONT_SLOT_EMPTY && (uint32_t)(word >> 32) == slot &&
-            ((f->slot_size == size && tpi_front_reuse_in_place(&f->core->ra, node)) ||
+            ((f->slot_size == size && tpi_ra_release_lands_in_place(&f->core->ra, node, size)) ||
              (f->slot_size != size && slot_resize(f, node, size, slot)))) {
             atomic_store_explicit(&f->slot_word, TPI_FRONT_SLOT_EMPTY, memory_order_relaxed);
             return node;

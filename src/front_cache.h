@@ -178,7 +178,8 @@ typedef struct tpi_front {
     _Alignas(TPI_CACHE_LINE_BYTES) _Atomic(uint64_t) slot_word;
     uint64_t slot_offset, slot_size, slot_freed_ns;
     tpi_tag slot_tag;
-    /* tpi_front_reuse_in_place's answer for node in_place_node, found in
+    /* The answer of tpi_ra_release_lands_in_place (may the parked block be
+     * handed out again in place?) for node in_place_node, found in
      * world epoch in_place_epoch (0: none). Written and read by the stream
      * the word names, under its lock (a hit taking the slot), so ordered by
      * the word's changes like the fields above. */
@@ -256,8 +257,9 @@ void tpi_front_live_sums(const tpi_front *front, uint64_t *out_allocated, uint64
  * caller releases it. */
 bool tpi_front_push(tpi_front *front, uint32_t slot, uint32_t node, uint64_t offset, uint64_t size, tpi_tag tag);
 /* A parked block for size bytes on slot, taken out of the cache (the
- * last-freed slot's block reused in place, or resized where it is), or TPI_RA_NONE, the last-freed slot then released (the allocation
- * looks for room next). A bin's block leaves the slot as it is, as the hit path's
+ * last-freed slot's block reused in place, or resized where it is), or
+ * TPI_RA_NONE, the last-freed slot then released (the allocation looks for
+ * room next). A bin's block leaves the slot as it is, as the hit path's
  * pick does. */
 uint32_t tpi_front_pop(tpi_front *front, uint64_t size, uint32_t slot);
 /* Gives every parked block back to the backing; returns the bytes. */
@@ -270,9 +272,6 @@ uint64_t tpi_front_parked_count(const tpi_front *front);
 bool tpi_front_any_parked(const tpi_front *front);
 /* Is node parked (in a bin or the slot)? Its tag in *out_tag. */
 bool tpi_front_parked(const tpi_front *front, uint32_t node, tpi_tag *out_tag);
-/* May the parked block at node be handed out again in place (the
- * last-freed slot's rule, on the range allocator as it is now)? */
-bool tpi_front_reuse_in_place(const tpi_ra *ra, uint32_t node);
 /* Gives the slot's block back if it was freed at least idle_ns ago. */
 void tpi_front_release_cold_slot(tpi_front *front, uint64_t now_ns, uint64_t idle_ns);
 
@@ -434,7 +433,7 @@ static inline bool tpi_front_hit_take_slot(tpi_front *f, uint64_t size, uint64_t
      * the answer. */
     uint32_t node = (uint32_t)word;
     if (f->in_place_epoch != f->world_epoch || f->in_place_node != node) {
-        f->in_place = tpi_front_reuse_in_place(&f->core->ra, node);
+        f->in_place = tpi_ra_release_lands_in_place(&f->core->ra, node, size);
         f->in_place_node = node;
         f->in_place_epoch = f->world_epoch;
     }

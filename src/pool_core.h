@@ -83,13 +83,14 @@ typedef struct tpi_backing_ops {
      * its tag); units it leaves idle count as idle since idle_since_ns
      * (0: now). */
     void (*release_block)(tpi_backing *backing, uint32_t node, uint64_t idle_since_ns);
-    /* Optional: resizes used node (its owner word holds its tag) to size
-     * bytes where it is, when release_block and then try_alloc of size on
-     * slot would place the block there anyway, leaving every range, unit
-     * and tag as they would (units a smaller block leaves idle count as
-     * idle since idle_since_ns). False, and nothing changed, when it cannot
-     * tell that placement would. */
-    bool (*resize_block)(tpi_backing *backing, uint32_t node, uint64_t size, uint32_t slot, uint64_t idle_since_ns);
+    /* Optional: resizes used node, freed with tag, to size bytes where it
+     * is, when release_block (its owner word set to tag) and then try_alloc
+     * of size on slot would place the block there anyway, leaving every
+     * range, unit and tag as they would (units a smaller block leaves idle
+     * count as idle since idle_since_ns). False, and nothing changed, when
+     * it cannot tell that placement would. */
+    bool (*resize_block)(tpi_backing *backing, uint32_t node, uint64_t size, tpi_tag tag, uint32_t slot,
+                         uint64_t idle_since_ns);
     /* Returns all device memory and frees the backing. */
     void (*destroy)(tpi_backing *backing);
     /* Backing-specific invariants. */

@@ -295,6 +295,18 @@ uint32_t tpi_ra_take_at(tpi_ra *ra, uint64_t offset, uint64_t size) {
     return tpi_ra_take(ra, id, size);
 }
 
+/* Free node next, the neighbour after id and already out of its bin, joins
+ * id's range: the sizes add up, the links pass it by, its node is
+ * recycled. (Owner words are the caller's.) */
+static TPI_ALWAYS_INLINE void absorb_next(tpi_ra *ra, uint32_t id, uint32_t next) {
+    tpi_ra_node *n = &ra->nodes[id], *x = &ra->nodes[next];
+    n->size += x->size;
+    n->addr_next = x->addr_next;
+    if (x->addr_next != TPI_RA_NONE) ra->nodes[x->addr_next].addr_prev = id;
+    node_recycle(ra, next);
+    ra->free_count--;
+}
+
 uint32_t tpi_ra_release(tpi_ra *ra, uint32_t id) {
     tpi_ra_node *n = &ra->nodes[id];
     n->state = TPI_RA_NODE_FREE;
@@ -305,12 +317,8 @@ uint32_t tpi_ra_release(tpi_ra *ra, uint32_t id) {
     if (prev != TPI_RA_NONE && ra->nodes[prev].state == TPI_RA_NODE_FREE) {
         tpi_ra_node *p = &ra->nodes[prev];
         bin_remove(ra, prev);
-        p->size += n->size;
-        p->addr_next = n->addr_next;
-        if (n->addr_next != TPI_RA_NONE) ra->nodes[n->addr_next].addr_prev = prev;
         if (p->owner != n->owner) p->owner = ra->merge(ra->merge_ctx, p->owner, n->owner);
-        node_recycle(ra, id);
-        ra->free_count--;
+        absorb_next(ra, prev, id);
         id = prev;
         n = p;
     }
@@ -327,12 +335,8 @@ uint32_t tpi_ra_release(tpi_ra *ra, uint32_t id) {
         } else {
             bin_remove(ra, next);
         }
-        n->size += x->size;
-        n->addr_next = x->addr_next;
-        if (x->addr_next != TPI_RA_NONE) ra->nodes[x->addr_next].addr_prev = id;
         if (n->owner != x->owner) n->owner = ra->merge(ra->merge_ctx, n->owner, x->owner);
-        node_recycle(ra, next);
-        ra->free_count--;
+        absorb_next(ra, id, next);
     }
     if (!binned) bin_insert(ra, id);
     return id;
@@ -369,27 +373,19 @@ bool tpi_ra_resize(tpi_ra *ra, uint32_t id, uint64_t size, uint64_t freed_owner)
         ra->free_bytes += ra->nodes[rest].size;
         ra->free_count++;
         if (x) { /* the tail takes in the free neighbour */
-            tpi_ra_node *r = &ra->nodes[rest];
-            r->size += x->size;
-            r->addr_next = x->addr_next;
-            if (x->addr_next != TPI_RA_NONE) ra->nodes[x->addr_next].addr_prev = rest;
             bin_remove(ra, next);
-            node_recycle(ra, next);
-            ra->free_count--;
+            absorb_next(ra, rest, next);
         }
     } else { /* the block takes the start of the free neighbour (the predicate saw it is large enough) */
         uint64_t grow = size - n->size;
         if (!x || x->size < grow) return false;
         bin_remove(ra, next);
         ra->free_bytes -= grow;
-        n->size = size;
         if (x->size == grow) { /* all of it */
-            n->addr_next = x->addr_next;
-            if (x->addr_next != TPI_RA_NONE) ra->nodes[x->addr_next].addr_prev = id;
-            node_recycle(ra, next);
-            ra->free_count--;
+            absorb_next(ra, id, next);
             rest = TPI_RA_NONE;
         } else {
+            n->size = size;
             x->offset += grow;
             x->size -= grow;
         }

@@ -166,8 +166,12 @@ bool tpi_order_tag_complete(tpi_order *order, tpi_tag tag);
  * when its work is seen complete. Inline for the common answers (clean, or
  * the stream's own); tpi_order_tag_usable_other asks about the rest. */
 bool tpi_order_tag_usable_other(tpi_order *order, tpi_tag *tag, uint32_t slot);
+/* Usable on slot without asking: clean, or slot's own frees. */
+static inline bool tpi_order_tag_own(tpi_tag tag, uint32_t slot) {
+    return tag == TPI_TAG_CLEAN || tpi_tag_slot(tag) == slot;
+}
 static inline bool tpi_order_tag_usable(tpi_order *order, tpi_tag *tag, uint32_t slot) {
-    if (*tag == TPI_TAG_CLEAN || tpi_tag_slot(*tag) == slot) return true;
+    if (tpi_order_tag_own(*tag, slot)) return true;
     return tpi_order_tag_usable_other(order, tag, slot);
 }
 /* Blocking: waits until the work covered by tag has completed

@@ -269,7 +269,7 @@ uint64_t tpi_units_release_own_stream(tpi_units *u, uint32_t slot, uint64_t want
     for (uint32_t id = u->lru_head; id != TPI_UNIT_NONE && budget-- > 0 && released < want_bytes;) {
         uint32_t next = u->units[id].lru_next;
         tpi_tag tag = u->units[id].tag;
-        bool own = tag == TPI_TAG_CLEAN || tpi_tag_slot(tag) == slot;
+        bool own = tpi_order_tag_own(tag, slot);
         if (own || tpi_order_tag_complete(u->order, tag)) {
             uint64_t reserved = u->stats->pub.reserved_bytes.current;
             release_unit(u, id, own, UINT64_MAX, want_bytes - released);

@@ -199,25 +199,34 @@ static inline void tpi_units_pages_ref(tpi_units *u, uint64_t first, uint64_t la
     u->idle_bytes = idle_bytes;
 }
 
+/* A page's tag unit_tag with tag (a free inside the page) merged in, for
+ * the pages of one block in turn: the merge is made again only when
+ * unit_tag differs from the one before (*from, whose merge is *merged;
+ * both start at tag, as merge(tag, tag) == tag): a block's pages mostly
+ * carry the same tag. */
+static inline tpi_tag tpi_units_merged_tag_(const tpi_units *u, tpi_tag unit_tag, tpi_tag tag, tpi_tag *from,
+                                            tpi_tag *merged) {
+    if (unit_tag != *from) {
+        *from = unit_tag;
+        *merged = tpi_order_merge(u->order, unit_tag, tag);
+    }
+    return *merged;
+}
+
 /* Pages [first, last] of a block that stays live take tag (a free inside
- * them) into their own, as tpi_units_pages_unref does, the merge done once
- * per distinct tag met; their live counts and idle state are unchanged.
- * Stops, false, at the first page whose merged tag is neither clean nor
- * slot's own (the pages before it merged). */
+ * them) into their own, as tpi_units_pages_unref does; their live counts
+ * and idle state are unchanged. Stops, false, at the first page whose
+ * merged tag is neither clean nor slot's own (the pages before it
+ * merged). */
 static inline bool tpi_units_pages_merge_tag(tpi_units *u, uint64_t first, uint64_t last, tpi_tag tag,
                                              uint32_t slot) {
-    tpi_tag merged_from = tag, merged = tag; /* merge(tag, tag) == tag */
-    bool own = tag == TPI_TAG_CLEAN || tpi_tag_slot(tag) == slot;
+    tpi_tag from = tag, merged = tag;
     for (uint64_t p = first; p <= last; p++) {
         tpi_unit *unit = &u->units[p];
         if (unit->state == TPI_UNIT_UNUSED) continue;
-        if (unit->tag != merged_from) {
-            merged_from = unit->tag;
-            merged = tpi_order_merge(u->order, merged_from, tag);
-            own = merged == TPI_TAG_CLEAN || tpi_tag_slot(merged) == slot;
-        }
-        if (!own) return false;
-        unit->tag = merged;
+        tpi_tag now = tpi_units_merged_tag_(u, unit->tag, tag, &from, &merged);
+        if (!tpi_order_tag_own(now, slot)) return false;
+        unit->tag = now;
     }
     return true;
 }
@@ -226,9 +235,8 @@ static inline bool tpi_units_pages_merge_tag(tpi_units *u, uint64_t first, uint6
  * every mapped one merges tag into its own, and those left with no live
  * block become idle at since_ns (0: now, the clock read once, at the
  * first), appended to the list in page order. Exactly the merge and
- * tpi_units_became_idle page by page, in one pass as above; the merge is
- * done once per distinct tag met (a block's pages mostly carry the same
- * one). Once a page has gone idle, the pages after it that go idle too
+ * tpi_units_became_idle page by page, in one pass as above (the merge
+ * through tpi_units_merged_tag_). Once a page has gone idle, the pages after it that go idle too
  * (the block's alone: busy with one live block) are appended in an inner
  * loop that links each to the one before it. */
 static inline void tpi_units_pages_unref(tpi_units *u, uint64_t first, uint64_t last, tpi_tag tag,
@@ -237,16 +245,10 @@ static inline void tpi_units_pages_unref(tpi_units *u, uint64_t first, uint64_t 
     uint32_t head = u->lru_head, tail = u->lru_tail;
     uint64_t idle_bytes = u->idle_bytes;
     bool since_known = false;
-    tpi_tag merged_from = tag, merged = tag; /* merge(tag, tag) == tag */
+    tpi_tag from = tag, merged = tag;
     for (uint64_t p = first; p <= last; p++) {
         tpi_unit *unit = &units[p];
-        if (unit->state != TPI_UNIT_UNUSED) {
-            if (unit->tag != merged_from) {
-                merged_from = unit->tag;
-                merged = tpi_order_merge(u->order, merged_from, tag);
-            }
-            unit->tag = merged;
-        }
+        if (unit->state != TPI_UNIT_UNUSED) unit->tag = tpi_units_merged_tag_(u, unit->tag, tag, &from, &merged);
         if (--unit->live != 0 || unit->state != TPI_UNIT_BUSY) continue;
         if (!since_known) {
             if (!since_ns) since_ns = tpi_units_now(u);
@@ -263,11 +265,7 @@ static inline void tpi_units_pages_unref(tpi_units *u, uint64_t first, uint64_t 
         /* The next pages while they go idle as well: each after p. */
         for (; p < last && unit[1].state == TPI_UNIT_BUSY && unit[1].live == 1; p++) {
             tpi_unit *next = unit + 1;
-            if (next->tag != merged_from) {
-                merged_from = next->tag;
-                merged = tpi_order_merge(u->order, merged_from, tag);
-            }
-            next->tag = merged;
+            next->tag = tpi_units_merged_tag_(u, next->tag, tag, &from, &merged);
             next->live = 0;
             next->state = TPI_UNIT_IDLE;
             next->idle_since_ns = since_ns;
