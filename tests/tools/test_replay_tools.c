@@ -12,6 +12,8 @@
  *     more than 5x peak live on fa-decode, ggml-vmm counts LIFO violations
  *     on out-of-order (and none on fa-decode, whose frees are LIFO), and
  *     ggml-legacy's flush frees only its own stream's pool;
+ *   - the model of PyTorch's caching allocator keeps its rules (segment
+ *     sizes, splitting, merging, streams, the out-of-memory retry);
  *   - a free of an address the trace never allocated is counted, not fatal;
  *   - replay_file gives the same figures and curves whatever its threads
  *     (parse workers, lane threads);
@@ -310,6 +312,95 @@ static void test_legacy_flush_scope(void) {
     }
 }
 
+/* ------------------------------------------------- PyTorch's allocator */
+
+/* Replays events through torch-default alone on device. */
+static replay_result torch_default_on(const char *device, const trace_event *events, size_t count) {
+    replay_options options = {.device_spec = device, .follow_trace_time = true};
+    char err[512];
+    replay_run *run = replay_begin("torch-default", &options, err, sizeof err);
+    REQUIRE(run != NULL);
+    feed_events(run, events, count);
+    replay_result *results;
+    size_t n = replay_finish(run, &results);
+    REQUIRE(n == 1);
+    replay_result r = results[0];
+    replay_free(run);
+    return r;
+}
+
+/* The model of PyTorch's caching allocator keeps its rules: segment sizes
+ * (2 MiB small, 20 MiB for 1-10 MiB, else 2 MiB steps), a large block split
+ * only when more than 1 MiB is left, freed neighbours merged, blocks reused
+ * only on their own stream, nothing given back but by the out-of-memory
+ * retry. Each figure below follows from one rule and fails without it. */
+static void test_torch_default_rules(void) {
+    /* small and medium segments; a medium block split, the rest reused */
+    const trace_event sizes[] = {
+        {0, 0x1, 100, 0, TRACE_ALLOC},     /* a 2 MiB small segment */
+        {1, 0x2, 3 * MiB, 0, TRACE_ALLOC}, /* a 20 MiB segment, split: 17 MiB left */
+        {2, 0x3, 5 * MiB, 0, TRACE_ALLOC}, /* from the 17 MiB left, no new segment */
+        {3, 0x4, 13 * MiB - 1, 0, TRACE_ALLOC}, /* 12 MiB left: a segment of its own, 14 MiB (2 MiB steps) */
+    };
+    replay_result r = torch_default_on("sim:1GiB,novmm", sizes, 4);
+    CHECK_EQ_U64(r.device_allocs, 3);
+    CHECK_EQ_U64(r.peak_reserved_bytes, 2 * MiB + 20 * MiB + 14 * MiB);
+
+    /* merging: two freed neighbours and the segment's rest make one block that
+     * holds 19 MiB; without merging the 19 MiB would need a new segment */
+    const trace_event merge[] = {
+        {0, 0x1, 3 * MiB, 0, TRACE_ALLOC}, {1, 0x2, 3 * MiB, 0, TRACE_ALLOC},
+        {2, 0x1, 3 * MiB, 0, TRACE_FREE},  {3, 0x2, 3 * MiB, 0, TRACE_FREE},
+        {4, 0x3, 19 * MiB, 0, TRACE_ALLOC},
+    };
+    r = torch_default_on("sim:1GiB,novmm", merge, 5);
+    CHECK_EQ_U64(r.device_allocs, 1);
+    CHECK_EQ_U64(r.peak_reserved_bytes, 20 * MiB);
+
+    /* a large block split with more than 1 MiB to spare: the 1.25 MiB
+     * request takes the 1.5 MiB left of a 12 MiB segment */
+    const trace_event split[] = {
+        {0, 0x1, 12 * MiB, 0, TRACE_ALLOC}, {1, 0x1, 12 * MiB, 0, TRACE_FREE},
+        {2, 0x2, 21 * MiB / 2, 0, TRACE_ALLOC}, {3, 0x3, 5 * MiB / 4, 0, TRACE_ALLOC},
+    };
+    r = torch_default_on("sim:1GiB,novmm", split, 4);
+    CHECK_EQ_U64(r.device_allocs, 1);
+    CHECK_EQ_U64(r.peak_reserved_bytes, 12 * MiB);
+
+    /* a block freed on one stream is not reused on another, whichever of
+     * the two streams was made first (the search orders blocks by stream
+     * first: one of the two orders puts the freed block after the key) */
+    for (uint32_t freeing = 1; freeing <= 2; freeing++) {
+        const trace_event streams[] = {
+            {0, 0x9, 100, 3 - freeing, TRACE_ALLOC}, /* makes the asking stream first */
+            {1, 0x1, 40 * MiB, freeing, TRACE_ALLOC},
+            {2, 0x1, 40 * MiB, freeing, TRACE_FREE},
+            {3, 0x2, 30 * MiB, 3 - freeing, TRACE_ALLOC},
+        };
+        r = torch_default_on("sim:1GiB,novmm", streams, 4);
+        CHECK_EQ_U64(r.device_allocs, 3);
+        CHECK_EQ_U64(r.peak_reserved_bytes, 2 * MiB + 70 * MiB);
+    }
+
+    /* out of memory: the cached whole segments go back and the malloc is
+     * retried once (a recovery); when that fails too, an out-of-memory
+     * failure, the cache empty */
+    const trace_event oom[] = {
+        {0, 0x1, 40 * MiB, 0, TRACE_ALLOC}, {1, 0x1, 40 * MiB, 0, TRACE_FREE},
+        {2, 0x2, 50 * MiB, 0, TRACE_ALLOC}, /* 40 + 50 > 64: free the 40, retry */
+        {3, 0x3, 30 * MiB, 0, TRACE_ALLOC}, /* 50 + 30 > 64, nothing cached: fails */
+    };
+    r = torch_default_on("sim:64MiB,novmm", oom, 4);
+    CHECK_EQ_U64(r.oom_recoveries, 1);
+    CHECK_EQ_U64(r.first_recovery_event, 3);
+    CHECK_CONTAINS(r.first_recovery_report, "retry succeeded");
+    CHECK_EQ_U64(r.ooms, 1);
+    CHECK_EQ_U64(r.first_oom_event, 4);
+    CHECK_EQ_U64(r.peak_reserved_bytes, 50 * MiB);
+    CHECK_EQ_U64(r.end_reserved_bytes, 50 * MiB);
+    CHECK_EQ_U64(r.errors, 0);
+}
+
 /* ------------------------------------------------------- engine, chart */
 
 static void test_unknown_free(void) {
@@ -529,6 +620,7 @@ static const test_case tests[] = {
     TEST_CASE(test_baselines_on_fa_decode),
     TEST_CASE(test_ggml_vmm_counts_lifo_violations_on_out_of_order),
     TEST_CASE(test_legacy_flush_scope),
+    TEST_CASE(test_torch_default_rules),
     TEST_CASE(test_unknown_free),
     TEST_CASE(test_trace_starting_with_frees),
     TEST_CASE(test_unknown_pool_is_refused_with_its_name),
