@@ -173,12 +173,14 @@ static const replay_pool_ops tidepool_ops = {.alloc = tidepool_alloc,
 extern const replay_pool_factory replay_ggml_legacy_factory;
 extern const replay_pool_factory replay_ggml_vmm_factory;
 extern const replay_pool_factory replay_torch_default_factory;
+extern const replay_pool_factory replay_torch_expandable_factory;
 
 static const replay_pool_factory vmm_factory = {"vmm", true, vmm_create, &tidepool_ops};
 static const replay_pool_factory segment_factory = {"segment", false, segment_create, &tidepool_ops};
 
 static const replay_pool_factory *const factories[] = {&vmm_factory, &segment_factory, &replay_ggml_legacy_factory,
-                                                       &replay_ggml_vmm_factory, &replay_torch_default_factory};
+                                                       &replay_ggml_vmm_factory, &replay_torch_default_factory,
+                                                       &replay_torch_expandable_factory};
 
 const replay_pool_factory *replay_find_pool(const char *name) {
     for (size_t i = 0; i < sizeof factories / sizeof *factories; i++)
@@ -186,7 +188,7 @@ const replay_pool_factory *replay_find_pool(const char *name) {
     return NULL;
 }
 
-const char *replay_pool_names(void) { return "vmm, segment, ggml-legacy, ggml-vmm, torch-default"; }
+const char *replay_pool_names(void) { return "vmm, segment, ggml-legacy, ggml-vmm, torch-default, torch-expandable"; }
 
 bool replay_is_tidepool(const char *name) { return !strcmp(name, "vmm") || !strcmp(name, "segment"); }
 

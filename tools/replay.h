@@ -53,7 +53,8 @@ typedef struct replay_pool_ops {
     void (*destroy)(void *impl);
 } replay_pool_ops;
 
-/* A pool name ("vmm", "segment", "ggml-legacy", "ggml-vmm", "torch-default") on device. */
+/* A pool name ("vmm", "segment", "ggml-legacy", "ggml-vmm", "torch-default",
+ * "torch-expandable") on device. */
 typedef struct replay_pool_factory {
     const char *name;
     bool needs_vmm;
@@ -63,7 +64,7 @@ typedef struct replay_pool_factory {
 } replay_pool_factory;
 
 const replay_pool_factory *replay_find_pool(const char *name);
-/* "vmm, segment, ggml-legacy, ggml-vmm, torch-default" */
+/* "vmm, segment, ggml-legacy, ggml-vmm, torch-default, torch-expandable" */
 const char *replay_pool_names(void);
 
 /* Streams a replay creates on each pool's device for the trace's streams;

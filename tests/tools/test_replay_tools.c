@@ -12,8 +12,10 @@
  *     more than 5x peak live on fa-decode, ggml-vmm counts LIFO violations
  *     on out-of-order (and none on fa-decode, whose frees are LIFO), and
  *     ggml-legacy's flush frees only its own stream's pool;
- *   - the model of PyTorch's caching allocator keeps its rules (segment
- *     sizes, splitting, merging, streams, the out-of-memory retry);
+ *   - the models of PyTorch's caching allocator keep their rules (segment
+ *     sizes, splitting, merging, streams, the out-of-memory retry; with
+ *     expandable segments, pages mapped at a reservation's end and
+ *     unmapped when the device is full);
  *   - a free of an address the trace never allocated is counted, not fatal;
  *   - replay_file gives the same figures and curves whatever its threads
  *     (parse workers, lane threads);
@@ -314,11 +316,11 @@ static void test_legacy_flush_scope(void) {
 
 /* ------------------------------------------------- PyTorch's allocator */
 
-/* Replays events through torch-default alone on device. */
-static replay_result torch_default_on(const char *device, const trace_event *events, size_t count) {
+/* Replays events through one pool alone on device. */
+static replay_result one_pool_on(const char *pool, const char *device, const trace_event *events, size_t count) {
     replay_options options = {.device_spec = device, .follow_trace_time = true};
     char err[512];
-    replay_run *run = replay_begin("torch-default", &options, err, sizeof err);
+    replay_run *run = replay_begin(pool, &options, err, sizeof err);
     REQUIRE(run != NULL);
     feed_events(run, events, count);
     replay_result *results;
@@ -327,6 +329,10 @@ static replay_result torch_default_on(const char *device, const trace_event *eve
     replay_result r = results[0];
     replay_free(run);
     return r;
+}
+
+static replay_result torch_default_on(const char *device, const trace_event *events, size_t count) {
+    return one_pool_on("torch-default", device, events, count);
 }
 
 /* The model of PyTorch's caching allocator keeps its rules: segment sizes
@@ -398,6 +404,42 @@ static void test_torch_default_rules(void) {
     CHECK_EQ_U64(r.first_oom_event, 4);
     CHECK_EQ_U64(r.peak_reserved_bytes, 50 * MiB);
     CHECK_EQ_U64(r.end_reserved_bytes, 50 * MiB);
+    CHECK_EQ_U64(r.errors, 0);
+}
+
+/* The model of PyTorch's expandable segments: pages of 2 MiB (small pool)
+ * and 20 MiB (large pool) mapped at the end of a stream's reservation, a
+ * free block and the unmapped space after it mapped into one block, free
+ * pages unmapped when the device is full. */
+static void test_torch_expandable_rules(void) {
+    const trace_event grow[] = {
+        {0, 0x1, 100, 0, TRACE_ALLOC},     /* a 2 MiB small page */
+        {1, 0x2, 3 * MiB, 0, TRACE_ALLOC}, /* a 20 MiB large page */
+        {2, 0x3, 5 * MiB, 0, TRACE_ALLOC}, /* from its rest: no mapping */
+        {3, 0x4, 30 * MiB, 0, TRACE_ALLOC}, /* the 12 MiB left and one more page, as one block */
+    };
+    replay_result r = one_pool_on("torch-expandable", "sim:1GiB", grow, 4);
+    CHECK_EQ_U64(r.device_allocs, 3);
+    CHECK_EQ_U64(r.peak_reserved_bytes, 2 * MiB + 40 * MiB);
+    r = torch_default_on("sim:1GiB", grow, 4); /* the same without expansion: a segment of its own */
+    CHECK_EQ_U64(r.peak_reserved_bytes, 2 * MiB + 20 * MiB + 30 * MiB);
+
+    /* device full: the free pages go back and the mapping is retried once */
+    const trace_event oom[] = {
+        {0, 0x1, 50 * MiB, 1, TRACE_ALLOC}, /* three pages */
+        {1, 0x1, 50 * MiB, 1, TRACE_FREE},
+        {2, 0x2, 100, 1, TRACE_ALLOC},      /* a small page: 62 MiB held */
+        {3, 0x3, 50 * MiB, 2, TRACE_ALLOC}, /* another stream: unmaps stream 1's three free pages, then maps */
+        {4, 0x4, 30 * MiB, 2, TRACE_ALLOC}, /* one more page would pass 64 MiB; nothing free to unmap */
+    };
+    r = one_pool_on("torch-expandable", "sim:64MiB", oom, 5);
+    CHECK_EQ_U64(r.oom_recoveries, 1);
+    CHECK_EQ_U64(r.first_recovery_event, 4);
+    CHECK_CONTAINS(r.first_recovery_report, "retry succeeded");
+    CHECK_EQ_U64(r.ooms, 1);
+    CHECK_EQ_U64(r.first_oom_event, 5);
+    CHECK_EQ_U64(r.peak_reserved_bytes, 62 * MiB);
+    CHECK_EQ_U64(r.end_reserved_bytes, 62 * MiB);
     CHECK_EQ_U64(r.errors, 0);
 }
 
@@ -621,6 +663,7 @@ static const test_case tests[] = {
     TEST_CASE(test_ggml_vmm_counts_lifo_violations_on_out_of_order),
     TEST_CASE(test_legacy_flush_scope),
     TEST_CASE(test_torch_default_rules),
+    TEST_CASE(test_torch_expandable_rules),
     TEST_CASE(test_unknown_free),
     TEST_CASE(test_trace_starting_with_frees),
     TEST_CASE(test_unknown_pool_is_refused_with_its_name),
