@@ -8,14 +8,18 @@
 # and worst over all workloads and the total calls. Optionally the same for
 # trace files replayed once each.
 #
-#   scripts/scenario_seeds.sh [--tide PATH] [--pool vmm|segment] [--seeds N] [--jobs N] [TRACE...]
+#   scripts/scenario_seeds.sh [--tide PATH] [--pool POOL] [--seeds N] [--jobs N] [TRACE...]
+#
+# POOL: vmm (default), segment, or a model of PyTorch's allocator to hold
+# them against: torch-default or torch-expandable (tide replay --help).
 #
 # Workloads without a --seed parameter run once. image-requests runs on a
-# 6 GiB device (VMM-capable for --pool vmm), as its own default has no VMM.
+# 6 GiB device (VMM-capable for --pool vmm and torch-expandable), as its own
+# default has no VMM.
 set -euo pipefail
 
 usage() {
-    sed -n '3,15p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '3,18p' "$0" | sed 's/^# \{0,1\}//'
 }
 
 tide=build/tide pool=vmm seeds=5 jobs=$(nproc 2>/dev/null || echo 2)
@@ -24,14 +28,14 @@ while [ $# -gt 0 ]; do
     case $1 in
     -h | --help) usage; exit 0 ;;
     --tide) tide=${2:?--tide needs a path}; shift 2 ;;
-    --pool) pool=${2:?--pool needs vmm or segment}; shift 2 ;;
+    --pool) pool=${2:?--pool needs a pool name}; shift 2 ;;
     --seeds) seeds=${2:?--seeds needs a number}; shift 2 ;;
     --jobs) jobs=${2:?--jobs needs a number}; shift 2 ;;
     -*) echo "scenario_seeds.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
     *) traces+=("$1"); shift ;;
     esac
 done
-case $pool in vmm | segment) ;; *) echo "scenario_seeds.sh: --pool must be vmm or segment" >&2; exit 2 ;; esac
+case $pool in vmm | segment | torch-default | torch-expandable) ;; *) echo "scenario_seeds.sh: --pool must be vmm, segment, torch-default or torch-expandable" >&2; exit 2 ;; esac
 case $seeds in '' | *[!0-9]* | 0) echo "scenario_seeds.sh: --seeds must be a positive number" >&2; exit 2 ;; esac
 case $jobs in '' | *[!0-9]* | 0) echo "scenario_seeds.sh: --jobs must be a positive number" >&2; exit 2 ;; esac
 [ -x "$tide" ] || { echo "scenario_seeds.sh: no tide at '$tide' (build it, or give --tide PATH)" >&2; exit 2; }
