@@ -380,6 +380,10 @@ static uint32_t find_expandable_block(torch_pool *p, tp_stream stream, uint8_t s
     uint64_t want = p->capacity_bytes + p->capacity_bytes / 8;
     uint64_t pages = want / page + (want % page != 0);
     torch_segment s = {0, pages * page, page};
+    /* A request larger than a whole reservation can never be mapped: no
+     * reservation for it (PyTorch makes one and fails to map it; each such
+     * request would leave one more behind to search). */
+    if (size > s.bytes) return NONE;
     uint32_t id = block_new(p);
     if (id == NONE) return NONE;
     p->device_calls++;

@@ -176,29 +176,32 @@ replay)
     # a trace cut from a longer recording starts with frees (F2: the first
     # event a free crashed the replay): counted as unknown, exit 0
     printf 'time_us,action,addr,size,stream\n0,free,4096,0,0\n' >"$scratch/free_first.csv"
-    expect 0 '"unknown_frees":1,' "$tide" replay "$scratch/free_first.csv" --json --pool vmm,segment,ggml-legacy,ggml-vmm
-    [ "$(grep -c '"unknown_frees":1,' "$out")" -eq 4 ] || fail "free_first.csv: not every pool counted the unknown free"
+    expect 0 '"unknown_frees":1,' "$tide" replay "$scratch/free_first.csv" --json --pool vmm,segment,ggml-legacy,ggml-vmm,torch-default,torch-expandable
+    [ "$(grep -c '"unknown_frees":1,' "$out")" -eq 6 ] || fail "free_first.csv: not every pool counted the unknown free"
     printf 'time_us,action,addr,size,stream\n0,free,4096,0,0\n1,free,0xffffffffffffffff,8,3\n2,free,0,8,0\n3,alloc,8192,100,0\n4,free,8192,100,0\n' |
         gzip >"$scratch/frees_first.csv.gz"
-    expect 0 '"unknown_frees":3,' "$tide" replay "$scratch/frees_first.csv.gz" --json --pool vmm,segment,ggml-legacy,ggml-vmm
-    [ "$(grep -c '"unknown_frees":3,' "$out")" -eq 4 ] || fail "frees_first.csv.gz: not every pool counted 3 unknown frees"
+    expect 0 '"unknown_frees":3,' "$tide" replay "$scratch/frees_first.csv.gz" --json --pool vmm,segment,ggml-legacy,ggml-vmm,torch-default,torch-expandable
+    [ "$(grep -c '"unknown_frees":3,' "$out")" -eq 6 ] || fail "frees_first.csv.gz: not every pool counted 3 unknown frees"
     expect 0 "3 frees of addresses the trace never allocated" "$tide" replay "$scratch/frees_first.csv.gz" --plot "$scratch/frees_first.svg"
     # a request near 2^64: ggml-vmm's rounding up wrapped and it "succeeded"
     # (16384 PiB live in 2 MiB held); it is past the pool's address space
     printf 'time_us,action,addr,size,stream\n1,alloc,256,18446744073709551615,0\n2,alloc,512,4096,0\n' >"$scratch/huge.csv"
     expect 0 "aborted at event 1: a request of 16384.00 PiB does not fit the pool's 32.00 GiB" "$tide" replay "$scratch/huge.csv" --pool ggml-vmm
+    # the models of PyTorch's allocator: an out-of-memory failure, then the next request served
+    expect 0 '"allocs":2,.*"ooms":1,"errors":0,' "$tide" replay "$scratch/huge.csv" --json --pool torch-default,torch-expandable
+    [ "$(grep -c '"allocs":2,.*"ooms":1,"errors":0,' "$out")" -eq 2 ] || fail "huge.csv: a PyTorch model did not fail the request alone"
     # ggml-legacy's 1.05x look-ahead of it: a double past 2^64 converted (undefined; UBSan stops)
     expect 0 "aborted at event 1: cudaMalloc of 16384.00 PiB \(request 16384.00 PiB x 1.05\) failed" "$tide" replay "$scratch/huge.csv" --pool ggml-legacy
     # a zero-byte alloc is live until freed (its free was counted unknown) and
     # frees nothing (its slot must not keep the block freed before it: a double free)
     printf 'time_us,action,addr,size,stream\n1,alloc,256,4096,0\n2,free,256,0,0\n3,alloc,256,0,0\n4,free,256,0,0\n5,free,256,0,0\n' >"$scratch/zero.csv"
-    expect 0 '"errors":0,"unknown_frees":1,' "$tide" replay "$scratch/zero.csv" --json --pool vmm,segment,ggml-legacy,ggml-vmm
-    [ "$(grep -c '"errors":0,"unknown_frees":1,' "$out")" -eq 4 ] || fail "zero.csv: not every pool counted one unknown free and no error"
+    expect 0 '"errors":0,"unknown_frees":1,' "$tide" replay "$scratch/zero.csv" --json --pool vmm,segment,ggml-legacy,ggml-vmm,torch-default,torch-expandable
+    [ "$(grep -c '"errors":0,"unknown_frees":1,' "$out")" -eq 6 ] || fail "zero.csv: not every pool counted one unknown free and no error"
     # an alloc of an address already live: counted, and the older block (the
     # trace never freed it) freed first; it leaked (peak live 3 MiB, not 2)
     printf 'time_us,action,addr,size,stream\n1,alloc,256,1048576,0\n2,alloc,256,2097152,0\n3,free,256,0,0\n4,alloc,512,4096,0\n' >"$scratch/dup_alloc.csv"
-    expect 0 '"peak_live_bytes":2097152,.*"errors":0,"unknown_frees":0,"duplicate_allocs":1,' "$tide" replay "$scratch/dup_alloc.csv" --json --pool vmm,segment,ggml-legacy,ggml-vmm
-    [ "$(grep -c '"peak_live_bytes":2097152,.*"errors":0,"unknown_frees":0,"duplicate_allocs":1,' "$out")" -eq 4 ] || fail "dup_alloc.csv: not every pool freed the older block and counted it"
+    expect 0 '"peak_live_bytes":2097152,.*"errors":0,"unknown_frees":0,"duplicate_allocs":1,' "$tide" replay "$scratch/dup_alloc.csv" --json --pool vmm,segment,ggml-legacy,ggml-vmm,torch-default,torch-expandable
+    [ "$(grep -c '"peak_live_bytes":2097152,.*"errors":0,"unknown_frees":0,"duplicate_allocs":1,' "$out")" -eq 6 ] || fail "dup_alloc.csv: not every pool freed the older block and counted it"
     expect 0 "1 allocs of addresses already live" "$tide" replay "$scratch/dup_alloc.csv"
     # --release-threshold 0 keeps nothing idle and --idle-release-ms 0 releases
     # at once (0 was the library's default: 16 MiB kept, 10 s): 20 MiB and 66 MiB held at the end
@@ -210,8 +213,8 @@ replay)
     # stream, counted and said (they were folded silently)
     i=1; { echo 'time_us,action,addr,size,stream'; while [ $i -le 70 ]; do
         echo "$((2 * i)),alloc,$((i * 4096)),1024,$i"; echo "$((2 * i + 1)),free,$((i * 4096)),1024,$i"; i=$((i + 1)); done; } >"$scratch/streams70.csv"
-    expect 0 '"folded_streams":7,' "$tide" replay "$scratch/streams70.csv" --json --pool vmm,segment,ggml-legacy,ggml-vmm
-    [ "$(grep -c '"folded_streams":7,' "$out")" -eq 4 ] || fail "streams70.csv: not every pool counted 7 folded streams"
+    expect 0 '"folded_streams":7,' "$tide" replay "$scratch/streams70.csv" --json --pool vmm,segment,ggml-legacy,ggml-vmm,torch-default,torch-expandable
+    [ "$(grep -c '"folded_streams":7,' "$out")" -eq 6 ] || fail "streams70.csv: not every pool counted 7 folded streams"
     expect 0 "7 streams past the 63 a replay creates ran on the default stream" "$tide" replay "$scratch/streams70.csv"
     # a device spec of 88 characters (tp_device_open takes up to 255): whole in the JSON (cut at 63)
     long_spec="sim:$(printf '%080d' 0)1TiB"
