@@ -45,7 +45,9 @@ void tide_run_options_init(tide_run_options *options) {
 void tide_run_options_help(FILE *out) {
     fprintf(out,
             "  --pool LIST          pools, comma-separated, each once: %s\n"
-            "                       (default: vmm where the device has VMM, else segment)\n"
+            "                       (default: vmm where the device has VMM, else segment); ggml-legacy and\n"
+            "                       ggml-vmm model ggml's CUDA pools, torch-default and torch-expandable\n"
+            "                       PyTorch's caching allocator (default settings; expandable segments)\n"
             "  --device SPEC        device for every pool (default sim:1TiB; e.g. sim:6GiB,novmm, cuda:0)\n"
             "  --occupy SIZE        device memory another tenant holds throughout (e.g. model weights)\n"
             "  --json               one JSON object per pool, one per line\n"
