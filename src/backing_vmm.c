@@ -16,7 +16,7 @@
  * chunk unmaps only whole, which units.c sees to). Growth maps a look-ahead
  * after the block (lookahead_pages) so growing requests cost O(log n) calls,
  * and first unmaps idle pages when the pool would pass its soft or hard cap
- * (cap_with_headroom). The last-freed block, asked for again in another
+ * (cap_with_headroom), or set a new peak of held memory past the peak cap. The last-freed block, asked for again in another
  * size on its stream, is resized where it is (vmm_resize_block) when a
  * release and this placement would put it there anyway: the same ranges,
  * pages and tags, without the release, search and take.
@@ -100,6 +100,11 @@ static uint64_t high_water(const tpi_core *core) {
     return TPI_MAX(core->stats.pub.allocated_bytes.peak, core->stats.high_water_allocated);
 }
 
+/* The most bytes the pool ever held at once. */
+static uint64_t held_high_water(const tpi_core *core) {
+    return TPI_MAX(core->stats.pub.reserved_bytes.peak, core->stats.high_water_reserved);
+}
+
 /* Chunk size, in pages, for a run of run_pages mapped in one call: about
  * 1/8 of the run (a power of two), at most max_chunk_bytes and at most
  * 1/32 of the high-water mark, at least one page. The driver's cost is per
@@ -143,8 +148,26 @@ static tp_status map_run(tpi_core *core, uint64_t first, uint64_t last) {
  * spec-decode, up to 1.21x on phases; 1.06x with it kept under). And while
  * the pool grows back below its high-water mark, under the soft cap
  * (training, its activations freed and made again every step: 1.063x with
- * the hard cap, 1.020x with the soft). */
+ * the hard cap, 1.020x with the soft).
+ *
+ * The held high-water mark moves only for live memory. Below the most the
+ * pool has ever held, the caps above trade driver calls for cache. Past it,
+ * the pool would be setting a new peak of device memory -- the figure that
+ * decides whether a long-running server and its neighbours fit -- so it
+ * grows no further than the peak cap (1/PEAK_HEADROOM_DIV above the
+ * allocated high-water mark) for the sake of idle pages, fresh ones
+ * included, or of its look-ahead: idle pages go back first and the
+ * look-ahead stops at that line. Without it the pool's peak carried what
+ * the last growth had mapped ahead or kept idle: a streak of growths
+ * stopped by the hard cap (weights loading: 1.043x on moe, 1.031x on
+ * oom-reclaim, against expandable segments' 1.018x and 1.002x), the
+ * look-ahead of the largest request of a rotation (size-rotation 1.040x),
+ * fresh idle pages of a step that set a new peak (spec-decode 1.063x ->
+ * 1.016x). The price is driver calls where the live peak creeps up a
+ * little at a time (about 3.5x on batched-serving): docs/results.md,
+ * "The held high-water mark". */
 #define SOFT_HEADROOM_DIV 128
+#define PEAK_HEADROOM_DIV 64
 #define HARD_HEADROOM_DIV 16
 #define VMM_CAP_RELEASE_MIN_IDLE_NS 100000000ull
 
@@ -221,6 +244,9 @@ static tp_status map_block(vmm_backing *vmm, uint32_t id, uint64_t *out_need) {
     if (reserved + missing > cap)
         tpi_units_release_idle_down_to(units, cap > missing ? cap - missing : 0, VMM_CAP_RELEASE_MIN_IDLE_NS);
     uint64_t hard = cap_with_headroom(core, HARD_HEADROOM_DIV, missing);
+    /* Past the held high-water mark, only as far as the peak cap. */
+    uint64_t peak_line = TPI_MAX(held_high_water(core), cap_with_headroom(core, PEAK_HEADROOM_DIV, missing));
+    hard = TPI_MIN(hard, peak_line);
     if (core->stats.pub.reserved_bytes.current + missing > hard)
         tpi_units_release_idle_down_to(units, hard > missing ? hard - missing : 0, 0);
     reserved = core->stats.pub.reserved_bytes.current;
@@ -230,7 +256,8 @@ static tp_status map_block(vmm_backing *vmm, uint32_t id, uint64_t *out_need) {
         return TP_ERR_OUT_OF_MEMORY;
     }
     /* The look-ahead is a bet that the pool keeps growing: it never takes
-     * the pool past its hard cap (nor its limit). Past the cap, pages mapped
+     * the pool past its hard cap (nor its limit, nor, past the held
+     * high-water mark, the peak cap: both in hard). Past the cap, pages mapped
      * ahead are memory above the promise, and the next growth would unmap
      * fresh idle pages to stay under it while they stay mapped. Below its
      * high-water mark the pool is only filling up to a level it has held

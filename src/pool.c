@@ -747,6 +747,8 @@ tp_status tp_pool_reset_peaks(tp_pool *pool) {
     tpi_stats *stats = &pool->core.stats;
     if (stats->pub.allocated_bytes.peak > stats->high_water_allocated)
         stats->high_water_allocated = stats->pub.allocated_bytes.peak;
+    if (stats->pub.reserved_bytes.peak > stats->high_water_reserved)
+        stats->high_water_reserved = stats->pub.reserved_bytes.peak;
 #define RESET_PEAK_(name, kind, description) stats->pub.name.peak = stats->pub.name.current;
     TP_POOL_STAT_BYTES_LIST(RESET_PEAK_)
 #undef RESET_PEAK_

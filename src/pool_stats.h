@@ -46,6 +46,7 @@ typedef struct tpi_stats {
     tpi_observer observer;             /* what tp_pool_get_stats returns (the free-range figures are added on read) */
     tp_status last_device_status;  /* of the latest failed device call */
     uint64_t high_water_allocated; /* highest allocated bytes ever (peak resets keep it) */
+    uint64_t high_water_reserved;  /* highest reserved bytes ever (likewise) */
     uint64_t allocated_low_water;  /* lowest allocated bytes since the VMM backing last grew */
     uint64_t zombie_bytes;         /* freed by the caller but kept by pins */
 } tpi_stats;
