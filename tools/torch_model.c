@@ -73,7 +73,7 @@ typedef struct torch_block {
     uint64_t address, size;
     tp_stream stream;
     uint32_t prev, next;        /* neighbours in the segment, NONE at its ends */
-    uint32_t left, right, prio; /* the treap the block is in, while free */
+    uint32_t kid[2], prio;      /* the treap the block is in, while free: lesser [0], greater [1] */
     uint32_t segment;           /* expandable: its segment; NONE otherwise */
     uint8_t small, allocated, used, mapped; /* used: the entry holds a block */
 } torch_block;
@@ -114,45 +114,29 @@ static int block_cmp(const torch_block *a, tp_stream stream, uint64_t size, uint
 
 static uint32_t treap_insert(torch_block *b, uint32_t root, uint32_t id, bool by_size) {
     if (root == NONE) return id;
-    torch_block *r = &b[root], *x = &b[id];
-    if (block_cmp(x, r->stream, r->size, r->address, by_size) < 0) {
-        r->left = treap_insert(b, r->left, id, by_size);
-        if (b[r->left].prio > r->prio) { /* rotate right */
-            uint32_t l = r->left;
-            r->left = b[l].right;
-            b[l].right = root;
-            return l;
-        }
-    } else {
-        r->right = treap_insert(b, r->right, id, by_size);
-        if (b[r->right].prio > r->prio) { /* rotate left */
-            uint32_t rt = r->right;
-            r->right = b[rt].left;
-            b[rt].left = root;
-            return rt;
-        }
-    }
-    return root;
+    int side = block_cmp(&b[id], b[root].stream, b[root].size, b[root].address, by_size) >= 0;
+    uint32_t child = b[root].kid[side] = treap_insert(b, b[root].kid[side], id, by_size);
+    if (b[child].prio <= b[root].prio) return root;
+    b[root].kid[side] = b[child].kid[!side]; /* rotate the child up */
+    b[child].kid[!side] = root;
+    return child;
 }
 
 static uint32_t treap_merge(torch_block *b, uint32_t l, uint32_t r) {
     if (l == NONE) return r;
     if (r == NONE) return l;
     if (b[l].prio > b[r].prio) {
-        b[l].right = treap_merge(b, b[l].right, r);
+        b[l].kid[1] = treap_merge(b, b[l].kid[1], r);
         return l;
     }
-    b[r].left = treap_merge(b, l, b[r].left);
+    b[r].kid[0] = treap_merge(b, l, b[r].kid[0]);
     return r;
 }
 
 static uint32_t treap_remove(torch_block *b, uint32_t root, uint32_t id, bool by_size) {
-    if (root == id) return treap_merge(b, b[id].left, b[id].right);
-    torch_block *r = &b[root];
-    if (block_cmp(&b[id], r->stream, r->size, r->address, by_size) < 0)
-        r->left = treap_remove(b, r->left, id, by_size);
-    else
-        r->right = treap_remove(b, r->right, id, by_size);
+    if (root == id) return treap_merge(b, b[id].kid[0], b[id].kid[1]);
+    int side = block_cmp(&b[id], b[root].stream, b[root].size, b[root].address, by_size) >= 0;
+    b[root].kid[side] = treap_remove(b, b[root].kid[side], id, by_size);
     return root;
 }
 
@@ -163,9 +147,9 @@ static uint32_t treap_lower_bound(const torch_block *b, uint32_t root, tp_stream
     while (root != NONE) {
         if (block_cmp(&b[root], stream, size, address, by_size) >= 0) {
             found = root;
-            root = b[root].left;
+            root = b[root].kid[0];
         } else {
-            root = b[root].right;
+            root = b[root].kid[1];
         }
     }
     return found;
@@ -177,9 +161,9 @@ static uint32_t treap_successor(const torch_block *b, uint32_t root, uint32_t id
     while (root != NONE) {
         if (block_cmp(&b[root], b[id].stream, b[id].size, b[id].address, by_size) > 0) {
             found = root;
-            root = b[root].left;
+            root = b[root].kid[0];
         } else {
-            root = b[root].right;
+            root = b[root].kid[1];
         }
     }
     return found;
@@ -231,7 +215,7 @@ static uint32_t next_prio(torch_pool *p) {
  * by address. */
 static void pool_insert(torch_pool *p, uint32_t id) {
     torch_block *x = &p->blocks[id];
-    x->left = x->right = NONE;
+    x->kid[0] = x->kid[1] = NONE;
     x->prio = next_prio(p);
     if (x->mapped) {
         p->roots[x->small] = treap_insert(p->blocks, p->roots[x->small], id, true);
@@ -276,7 +260,7 @@ static uint32_t cut(torch_pool *p, uint32_t id, uint64_t size) {
     uint32_t tail = block_new(p); /* (after blocks_reserve: cannot fail) */
     if (tail == NONE) return NONE;
     torch_block *x = &p->blocks[id];
-    p->blocks[tail] = (torch_block){x->address + size, x->size - size, x->stream, id, x->next, NONE, NONE, 0,
+    p->blocks[tail] = (torch_block){x->address + size, x->size - size, x->stream, id, x->next, {NONE, NONE}, 0,
                                     x->segment, x->small, 0, 1, x->mapped};
     if (x->next != NONE) p->blocks[x->next].prev = tail;
     x->next = tail;
@@ -340,7 +324,7 @@ static uint32_t map_block(torch_pool *p, uint32_t id, uint64_t size) {
     if (p->reserved_bytes > p->peak_reserved_bytes) p->peak_reserved_bytes = p->reserved_bytes;
     pool_remove(p, id);
     if (rest != NONE) {
-        p->blocks[rest] = (torch_block){x->address + mapped, x->size - mapped, x->stream, id, x->next, NONE, NONE, 0,
+        p->blocks[rest] = (torch_block){x->address + mapped, x->size - mapped, x->stream, id, x->next, {NONE, NONE}, 0,
                                         x->segment, x->small, 0, 1, 0};
         if (x->next != NONE) p->blocks[x->next].prev = rest;
         x->next = rest;
@@ -392,7 +376,7 @@ static uint32_t find_expandable_block(torch_pool *p, tp_stream stream, uint8_t s
         return NONE;
     }
     p->segments[p->segment_count] = s;
-    p->blocks[id] = (torch_block){s.base, s.bytes, stream, NONE, NONE, NONE, NONE, 0, p->segment_count++, small, 0, 1, 0};
+    p->blocks[id] = (torch_block){s.base, s.bytes, stream, NONE, NONE, {NONE, NONE}, 0, p->segment_count++, small, 0, 1, 0};
     pool_insert(p, id);
     return id;
 }
@@ -515,7 +499,7 @@ static uint32_t new_segment_block(torch_pool *p, tp_stream stream, uint8_t small
         *out_status = REPLAY_ERROR;
         return NONE;
     }
-    p->blocks[id] = (torch_block){address, segment, stream, NONE, NONE, NONE, NONE, 0, NONE, small, 0, 1, 1};
+    p->blocks[id] = (torch_block){address, segment, stream, NONE, NONE, {NONE, NONE}, 0, NONE, small, 0, 1, 1};
     return id;
 }
 

@@ -335,6 +335,21 @@ static replay_result torch_default_on(const char *device, const trace_event *eve
     return one_pool_on("torch-default", device, events, count);
 }
 
+/* One out-of-memory recovery at recovery_event (the cache given back, the
+ * retry successful), then one failure at oom_event with nothing left to
+ * give back; held_bytes held at the peak and at the end, no error. */
+static void check_recovery_then_oom(const replay_result *r, uint64_t recovery_event, uint64_t oom_event,
+                                    uint64_t held_bytes) {
+    CHECK_EQ_U64(r->oom_recoveries, 1);
+    CHECK_EQ_U64(r->first_recovery_event, recovery_event);
+    CHECK_CONTAINS(r->first_recovery_report, "retry succeeded");
+    CHECK_EQ_U64(r->ooms, 1);
+    CHECK_EQ_U64(r->first_oom_event, oom_event);
+    CHECK_EQ_U64(r->peak_reserved_bytes, held_bytes);
+    CHECK_EQ_U64(r->end_reserved_bytes, held_bytes);
+    CHECK_EQ_U64(r->errors, 0);
+}
+
 /* The model of PyTorch's caching allocator keeps its rules: segment sizes
  * (2 MiB small, 20 MiB for 1-10 MiB, else 2 MiB steps), a large block split
  * only when more than 1 MiB is left, freed neighbours merged, blocks reused
@@ -397,14 +412,7 @@ static void test_torch_default_rules(void) {
         {3, 0x3, 30 * MiB, 0, TRACE_ALLOC}, /* 50 + 30 > 64, nothing cached: fails */
     };
     r = torch_default_on("sim:64MiB,novmm", oom, 4);
-    CHECK_EQ_U64(r.oom_recoveries, 1);
-    CHECK_EQ_U64(r.first_recovery_event, 3);
-    CHECK_CONTAINS(r.first_recovery_report, "retry succeeded");
-    CHECK_EQ_U64(r.ooms, 1);
-    CHECK_EQ_U64(r.first_oom_event, 4);
-    CHECK_EQ_U64(r.peak_reserved_bytes, 50 * MiB);
-    CHECK_EQ_U64(r.end_reserved_bytes, 50 * MiB);
-    CHECK_EQ_U64(r.errors, 0);
+    check_recovery_then_oom(&r, 3, 4, 50 * MiB);
 }
 
 /* The model of PyTorch's expandable segments: pages of 2 MiB (small pool)
@@ -433,14 +441,7 @@ static void test_torch_expandable_rules(void) {
         {4, 0x4, 30 * MiB, 2, TRACE_ALLOC}, /* one more page would pass 64 MiB; nothing free to unmap */
     };
     r = one_pool_on("torch-expandable", "sim:64MiB", oom, 5);
-    CHECK_EQ_U64(r.oom_recoveries, 1);
-    CHECK_EQ_U64(r.first_recovery_event, 4);
-    CHECK_CONTAINS(r.first_recovery_report, "retry succeeded");
-    CHECK_EQ_U64(r.ooms, 1);
-    CHECK_EQ_U64(r.first_oom_event, 5);
-    CHECK_EQ_U64(r.peak_reserved_bytes, 62 * MiB);
-    CHECK_EQ_U64(r.end_reserved_bytes, 62 * MiB);
-    CHECK_EQ_U64(r.errors, 0);
+    check_recovery_then_oom(&r, 4, 5, 62 * MiB);
 }
 
 /* ------------------------------------------------------- engine, chart */
