@@ -171,22 +171,6 @@ static uint32_t treap_successor(const torch_block *b, uint32_t root, uint32_t id
 
 /* -------------------------------------------------------------- blocks */
 
-static uint32_t block_new(torch_pool *p) {
-    if (p->unused != NONE) {
-        uint32_t id = p->unused;
-        p->unused = p->blocks[id].next;
-        return id;
-    }
-    if (p->block_count == p->block_capacity) {
-        uint32_t capacity = p->block_capacity ? 2 * p->block_capacity : 256;
-        torch_block *blocks = realloc(p->blocks, (size_t)capacity * sizeof *blocks);
-        if (!blocks) return NONE;
-        p->blocks = blocks;
-        p->block_capacity = capacity;
-    }
-    return p->block_count++;
-}
-
 /* Room for count more blocks, so that the next count block_new calls
  * cannot fail; false without host memory. */
 static bool blocks_reserve(torch_pool *p, uint32_t count) {
@@ -198,6 +182,16 @@ static bool blocks_reserve(torch_pool *p, uint32_t count) {
     p->blocks = blocks;
     p->block_capacity = capacity;
     return true;
+}
+
+static uint32_t block_new(torch_pool *p) {
+    if (p->unused != NONE) {
+        uint32_t id = p->unused;
+        p->unused = p->blocks[id].next;
+        return id;
+    }
+    if (!blocks_reserve(p, 1)) return NONE;
+    return p->block_count++;
 }
 
 static void block_drop(torch_pool *p, uint32_t id) {
