@@ -966,6 +966,17 @@ static void test_vmm_parked_block_grown_in_place_only_over_mapped_pages(void) {
     fixture_close(&f);
 }
 
+/* The pool's held peak is within 1/64 (and two pages) of its live peak. */
+static void check_held_peak_near_live(tp_pool *pool, const char *shape) {
+    const uint64_t page = 2 * TEST_MiB;
+    tp_pool_stats st;
+    REQUIRE_OK(tp_pool_get_stats(pool, &st));
+    uint64_t live = st.allocated_bytes.peak, held = st.reserved_bytes.peak;
+    CHECK_MSG(held <= live + live / 64 + 2 * page, "%s: held peak %llu MiB for %llu MiB live (%.4fx)", shape,
+              (unsigned long long)(held / TEST_MiB), (unsigned long long)(live / TEST_MiB),
+              (double)held / (double)live);
+}
+
 /* The held high-water mark moves only for live memory: past the most the
  * pool ever held, it grows no further than 1/64 above the allocated
  * high-water mark (plus two pages) for idle pages or look-ahead. Two shapes
@@ -980,17 +991,11 @@ static void test_vmm_parked_block_grown_in_place_only_over_mapped_pages(void) {
 static void test_vmm_new_held_peak_only_for_live_memory(void) {
     fixture f;
     fixture_open(&f, "sim:16GiB", TP_POOL_VMM, NULL);
-    const uint64_t page = 2 * TEST_MiB;
     enum { WEIGHTS = 200, FEW = 40 };
     void *weights[WEIGHTS];
     for (int i = 0; i < WEIGHTS; i++)
         REQUIRE_OK(tp_pool_alloc(f.pool, 24 * TEST_MiB + (uint64_t)(i % 7) * 64 * 1024, NULL, &weights[i]));
-    tp_pool_stats st;
-    REQUIRE_OK(tp_pool_get_stats(f.pool, &st));
-    uint64_t live = st.allocated_bytes.peak;
-    CHECK_MSG(st.reserved_bytes.peak <= live + live / 64 + 2 * page,
-              "streak: held peak %llu MiB for %llu MiB live (%.4fx)", (unsigned long long)(st.reserved_bytes.peak / TEST_MiB),
-              (unsigned long long)(live / TEST_MiB), (double)st.reserved_bytes.peak / (double)live);
+    check_held_peak_near_live(f.pool, "streak");
 
     for (int i = 0; i < WEIGHTS; i++) CHECK_OK(tp_pool_free(f.pool, weights[i], NULL));
     fixture_close(&f);
@@ -1013,11 +1018,7 @@ static void test_vmm_new_held_peak_only_for_live_memory(void) {
     CHECK_OK(tp_pool_free(f.pool, weights[20], NULL));
     void *larger = NULL;
     REQUIRE_OK(tp_pool_alloc(f.pool, 60 * TEST_MiB, NULL, &larger));
-    REQUIRE_OK(tp_pool_get_stats(f.pool, &st));
-    live = st.allocated_bytes.peak;
-    CHECK_MSG(st.reserved_bytes.peak <= live + live / 64 + 2 * page,
-              "freed holes: held peak %llu MiB for %llu MiB live (%.4fx)", (unsigned long long)(st.reserved_bytes.peak / TEST_MiB),
-              (unsigned long long)(live / TEST_MiB), (double)st.reserved_bytes.peak / (double)live);
+    check_held_peak_near_live(f.pool, "freed holes");
 
     CHECK_OK(tp_pool_free(f.pool, larger, NULL));
     for (int i = 0; i < FEW; i++)
