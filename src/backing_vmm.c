@@ -18,9 +18,9 @@
  * and first unmaps idle pages when the pool would pass its soft or hard cap
  * (cap_with_headroom), or set a new peak of held memory past the peak cap.
  * The last-freed block, asked for again in another size on its stream, is
- * resized where it is (vmm_resize_block) when a
- * release and this placement would put it there anyway: the same ranges,
- * pages and tags, without the release, search and take.
+ * resized where it is (vmm_resize_block) when a release and this placement
+ * would put it there anyway: the same ranges, pages and tags, without the
+ * release, search and take.
  * Idle pages go back through units.c, chunk by chunk, which takes idle,
  * completed neighbouring chunks of the same age along into one unmap call.
  *

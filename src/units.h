@@ -236,9 +236,9 @@ static inline bool tpi_units_pages_merge_tag(tpi_units *u, uint64_t first, uint6
  * block become idle at since_ns (0: now, the clock read once, at the
  * first), appended to the list in page order. Exactly the merge and
  * tpi_units_became_idle page by page, in one pass as above (the merge
- * through tpi_units_merged_tag_). Once a page has gone idle, the pages after it that go idle too
- * (the block's alone: busy with one live block) are appended in an inner
- * loop that links each to the one before it. */
+ * through tpi_units_merged_tag_). Once a page has gone idle, the pages
+ * after it that go idle too (the block's alone: busy with one live block)
+ * are appended in an inner loop that links each to the one before it. */
 static inline void tpi_units_pages_unref(tpi_units *u, uint64_t first, uint64_t last, tpi_tag tag,
                                          uint64_t since_ns) {
     tpi_unit *units = u->units;
