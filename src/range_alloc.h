@@ -149,10 +149,12 @@ bool tpi_ra_check(const tpi_ra *ra, char *msg, size_t msg_capacity);
 /* Below SL_COUNT units the bin is the count; from there fl * SL_COUNT + sl,
  * fl = msb - SL_BITS + 1 and sl the SL_BITS bits below the msb, which is
  * shift * SL_COUNT + (units >> shift) for shift = msb - SL_BITS (units >>
- * shift is SL_COUNT + sl): one shift, no mask. */
+ * shift is SL_COUNT + sl): one shift, no mask. Both cases without a
+ * branch: the msb of units | SL_COUNT is max(msb, SL_BITS), so shift is 0
+ * below 2 * SL_COUNT units, where the bin is units itself (the hit path
+ * computes a bin on every alloc and free). */
 static inline uint32_t tpi_ra_bin_of_units(uint64_t units) {
-    if (units < TPI_RA_SL_COUNT) return (uint32_t)units;
-    uint32_t shift = 63u - (uint32_t)__builtin_clzll(units) - TPI_RA_SL_BITS;
+    uint32_t shift = 63u - (uint32_t)__builtin_clzll(units | TPI_RA_SL_COUNT) - TPI_RA_SL_BITS;
     return shift * TPI_RA_SL_COUNT + (uint32_t)(units >> shift);
 }
 static inline uint32_t tpi_ra_bin_floor(const tpi_ra *ra, uint64_t size) { return tpi_ra_bin_of_units(size >> ra->shift); }

@@ -36,7 +36,26 @@ static void check_ra(tpi_ra *ra) {
     CHECK_MSG(ok, "%s", msg);
 }
 
+/* The bin of a size in units as the header defines it, written plainly:
+ * below SL_COUNT units the count itself; from there the first level (the
+ * msb above SL_BITS) times SL_COUNT plus the SL_BITS bits below the msb. */
+static uint32_t reference_bin(uint64_t units) {
+    if (units < TPI_RA_SL_COUNT) return (uint32_t)units;
+    unsigned msb = 63u - (unsigned)__builtin_clzll(units);
+    uint32_t fl = msb - TPI_RA_SL_BITS + 1, sl = (uint32_t)(units >> (msb - TPI_RA_SL_BITS)) & (TPI_RA_SL_COUNT - 1);
+    return fl * TPI_RA_SL_COUNT + sl;
+}
+
 static void test_bins(void) {
+    /* The computed bin against the definition: every size up to 2^16
+     * units, and around every power of two above. */
+    for (uint64_t units = 0; units <= (1u << 16); units++) CHECK(tpi_ra_bin_of_units(units) == reference_bin(units));
+    for (unsigned bit = 16; bit < 64; bit++)
+        for (int delta = -2; delta <= 2; delta++) {
+            uint64_t units = (1ull << bit) + (uint64_t)(int64_t)delta;
+            CHECK_MSG(tpi_ra_bin_of_units(units) == reference_bin(units), "units %llu", (unsigned long long)units);
+        }
+    CHECK(tpi_ra_bin_of_units(UINT64_MAX) == reference_bin(UINT64_MAX));
     tpi_ra ra;
     REQUIRE(ra_open(&ra) == TP_OK);
     /* Bins are monotone in size and each bin spans at most 1/16 of its
