@@ -333,7 +333,6 @@ bool tpi_front_push(tpi_front *f, uint32_t slot, uint32_t node, uint64_t offset,
     if (count == TPI_FRONT_DEPTH) return false;
     fs->bins[bin][count] = (tpi_front_entry){offset, size, tag, node};
     fs->counts[bin] = (uint8_t)(count + 1);
-    fs->nonempty[bin / 64] |= 1ull << (bin % 64);
     fs->parked_bytes += size;
     return true;
 }
@@ -369,14 +368,23 @@ uint32_t tpi_front_pop(tpi_front *f, uint64_t size, uint32_t slot) {
 
 static uint64_t flush_bins(tpi_front *f, tpi_front_stream *fs) {
     uint64_t flushed = fs->parked_bytes;
-    for (uint32_t w = 0; w < TPI_FRONT_BITMAP_WORDS && fs->parked_bytes; w++) {
-        for (uint64_t bits = fs->nonempty[w]; bits; bits &= bits - 1) {
-            uint32_t bin = w * 64 + (uint32_t)__builtin_ctzll(bits);
-            for (uint8_t i = 0; i < fs->counts[bin]; i++)
-                release_parked(f, fs->bins[bin][i].node, fs->bins[bin][i].tag, 0);
-            fs->counts[bin] = 0;
+    /* The counts in order, eight bins to a load: eight empty bins cost one
+     * test. (No bitmap of non-empty bins, which the hit path would keep up
+     * on every take and put for the sake of this rare walk.) */
+    for (uint32_t bin = 0; bin < f->bin_count && fs->parked_bytes; bin++) {
+        uint64_t eight = 0;
+        if (bin % 8 == 0 && bin + 8 <= f->bin_count) {
+            memcpy(&eight, &fs->counts[bin], sizeof eight);
+            if (!eight) {
+                bin += 7;
+                continue;
+            }
         }
-        fs->nonempty[w] = 0;
+        for (uint8_t i = 0; i < fs->counts[bin]; i++) {
+            release_parked(f, fs->bins[bin][i].node, fs->bins[bin][i].tag, 0);
+            fs->parked_bytes -= fs->bins[bin][i].size;
+        }
+        fs->counts[bin] = 0;
     }
     fs->parked_bytes = 0;
     return flushed;
@@ -469,10 +477,8 @@ bool tpi_front_check(const tpi_front *f, char *msg, size_t msg_capacity) {
         if (!fs) continue;
         if (fs->slot != slot) TPI_FAIL(msg, msg_capacity, "front stream %zu names slot %u", slot, fs->slot);
         uint64_t parked = 0;
-        for (uint32_t bin = 0; bin < TPI_FRONT_BITMAP_WORDS * 64; bin++) {
-            uint8_t count = bin < f->bin_count ? fs->counts[bin] : 0;
-            if (!!(fs->nonempty[bin / 64] & (1ull << (bin % 64))) != (count > 0))
-                TPI_FAIL(msg, msg_capacity, "stream %zu: bitmap and bin %u disagree", slot, bin);
+        for (uint32_t bin = 0; bin < f->bin_count; bin++) {
+            uint8_t count = fs->counts[bin];
             if (count > TPI_FRONT_DEPTH) TPI_FAIL(msg, msg_capacity, "stream %zu: bin %u overfull", slot, bin);
             for (uint8_t k = 0; k < count; k++) {
                 const tpi_front_entry *e = &fs->bins[bin][k];

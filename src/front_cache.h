@@ -13,8 +13,10 @@
  *     were freed on, and are reused by a request of their bin (or the next)
  *     on that stream -- at once, as stream order allows (a free on S is
  *     safe on S). An entry carries offset, size, tag and node, so a hit
- *     never reads the range allocator. A bitmap of non-empty bins lets a
- *     flush visit only those; each stream parks at most limit_bytes.
+ *     never reads the range allocator. Each stream parks at most
+ *     limit_bytes. A flush reads the bins' counts eight at a time and
+ *     skips eight empty bins with one test (no bitmap of non-empty bins:
+ *     the hit path would keep it up on every take and put).
  *   - live map: the blocks handed out on the stream (offset -> requested
  *     bytes, size, node, pins), found by the free without the pool lock;
  *     the newest block sits beside the hash table, so an alloc+free pair
@@ -73,8 +75,8 @@
  * Invariants (tpi_front_check, under the world lock): parked blocks are
  * exactly the bin entries plus the slot, each a used node, not in any live
  * map, in the bin of its size (the slot's above max_block_bytes); a
- * stream's parked bytes and non-empty bitmap match its bins; live entries
- * are used nodes of their size, each in exactly one map.
+ * stream's parked bytes match its bins; live entries are used nodes of
+ * their size, each in exactly one map.
  */
 #ifndef TIDEPOOL_FRONT_CACHE_H
 #define TIDEPOOL_FRONT_CACHE_H
@@ -86,7 +88,6 @@
 #define TPI_FRONT_DEPTH 4
 #define TPI_FRONT_SETS 64
 #define TPI_FRONT_WAYS 4
-#define TPI_FRONT_BITMAP_WORDS ((TPI_RA_BIN_COUNT + 63) / 64)
 /* The slot's state word: (stream slot << 32) | node, or one of these. */
 #define TPI_FRONT_SLOT_EMPTY UINT64_MAX
 #define TPI_FRONT_SLOT_FILLING (UINT64_MAX - 1) /* a hit free is writing it */
@@ -141,7 +142,6 @@ typedef struct tpi_front_stream {
     uint64_t parked_bytes;
     tpi_stats_local stats;
     tpi_live_map live;
-    uint64_t nonempty[TPI_FRONT_BITMAP_WORDS];
     uint8_t *counts;                          /* per bin */
     tpi_front_entry (*bins)[TPI_FRONT_DEPTH]; /* per bin, LIFO */
     void *base;                               /* the allocation it lies in */
@@ -387,7 +387,7 @@ static inline const tpi_front_entry *tpi_front_bin_take(const tpi_front *f, tpi_
     uint32_t b = tpi_ra_bin_of_units(size >> f->size_shift);
     tpi_front_entry *e = b < f->bin_count ? tpi_front_bin_fit(fs, b, size) : NULL;
     if (!e && (++b >= f->bin_count || !(e = tpi_front_bin_fit(fs, b, size)))) return NULL;
-    if (--fs->counts[b] == 0) fs->nonempty[b / 64] &= ~(1ull << (b % 64));
+    fs->counts[b]--;
     fs->parked_bytes -= e->size;
     return e;
 }
@@ -498,7 +498,6 @@ static inline bool tpi_front_hit_park_bins(tpi_front *f, tpi_front_stream *fs, c
     if (count == TPI_FRONT_DEPTH) return false;
     fs->bins[b][count] = (tpi_front_entry){e->offset, size, tpi_order_note_free(&f->core->order, fs->slot), e->node};
     fs->counts[b] = (uint8_t)(count + 1);
-    fs->nonempty[b / 64] |= 1ull << (b % 64);
     fs->parked_bytes += size;
     return true;
 }
