@@ -308,6 +308,47 @@ static void range_state_at(tp_pool *pool, const void *address, char *state, size
     free(json);
 }
 
+/* The sizes of bin b, in units: below 32 units each size is a bin of its
+ * own; from there 16 bins a power of two (range_alloc.h). */
+static uint64_t units_of_bin(uint32_t b) { return b < 32 ? b : (uint64_t)(16 + b % 16) << (b / 16 - 1); }
+
+static void trim_gives_back_blocks_parked_in_scattered_bins(tp_pool_kind kind) {
+    /* Freed blocks parked in the first and the last bin of every other
+     * group of eight bins up to 1 MiB, and in the top bin a parked block
+     * can be in (1 MiB itself), then a trim to nothing: the flush, which
+     * skips a group of eight empty bins at a time, must still find every
+     * bin that holds a block, or the block left parked keeps its memory
+     * held. */
+    tp_pool_config pc = {.tcache_max_block_bytes = 1u << 20, .release_threshold_bytes = 256u << 20};
+    fixture f;
+    fixture_open(&f, "sim:1GiB", kind, &pc);
+    enum { UNIT = 256, TOP_BIN = 144, MAX_BLOCKS = 64 }; /* 1 MiB is 4096 units: bin 144 */
+    REQUIRE(units_of_bin(TOP_BIN) * UNIT == 1u << 20);
+    void *blocks[MAX_BLOCKS];
+    uint64_t parked_bytes = 0;
+    int count = 0;
+    for (uint32_t b = 1; b <= TOP_BIN; b++) {
+        if (b != TOP_BIN && ((b / 8) % 2 || (b % 8 != 0 && b % 8 != 7))) continue;
+        REQUIRE(count < MAX_BLOCKS);
+        uint64_t size = units_of_bin(b) * UNIT;
+        CHECK_OK(tp_pool_alloc(f.pool, size, TP_STREAM_DEFAULT, &blocks[count++]));
+        parked_bytes += size;
+    }
+    for (int i = 0; i < count; i++) CHECK_OK(tp_pool_free(f.pool, blocks[i], TP_STREAM_DEFAULT));
+    tp_pool_stats s;
+    CHECK_OK(tp_pool_get_stats(f.pool, &s));
+    CHECK_EQ_U64(s.allocated_bytes.current, 0);
+    CHECK_MSG(s.cached_bytes.current >= parked_bytes, "%s: %llu bytes cached for %llu parked", kind_name(kind),
+              (unsigned long long)s.cached_bytes.current, (unsigned long long)parked_bytes);
+    uint64_t released = 0, held_before = s.reserved_bytes.current;
+    CHECK_OK(tp_pool_trim(f.pool, 0, &released));
+    CHECK_OK(tp_pool_get_stats(f.pool, &s));
+    CHECK_MSG(s.reserved_bytes.current == 0, "%s: %llu bytes still held after a trim to nothing", kind_name(kind),
+              (unsigned long long)s.reserved_bytes.current);
+    CHECK_EQ_U64(released, held_before);
+    fixture_close(&f);
+}
+
 static void slot_stays_through_bin_hits(tp_pool_kind kind) {
     /* An allocation a bin serves places nothing, so the last-freed block
      * stays parked through it, and the next request of its size gets it
@@ -1076,6 +1117,7 @@ KIND_TEST(idle_memory_is_released_without_host_waits)
 KIND_TEST(last_freed_slot)
 KIND_TEST(slot_in_place_follows_the_range_allocator)
 KIND_TEST(slot_stays_through_bin_hits)
+KIND_TEST(trim_gives_back_blocks_parked_in_scattered_bins)
 KIND_TEST(tick_flushes_only_when_quiet)
 KIND_TEST(tick_releases_a_block_parked_past_idle_release)
 KIND_TEST(pinned_block_is_held_until_unpinned)
@@ -1168,6 +1210,7 @@ static const test_case tests[] = {
     KIND_CASES(last_freed_slot),
     KIND_CASES(slot_in_place_follows_the_range_allocator),
     KIND_CASES(slot_stays_through_bin_hits),
+    KIND_CASES(trim_gives_back_blocks_parked_in_scattered_bins),
     KIND_CASES(tick_flushes_only_when_quiet),
     KIND_CASES(tick_releases_a_block_parked_past_idle_release),
     KIND_CASES(pinned_block_is_held_until_unpinned),
