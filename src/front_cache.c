@@ -372,8 +372,8 @@ static uint64_t flush_bins(tpi_front *f, tpi_front_stream *fs) {
      * test. (No bitmap of non-empty bins, which the hit path would keep up
      * on every take and put for the sake of this rare walk.) */
     for (uint32_t bin = 0; bin < f->bin_count && fs->parked_bytes; bin++) {
-        uint64_t eight = 0;
         if (bin % 8 == 0 && bin + 8 <= f->bin_count) {
+            uint64_t eight;
             memcpy(&eight, &fs->counts[bin], sizeof eight);
             if (!eight) {
                 bin += 7;
@@ -386,7 +386,6 @@ static uint64_t flush_bins(tpi_front *f, tpi_front_stream *fs) {
         }
         fs->counts[bin] = 0;
     }
-    fs->parked_bytes = 0;
     return flushed;
 }
 
