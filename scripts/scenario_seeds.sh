@@ -8,10 +8,13 @@
 # and worst over all workloads and the total calls. Optionally the same for
 # trace files replayed once each.
 #
-#   scripts/scenario_seeds.sh [--tide PATH] [--pool POOL] [--seeds N] [--jobs N] [TRACE...]
+#   scripts/scenario_seeds.sh [--tide PATH] [--pool POOL] [--seeds N] [--jobs N] [--length K] [TRACE...]
 #
 # POOL: vmm (default), segment, or a model of PyTorch's allocator to hold
 # them against: torch-default or torch-expandable (tide replay --help).
+# --length K runs every workload K times its default length (its --steps,
+# else --rounds, --requests or --minutes; one with none of them, such as
+# fa-decode, as it is): a peak that climbs with the run's length shows.
 #
 # Workloads without a --seed parameter run once. image-requests runs on a
 # 6 GiB device (VMM-capable for --pool vmm and torch-expandable), as its own
@@ -19,10 +22,10 @@
 set -euo pipefail
 
 usage() {
-    sed -n '3,18p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '3,21p' "$0" | sed 's/^# \{0,1\}//'
 }
 
-tide=build/tide pool=vmm seeds=5 jobs=$(nproc 2>/dev/null || echo 2)
+tide=build/tide pool=vmm seeds=5 length=1 jobs=$(nproc 2>/dev/null || echo 2)
 traces=()
 while [ $# -gt 0 ]; do
     case $1 in
@@ -31,6 +34,7 @@ while [ $# -gt 0 ]; do
     --pool) pool=${2:?--pool needs a pool name}; shift 2 ;;
     --seeds) seeds=${2:?--seeds needs a number}; shift 2 ;;
     --jobs) jobs=${2:?--jobs needs a number}; shift 2 ;;
+    --length) length=${2:?--length needs a number}; shift 2 ;;
     -*) echo "scenario_seeds.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
     *) traces+=("$1"); shift ;;
     esac
@@ -38,6 +42,7 @@ done
 case $pool in vmm | segment | torch-default | torch-expandable) ;; *) echo "scenario_seeds.sh: --pool must be vmm, segment, torch-default or torch-expandable" >&2; exit 2 ;; esac
 case $seeds in '' | *[!0-9]* | 0) echo "scenario_seeds.sh: --seeds must be a positive number" >&2; exit 2 ;; esac
 case $jobs in '' | *[!0-9]* | 0) echo "scenario_seeds.sh: --jobs must be a positive number" >&2; exit 2 ;; esac
+case $length in '' | *[!0-9]* | 0) echo "scenario_seeds.sh: --length must be a positive whole number" >&2; exit 2 ;; esac
 [ -x "$tide" ] || { echo "scenario_seeds.sh: no tide at '$tide' (build it, or give --tide PATH)" >&2; exit 2; }
 
 scratch=$(mktemp -d)
@@ -54,14 +59,29 @@ mapfile -t names < <("$tide" scenario --help | awk '/^scenarios and their parame
 # counted, not failures: high-water and oom-reclaim make them on purpose.
 "$tide" scenario --help >"$scratch/help"
 seeded() { awk -v n="$1" '$1 == n {on = 1; next} on && /^  [a-z]/ {exit} on && /--seed/ {print "yes"; exit}' "$scratch/help"; }
+# The workload's length option at --length times its default ("--steps
+# 15000"), or nothing for --length 1 and for a workload without one.
+lengthened() {
+    [ "$length" -eq 1 ] && return 0
+    local opt
+    for opt in steps rounds requests minutes; do
+        awk -v n="$1" -v o="--$opt" -v k="$length" '$1 == n {on = 1; next} on && /^  [a-z]/ {exit}
+            on && $1 == o {d = $NF; gsub(/[][]/, "", d); printf "%s %d\n", o, d * k; found = 1; exit}
+            END {exit !found}' "$scratch/help" && return 0
+    done
+    return 0
+}
 one() {
     local name=$1 dev=() runs=(0)
     [ "$name" = image-requests ] && dev=(--device sim:6GiB)
     [ "$(seeded "$name")" = yes ] && runs=($(seq 1 "$seeds"))
+    local longer
+    read -ra longer <<<"$(lengthened "$name")"
     : >"$scratch/$name"
     for seed in "${runs[@]}"; do
-        local args=(scenario "$name" --pool "$pool" "${dev[@]}")
+        local args=(scenario "$name" --pool "$pool" "${dev[@]}" "${longer[@]}")
         [ "$seed" -gt 0 ] && args+=(--seed "$seed")
+        echo "${args[*]}" >"$scratch/$name.args" # what ran, for the report
         if ! "$tide" "${args[@]}" >"$scratch/$name.out" 2>&1; then
             if grep -q "not pools" "$scratch/$name.out"; then # graph-churn drives a graph cache
                 rm -f "$scratch/$name"
@@ -84,7 +104,15 @@ done
 for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
 [ $failed -eq 0 ] || exit 1
 
-printf '%s pool, peak held / peak live over seeds 1..%s (one run where a workload has no seed)\n' "$pool" "$seeds"
+printf '%s pool, peak held / peak live over seeds 1..%s (one run where a workload has no seed)%s\n' "$pool" "$seeds" \
+    "$([ "$length" -gt 1 ] && printf ', each %s times its default length' "$length")"
+if [ "$length" -gt 1 ]; then
+    for name in "${names[@]}"; do
+        [ -f "$scratch/$name" ] || continue
+        printf '%s %s; ' "$name" "$(grep -oE -- '--(steps|rounds|requests|minutes) [0-9]+' "$scratch/$name.args" || echo "(as it is)")"
+    done | sed 's/; $//; s/^/lengths: /'
+    echo
+fi
 printf '%-24s %6s %6s %6s %12s %6s\n' workload runs mean worst "mean calls" ooms
 for name in "${names[@]}"; do
     [ -f "$scratch/$name" ] || continue
