@@ -36,6 +36,23 @@
  * slack; those that do (short-lived blocks leaving large segments sparse
  * for a while) pay in device calls and some memory (docs/results.md).
  *
+ * Moving buffers' segments. A buffer reallocated a little larger every
+ * step (allocate the larger copy, free the old: the front cache tells,
+ * tpi_front_continues_chain) leaves each ladder segment it grew soon after
+ * it grew it, and a long-lived block placed in that segment's slack
+ * meanwhile keeps the whole segment when it goes (sawtooth: 2.3x its live
+ * peak held over 100,000 steps; docs/results.md). So a segment remembers
+ * whether it was grown for such a copy and the size bin of that copy, and
+ * the backing keeps, per size bin, a running average (1/LIFETIME_WEIGHT_DIV
+ * weight) of how many allocations a block stays placed, from its
+ * placement to its return here (parked time included: a parked block keeps
+ * its segment as a live one does). A request stays out of a moving
+ * buffer's segment more than MOVING_APART_FACTOR times the one it would
+ * get of its own when its bin stays placed longer than the bin the segment
+ * was grown for (both bins with a history; out of memory it may go there
+ * after all). Temporaries, whose bins stay placed as briefly as the
+ * buffer's copies, still use the slack.
+ *
  * Growth past the cap (the high-water mark plus 1/16) gives superseded
  * idle segments back first, waiting for the growing stream's own older
  * work. While any pool stream captures a graph nothing may go back to the
@@ -62,6 +79,9 @@
 #define APART_ON_DIV 4
 #define APART_OFF_DIV 8
 #define APART_SIZE_FACTOR 2
+#define MOVING_APART_FACTOR 8
+#define LIFETIME_WEIGHT_DIV 8
+#define NO_LIFETIME UINT64_MAX
 
 static const tpi_backing_ops segment_ops;
 
@@ -71,6 +91,13 @@ typedef struct segment_backing {
     tpi_backing base; /* first: a tpi_backing * is a segment_backing * */
     bool capture_growth_owed;
     bool keep_apart; /* pinned segments hold too much: see the header */
+    /* Per size bin, how long its blocks stay placed: a running average of
+     * the pool's allocations between a block's placement and its return
+     * here (parked time included: a parked block pins its segment just as
+     * a live one); NO_LIFETIME while none has come back. */
+    uint64_t lifetime_allocs[TPI_RA_BIN_COUNT];
+    uint64_t *placed_at_allocs; /* per node: the pool's allocation count at its placement */
+    size_t placed_capacity;
 } segment_backing;
 
 /* Smallest ladder size holding bytes: 2 MiB steps while a step of
@@ -95,6 +122,9 @@ static uint64_t segment_bytes_for(const tpi_core *core, uint64_t size) {
     return ladder > UINT64_MAX - config->alignment_bytes ? size : tpi_align_up(ladder, config->alignment_bytes);
 }
 
+/* The range allocator's bin of a request or block of size bytes. */
+static uint32_t size_bin(const tpi_core *core, uint64_t size) { return tpi_ra_bin_of_units(size >> core->ra.shift); }
+
 /* Free space in a busy segment is always fair game; an idle segment when it
  * is not much larger than the request, or still warm. */
 static bool segment_wakes(tpi_core *core, uint32_t id, uint64_t wake_limit_bytes, uint64_t *now_ns) {
@@ -104,13 +134,32 @@ static bool segment_wakes(tpi_core *core, uint32_t id, uint64_t wake_limit_bytes
     return *now_ns - 1 - unit->last_big_use_ns < core->config.idle_release_ns;
 }
 
+/* The moving buffers' segments a request stays out of (see the header):
+ * those larger than above_bytes grown for a request whose size bin stays
+ * placed for less than lifetime_allocs, the request's own bin's figure
+ * (NO_LIFETIME, no history: none). */
+typedef struct moving_keep_out {
+    uint64_t above_bytes;
+    uint64_t lifetime_allocs;
+} moving_keep_out;
+
+static bool kept_out(const segment_backing *sb, const moving_keep_out *keep_out, uint32_t u) {
+    if (!keep_out || keep_out->lifetime_allocs == NO_LIFETIME) return false;
+    const tpi_unit *unit = &sb->base.core->units.units[u];
+    if (!unit->made_for_moving || unit->bytes <= keep_out->above_bytes) return false;
+    uint64_t made_for = sb->lifetime_allocs[unit->made_for_bin];
+    return made_for != NO_LIFETIME && keep_out->lifetime_allocs > made_for;
+}
+
 /* Good fit among free ranges the stream may use (same stream, completed,
  * or -- failing all else -- made safe by a stream wait) in segments it may
- * wake and no larger than max_segment_bytes. Ranges in larger segments are
- * passed over without counting against the candidates, up to
- * SEGMENT_FIND_PASSED_OVER of them. Returns the node or TPI_RA_NONE. */
-static uint32_t find_usable(tpi_core *core, uint64_t size, uint32_t slot, uint64_t wake_limit_bytes,
-                            uint64_t max_segment_bytes) {
+ * wake, no larger than max_segment_bytes and not kept out (keep_out, NULL
+ * for none). Ranges in the other segments are passed over without counting
+ * against the candidates, up to SEGMENT_FIND_PASSED_OVER of them. Returns
+ * the node or TPI_RA_NONE. */
+static uint32_t find_usable(segment_backing *sb, uint64_t size, uint32_t slot, uint64_t wake_limit_bytes,
+                            uint64_t max_segment_bytes, const moving_keep_out *keep_out) {
+    tpi_core *core = sb->base.core;
     tpi_ra_search search;
     tpi_ra_search_begin(&core->ra, size, &search);
     uint32_t wait_candidate = TPI_RA_NONE, first_usable = TPI_RA_NONE;
@@ -123,7 +172,7 @@ static uint32_t find_usable(tpi_core *core, uint64_t size, uint32_t slot, uint64
         uint32_t id = tpi_ra_search_next(&core->ra, &search);
         if (id == TPI_RA_NONE) break;
         tpi_ra_node *n = tpi_ra_node_at(&core->ra, id);
-        if (core->units.units[n->region].bytes > max_segment_bytes) {
+        if (core->units.units[n->region].bytes > max_segment_bytes || kept_out(sb, keep_out, n->region)) {
             if (passed_over++ < SEGMENT_FIND_PASSED_OVER) seen--;
             continue;
         }
@@ -184,8 +233,8 @@ static void update_keep_apart(segment_backing *sb) {
                  sb->keep_apart ? "now kept apart from" : "again placed in");
 }
 
-static tp_status grow(segment_backing *sb, uint64_t size, uint32_t slot, uint64_t segment_bytes, uint32_t *out_node,
-                      uint64_t *out_need) {
+static tp_status grow(segment_backing *sb, uint64_t size, uint32_t slot, bool moving, uint64_t segment_bytes,
+                      uint32_t *out_node, uint64_t *out_need) {
     tpi_core *core = sb->base.core;
     const tp_pool_config *config = &core->config;
     update_keep_apart(sb);
@@ -237,6 +286,8 @@ static tp_status grow(segment_backing *sb, uint64_t size, uint32_t slot, uint64_
     unit->live = 0;
     unit->live_bytes = 0;
     unit->tag = TPI_TAG_CLEAN;
+    unit->made_for_moving = moving;
+    unit->made_for_bin = (uint16_t)size_bin(core, size);
     tpi_stats_reserved_changed(&core->stats, (int64_t)segment_bytes);
     tpi_observe(&core->stats, TP_POOL_EVENT_DEVICE_ALLOC, base, segment_bytes, TP_STREAM_DEFAULT);
     *out_node = id;
@@ -244,30 +295,43 @@ static tp_status grow(segment_backing *sb, uint64_t size, uint32_t slot, uint64_
 }
 
 /* Used node id, just taken, counts in its segment: one more live block (an
- * idle segment becomes busy) and its bytes. */
-static void count_taken_block(tpi_core *core, uint32_t id) {
+ * idle segment becomes busy) and its bytes; its placement is stamped (no
+ * stamp without host memory: its lifetime then goes unrecorded). */
+static void count_taken_block(segment_backing *sb, uint32_t id) {
+    tpi_core *core = sb->base.core;
+    size_t had = sb->placed_capacity;
+    if (id < had || tpi_host_grow(core->host, (void **)&sb->placed_at_allocs, sizeof *sb->placed_at_allocs,
+                                  &sb->placed_capacity, (size_t)id + 1)) {
+        if (sb->placed_capacity > had)
+            memset(sb->placed_at_allocs + had, 0, (sb->placed_capacity - had) * sizeof *sb->placed_at_allocs);
+        sb->placed_at_allocs[id] = core->stats.pub.allocs + 1; /* 0: not stamped */
+    }
     const tpi_ra_node *n = tpi_ra_node_at(&core->ra, id);
     tpi_unit *unit = &core->units.units[n->region];
     if (unit->live++ == 0 && unit->state == TPI_UNIT_IDLE) tpi_units_became_busy(&core->units, n->region);
     unit->live_bytes += n->size;
 }
 
-static tp_status segment_try_alloc(tpi_backing *b, uint64_t size, uint32_t slot, bool may_grow, uint32_t *out_node,
-                                   uint64_t *out_need) {
+static tp_status segment_try_alloc(tpi_backing *b, uint64_t size, uint32_t slot, bool moving, bool may_grow,
+                                   uint32_t *out_node, uint64_t *out_need) {
+    segment_backing *sb = (segment_backing *)b;
     tpi_core *core = b->core;
     uint64_t segment_bytes = segment_bytes_for(core, size);
     uint64_t max_segment_bytes = UINT64_MAX;
-    if (((segment_backing *)b)->keep_apart && segment_bytes <= UINT64_MAX / APART_SIZE_FACTOR)
+    if (sb->keep_apart && segment_bytes <= UINT64_MAX / APART_SIZE_FACTOR)
         max_segment_bytes = APART_SIZE_FACTOR * segment_bytes;
+    moving_keep_out keep_out = {segment_bytes <= UINT64_MAX / MOVING_APART_FACTOR ? MOVING_APART_FACTOR * segment_bytes
+                                                                                  : UINT64_MAX,
+                                sb->lifetime_allocs[size_bin(core, size)]};
     uint64_t wake_limit_bytes = TPI_MAX(4 * size, segment_bytes);
-    uint32_t id = find_usable(core, size, slot, wake_limit_bytes, max_segment_bytes);
+    uint32_t id = find_usable(sb, size, slot, wake_limit_bytes, max_segment_bytes, &keep_out);
     if (id == TPI_RA_NONE) {
         if (!may_grow) return TP_NOT_READY;
-        tp_status st = grow((segment_backing *)b, size, slot, segment_bytes, &id, out_need);
-        /* Out of memory while kept apart: the larger segments' room is
-         * still better than a failure. */
-        if (st == TP_ERR_OUT_OF_MEMORY && max_segment_bytes != UINT64_MAX) {
-            id = find_usable(core, size, slot, wake_limit_bytes, UINT64_MAX);
+        tp_status st = grow(sb, size, slot, moving, segment_bytes, &id, out_need);
+        /* Out of memory while kept apart or out: the other segments' room
+         * is still better than a failure. */
+        if (st == TP_ERR_OUT_OF_MEMORY && (max_segment_bytes != UINT64_MAX || keep_out.lifetime_allocs != NO_LIFETIME)) {
+            id = find_usable(sb, size, slot, wake_limit_bytes, UINT64_MAX, NULL);
             if (id != TPI_RA_NONE) st = TP_OK;
         }
         if (st != TP_OK) return st;
@@ -281,7 +345,7 @@ static tp_status segment_try_alloc(tpi_backing *b, uint64_t size, uint32_t slot,
         }
         return TP_ERR_HOST_OUT_OF_MEMORY;
     }
-    count_taken_block(core, id);
+    count_taken_block(sb, id);
     if (size * 4 >= units->units[u].bytes) units->units[u].last_big_use_ns = tpi_units_now(units);
     *out_node = id;
     return TP_OK;
@@ -291,15 +355,30 @@ static tp_status segment_claim(tpi_backing *b, uint64_t offset, uint64_t size, u
     tpi_core *core = b->core;
     uint32_t id = tpi_ra_take_at(&core->ra, offset, size);
     if (id == TPI_RA_NONE) return TP_ERR_INVALID_ARGUMENT;
-    count_taken_block(core, id);
+    count_taken_block((segment_backing *)b, id);
     *out_node = id;
     return TP_OK;
 }
 
+/* A block of block_bytes placed at stamp (count_taken_block) comes back:
+ * its bin's running average of lifetimes takes it in. */
+static void note_lifetime(segment_backing *sb, uint64_t stamp, uint64_t block_bytes) {
+    tpi_core *core = sb->base.core;
+    if (!stamp) return;
+    uint64_t life = core->stats.pub.allocs + 1 - stamp;
+    uint64_t *average = &sb->lifetime_allocs[size_bin(core, block_bytes)];
+    *average = *average == NO_LIFETIME ? life : (*average * (LIFETIME_WEIGHT_DIV - 1) + life) / LIFETIME_WEIGHT_DIV;
+}
+
 static void segment_release_block(tpi_backing *b, uint32_t node, uint64_t idle_since_ns) {
+    segment_backing *sb = (segment_backing *)b;
     tpi_core *core = b->core;
     tpi_tag tag = tpi_ra_node_at(&core->ra, node)->owner;
     uint64_t block_bytes = tpi_ra_node_at(&core->ra, node)->size;
+    if (node < sb->placed_capacity) {
+        note_lifetime(sb, sb->placed_at_allocs[node], block_bytes);
+        sb->placed_at_allocs[node] = 0;
+    }
     uint32_t free_node = tpi_ra_release(&core->ra, node);
     uint32_t u = tpi_ra_node_at(&core->ra, free_node)->region;
     tpi_unit *unit = &core->units.units[u];
@@ -378,7 +457,9 @@ static void segment_destroy(tpi_backing *b) {
         tpi_stats_reserved_changed(&core->stats, -(int64_t)unit->bytes);
         tpi_observe(&core->stats, TP_POOL_EVENT_DEVICE_FREE, unit->base, unit->bytes, TP_STREAM_DEFAULT);
     }
-    tpi_host_free(core->host, (segment_backing *)b, sizeof(segment_backing));
+    segment_backing *sb = (segment_backing *)b;
+    tpi_host_free(core->host, sb->placed_at_allocs, sb->placed_capacity * sizeof *sb->placed_at_allocs);
+    tpi_host_free(core->host, sb, sizeof *sb);
 }
 
 /* Growth during a capture that passed the cap could give nothing back then
@@ -401,6 +482,7 @@ tp_status tpi_segment_create(tpi_core *core, tpi_backing **out_backing) {
     segment_backing *sb = tpi_host_calloc(core->host, 1, sizeof *sb);
     if (!sb) return TP_ERR_HOST_OUT_OF_MEMORY;
     sb->base = (tpi_backing){&segment_ops, core};
+    for (size_t bin = 0; bin < TPI_RA_BIN_COUNT; bin++) sb->lifetime_allocs[bin] = NO_LIFETIME;
     tpi_backing *b = &sb->base;
     tpi_units_config uc = {TPI_UNITS_SEGMENTS, core->config.release_threshold_bytes, core->config.idle_release_ns,
                            0, 0, 0};

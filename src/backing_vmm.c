@@ -493,8 +493,9 @@ static inline bool place_window(tpi_core *core, placement *pl, uint32_t id, uint
 
 #define VMM_PLACE_CANDIDATES 16
 
-static tp_status vmm_try_alloc(tpi_backing *b, uint64_t size, uint32_t slot, bool may_grow, uint32_t *out_node,
-                               uint64_t *out_need) {
+static tp_status vmm_try_alloc(tpi_backing *b, uint64_t size, uint32_t slot, bool moving, bool may_grow,
+                               uint32_t *out_node, uint64_t *out_need) {
+    (void)moving; /* pages are mapped where blocks land: nothing for a moving buffer to pin */
     vmm_backing *vmm = (vmm_backing *)b;
     tpi_core *core = b->core;
     placement pl = {size, slot, TPI_RA_NONE, 0, UINT64_MAX, TPI_RA_NONE, 0, TPI_RA_NONE, 0, 0};

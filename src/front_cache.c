@@ -366,6 +366,19 @@ uint32_t tpi_front_pop(tpi_front *f, uint64_t size, uint32_t slot) {
     return TPI_RA_NONE;
 }
 
+static bool chain_step(uint64_t freed_bytes, uint64_t size) { return freed_bytes < size && size - freed_bytes <= size / 16; }
+
+bool tpi_front_continues_chain(const tpi_front *f, uint64_t size, uint32_t slot) {
+    const tpi_front_stream *fs = slot < f->stream_capacity ? f->streams[slot] : NULL;
+    if (!fs || fs->live.newest.offset == UINT64_MAX || !chain_step(fs->live.newest.size, size)) return false;
+    uint64_t word = atomic_load_explicit(&f->slot_word, memory_order_relaxed);
+    if (word < TPI_FRONT_SLOT_FILLING && (uint32_t)(word >> 32) == slot && chain_step(f->slot_size, size)) return true;
+    uint32_t bin = tpi_ra_bin_of_units(size >> f->size_shift);
+    for (uint32_t b = bin ? bin - 1 : 0; b <= bin && b < f->bin_count; b++)
+        if (fs->counts[b] && chain_step(fs->bins[b][fs->counts[b] - 1].size, size)) return true;
+    return false;
+}
+
 static uint64_t flush_bins(tpi_front *f, tpi_front_stream *fs) {
     uint64_t flushed = fs->parked_bytes;
     /* The counts in order, eight bins to a load: eight empty bins cost one

@@ -262,6 +262,15 @@ bool tpi_front_push(tpi_front *front, uint32_t slot, uint32_t node, uint64_t off
  * room next). A bin's block leaves the slot as it is, as the hit path's
  * pick does. */
 uint32_t tpi_front_pop(tpi_front *front, uint64_t size, uint32_t slot);
+/* Does a request of size bytes on slot look like the next copy of a buffer
+ * reallocated a little larger each time (allocate the larger, copy, free
+ * the old)? True when the stream's newest live block is smaller by at most
+ * size / 16 (the copy now in use) and so is a block it freed (the copy
+ * before: the one in the last-freed slot, or the newest of bin(size) or
+ * the bin below). Sizes that merely rotate upwards (free, then allocate a
+ * little larger) have no such live block. Before tpi_front_pop, which may
+ * release the slot. */
+bool tpi_front_continues_chain(const tpi_front *front, uint64_t size, uint32_t slot);
 /* Gives every parked block back to the backing; returns the bytes. */
 uint64_t tpi_front_flush(tpi_front *front);
 /* ... only those of one stream (and the last-freed slot if it is its). */

@@ -89,23 +89,24 @@ static uint64_t run_reclaimers_locked(tpi_ladder *l, uint64_t need) {
 
 /* The backing's answer, without growth while blocks are parked: they may
  * make room, and are given back before the pool grows. */
-static tp_status try_backing(tpi_ladder *l, uint64_t size, uint32_t slot, uint32_t *out_node, uint64_t *out_need) {
+static tp_status try_backing(tpi_ladder *l, uint64_t size, uint32_t slot, bool moving, uint32_t *out_node,
+                             uint64_t *out_need) {
     tpi_backing *b = l->backing;
     if (tpi_front_any_parked(l->front)) {
-        tp_status st = b->ops->try_alloc(b, size, slot, false, out_node, out_need);
+        tp_status st = b->ops->try_alloc(b, size, slot, moving, false, out_node, out_need);
         if (st != TP_NOT_READY) return st;
         tpi_front_flush(l->front);
     }
-    return b->ops->try_alloc(b, size, slot, true, out_node, out_need);
+    return b->ops->try_alloc(b, size, slot, moving, true, out_node, out_need);
 }
 
-tp_status tpi_ladder_alloc_locked(tpi_ladder *l, uint64_t size, uint64_t request_bytes, uint32_t slot,
+tp_status tpi_ladder_alloc_locked(tpi_ladder *l, uint64_t size, uint64_t request_bytes, uint32_t slot, bool moving,
                                   uint32_t *out_node) {
     tpi_core *core = l->core;
     tpi_units *units = &core->units;
     uint64_t need = 0;
     core->stats.last_device_status = TP_OK;
-    tp_status st = try_backing(l, size, slot, out_node, &need);
+    tp_status st = try_backing(l, size, slot, moving, out_node, &need);
     for (int step = 1; st == TP_ERR_OUT_OF_MEMORY && step <= 4; step++) {
         bool progress = false;
         switch (step) {
@@ -132,7 +133,7 @@ tp_status tpi_ladder_alloc_locked(tpi_ladder *l, uint64_t size, uint64_t request
         }
         if (!progress) continue;
         core->stats.pub.oom_retries++;
-        st = try_backing(l, size, slot, out_node, &need);
+        st = try_backing(l, size, slot, moving, out_node, &need);
     }
     if (st == TP_ERR_OUT_OF_MEMORY)
         tpi_ladder_report_oom_locked(l, request_bytes, tpi_order_stream(&core->order, slot)->handle,

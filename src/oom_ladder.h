@@ -62,9 +62,10 @@ tp_status tpi_ladder_init(tpi_ladder *ladder, tpi_core *core, tpi_front *front, 
 void tpi_ladder_destroy(tpi_ladder *ladder);
 
 /* A block of size bytes usable on slot (its node in *out_node), by the
- * ladder above. On TP_ERR_OUT_OF_MEMORY the report names request_bytes. */
+ * ladder above; moving goes to the backing (tpi_backing_ops.try_alloc). On
+ * TP_ERR_OUT_OF_MEMORY the report names request_bytes. */
 tp_status tpi_ladder_alloc_locked(tpi_ladder *ladder, uint64_t size, uint64_t request_bytes, uint32_t slot,
-                                  uint32_t *out_node);
+                                  bool moving, uint32_t *out_node);
 /* Fills the report for a request (on stream) the pool refused. */
 void tpi_ladder_report_oom_locked(tpi_ladder *ladder, uint64_t request_bytes, tp_stream stream, tp_status device_status);
 

@@ -318,7 +318,8 @@ static inline tp_status check_after_hit(tp_pool *pool) {
 }
 
 /* A block found by the ladder. */
-static tp_status ladder_alloc_locked(tp_pool *pool, uint64_t size, size_t bytes, uint32_t slot, uint32_t *out_node) {
+static tp_status ladder_alloc_locked(tp_pool *pool, uint64_t size, size_t bytes, uint32_t slot, bool moving,
+                                     uint32_t *out_node) {
     tpi_core *core = &pool->core;
     if (size > core->config.limit_bytes) {
         tpi_ladder_report_oom_locked(&pool->ladder, bytes, tpi_order_stream(&core->order, slot)->handle,
@@ -326,7 +327,7 @@ static tp_status ladder_alloc_locked(tp_pool *pool, uint64_t size, size_t bytes,
         return TP_ERR_OUT_OF_MEMORY;
     }
     uint64_t device_allocs = core->stats.pub.device_allocs;
-    tp_status st = tpi_ladder_alloc_locked(&pool->ladder, size, bytes, slot, out_node);
+    tp_status st = tpi_ladder_alloc_locked(&pool->ladder, size, bytes, slot, moving, out_node);
     if (st != TP_OK) return st;
     if (core->stats.pub.device_allocs == device_allocs) core->stats.pub.cache_hits++;
     if (!tpi_pool_blocks_fit_nodes_locked(core)) { /* (no block record to clear: the table is short) */
@@ -342,11 +343,12 @@ static tp_status alloc_locked(tp_pool *pool, uint64_t size, size_t bytes, tp_str
     uint32_t slot, node;
     tp_status st = tpi_pool_stream_slot_locked(pool, stream, &slot);
     if (st != TP_OK) return st;
+    bool moving = tpi_front_continues_chain(&pool->front, size, slot); /* (before the pop releases the slot) */
     node = tpi_front_pop(&pool->front, size, slot);
     if (node != TPI_RA_NONE) {
         core->stats.pub.cache_hits++;
     } else {
-        st = ladder_alloc_locked(pool, size, bytes, slot, &node);
+        st = ladder_alloc_locked(pool, size, bytes, slot, moving, &node);
         if (st != TP_OK) return st;
     }
     tpi_ra_node *n = tpi_ra_node_at(&core->ra, node);

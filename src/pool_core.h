@@ -69,11 +69,14 @@ typedef struct tpi_backing tpi_backing;
 typedef struct tpi_backing_ops {
     const char *name;
     /* Finds or makes room for size bytes usable on slot; on success the
-     * block's node is taken (used). may_grow false: TP_NOT_READY when only
-     * new device memory would do. TP_ERR_OUT_OF_MEMORY sets *out_need_bytes
-     * to the device memory it could not get. */
-    tp_status (*try_alloc)(tpi_backing *backing, uint64_t size, uint32_t slot, bool may_grow, uint32_t *out_node,
-                           uint64_t *out_need_bytes);
+     * block's node is taken (used). moving: the request looks like the next
+     * copy of a buffer reallocated a little larger each time
+     * (tpi_front_continues_chain), a hint the backing may use or ignore.
+     * may_grow false: TP_NOT_READY
+     * when only new device memory would do. TP_ERR_OUT_OF_MEMORY sets
+     * *out_need_bytes to the device memory it could not get. */
+    tp_status (*try_alloc)(tpi_backing *backing, uint64_t size, uint32_t slot, bool moving, bool may_grow,
+                           uint32_t *out_node, uint64_t *out_need_bytes);
     /* Takes [offset, offset + size), which lies inside one free range, as a
      * used node (units made busy) in *out_node: the capture keeps the memory
      * its graph reuses. TP_ERR_INVALID_ARGUMENT when it is not all free (or,

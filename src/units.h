@@ -51,6 +51,8 @@ typedef struct tpi_unit {
     uint32_t idle_node;       /* segments: the free node spanning it while idle */
     uint32_t chunk_first, chunk_pages; /* pages, mapped: its chunk [first, first + pages) */
     uint8_t state;
+    bool made_for_moving;  /* segments: grown for a moving buffer's copy (backing_segment.c) */
+    uint16_t made_for_bin; /* segments: the size bin of the request it was grown for */
 } tpi_unit;
 
 typedef struct tpi_units {
