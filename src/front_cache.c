@@ -371,6 +371,7 @@ static bool chain_step(uint64_t freed_bytes, uint64_t size) { return freed_bytes
 bool tpi_front_continues_chain(const tpi_front *f, uint64_t size, uint32_t slot) {
     const tpi_front_stream *fs = slot < f->stream_capacity ? f->streams[slot] : NULL;
     if (!fs || fs->live.newest.offset == UINT64_MAX || !chain_step(fs->live.newest.size, size)) return false;
+    if (chain_step(fs->released_bytes, size)) return true;
     uint64_t word = atomic_load_explicit(&f->slot_word, memory_order_relaxed);
     if (word < TPI_FRONT_SLOT_FILLING && (uint32_t)(word >> 32) == slot && chain_step(f->slot_size, size)) return true;
     uint32_t bin = tpi_ra_bin_of_units(size >> f->size_shift);

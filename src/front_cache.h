@@ -145,6 +145,9 @@ typedef struct tpi_front_stream {
     uint8_t *counts;                          /* per bin */
     tpi_front_entry (*bins)[TPI_FRONT_DEPTH]; /* per bin, LIFO */
     void *base;                               /* the allocation it lies in */
+    /* The last block freed on the stream that went back to the backing
+     * unparked (bins full), by the locked path: tpi_front_continues_chain. */
+    uint64_t released_bytes;
 } tpi_front_stream;
 
 typedef struct tpi_front {
@@ -266,10 +269,10 @@ uint32_t tpi_front_pop(tpi_front *front, uint64_t size, uint32_t slot);
  * reallocated a little larger each time (allocate the larger, copy, free
  * the old)? True when the stream's newest live block is smaller by at most
  * size / 16 (the copy now in use) and so is a block it freed (the copy
- * before: the one in the last-freed slot, or the newest of bin(size) or
- * the bin below). Sizes that merely rotate upwards (free, then allocate a
- * little larger) have no such live block. Before tpi_front_pop, which may
- * release the slot. */
+ * before: the one in the last-freed slot, the newest of bin(size) or the
+ * bin below, or the last one it gave back unparked). Sizes that merely
+ * rotate upwards (free, then allocate a little larger) have no such live
+ * block. Before tpi_front_pop, which may release the slot. */
 bool tpi_front_continues_chain(const tpi_front *front, uint64_t size, uint32_t slot);
 /* Gives every parked block back to the backing; returns the bytes. */
 uint64_t tpi_front_flush(tpi_front *front);

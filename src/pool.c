@@ -552,6 +552,7 @@ static tp_status free_locked(tp_pool *pool, uint64_t address, tp_stream stream, 
          * graph's footprint near its peak.) */
         n->owner = tag;
         tpi_pool_release_block_locked(pool, block.node);
+        pool->front.streams[slot]->released_bytes = block.size; /* (tpi_front_continues_chain) */
     }
     tpi_stats_update_cached(&core->stats);
     tpi_front_stream *fs = pool->front.streams[slot];

@@ -811,6 +811,64 @@ static void test_segment_kept_apart_uses_large_segments_before_failing(void) {
     fixture_close(&f);
 }
 
+/* Kept out of a moving buffer's segment, out of memory: its room is still
+ * better than a failure. Blocks of 256 KiB that stay placed long, and a
+ * buffer reallocated 256 KiB larger every step from 32 MiB, whose copies
+ * stay placed for a step or two, give both size bins a history; the
+ * buffer's growth then makes ladder segments marked as moving, with 256
+ * KiB of slack past the last copy. A trim leaves only that copy's segment,
+ * and a block that leaves 64 KiB under the limit follows, so no new
+ * segment fits; a 256 KiB request, kept out of the moving segment, must
+ * take its room, not fail (it failed without the fallback). */
+static void test_segment_kept_out_of_moving_segments_uses_them_before_failing(void) {
+    const uint64_t limit = 160 * TEST_MiB, small = 256 * 1024, step = 256 * 1024;
+    tp_pool_config pc = {.limit_bytes = limit};
+    fixture f;
+    fixture_open(&f, "sim:1GiB", TP_POOL_SEGMENT, &pc);
+    /* History: small blocks that live through many allocations. */
+    for (int round = 0; round < 4; round++) {
+        void *lasting = NULL;
+        REQUIRE_OK(tp_pool_alloc(f.pool, small, TP_STREAM_DEFAULT, &lasting));
+        for (int i = 0; i < 64; i++) {
+            void *p = NULL;
+            REQUIRE_OK(tp_pool_alloc(f.pool, 4096, TP_STREAM_DEFAULT, &p));
+            CHECK_OK(tp_pool_free(f.pool, p, TP_STREAM_DEFAULT));
+        }
+        CHECK_OK(tp_pool_free(f.pool, lasting, TP_STREAM_DEFAULT));
+        CHECK_OK(tp_pool_trim(f.pool, 0, NULL));
+    }
+    /* The buffer: each copy allocated, then the one before freed; twice
+     * over, so that its bins have a history when its segments grow. */
+    void *copy = NULL;
+    for (int pass = 0; pass < 2; pass++) {
+        for (int k = 0; k < 24; k++) {
+            void *next = NULL;
+            REQUIRE_OK(tp_pool_alloc(f.pool, 32 * TEST_MiB + step * (uint64_t)k, TP_STREAM_DEFAULT, &next));
+            if (copy) CHECK_OK(tp_pool_free(f.pool, copy, TP_STREAM_DEFAULT));
+            copy = next;
+        }
+        if (pass == 0) {
+            CHECK_OK(tp_pool_free(f.pool, copy, TP_STREAM_DEFAULT));
+            copy = NULL;
+            CHECK_OK(tp_pool_trim(f.pool, 0, NULL));
+        }
+    }
+    /* Only the live copy's segment left, then the rest of the limit but 64
+     * KiB taken by one block (too close to the limit for any rounding). */
+    CHECK_OK(tp_pool_trim(f.pool, 0, NULL));
+    tp_pool_stats st;
+    CHECK_OK(tp_pool_get_stats(f.pool, &st));
+    void *filler = NULL, *late = NULL;
+    REQUIRE(st.reserved_bytes.current + 2 * TEST_MiB < limit);
+    REQUIRE_OK(tp_pool_alloc(f.pool, limit - st.reserved_bytes.current - 64 * 1024, TP_STREAM_DEFAULT, &filler));
+    CHECK_OK(tp_pool_alloc(f.pool, small, TP_STREAM_DEFAULT, &late));
+    CHECK_OK(tp_pool_get_stats(f.pool, &st));
+    CHECK(st.reserved_bytes.current <= limit);
+    if (late) CHECK_OK(tp_pool_free(f.pool, late, TP_STREAM_DEFAULT));
+    CHECK_OK(tp_pool_free(f.pool, filler, TP_STREAM_DEFAULT));
+    CHECK_OK(tp_pool_free(f.pool, copy, TP_STREAM_DEFAULT));
+    fixture_close(&f);
+}
 
 /* A buffer reallocated 64 KiB larger every step, from 200 MiB and back to
  * it every 1000 steps (the sawtooth scenario's seed 1), and every 13th step
@@ -1118,6 +1176,7 @@ static const test_case tests[] = {
     TEST_CASE(test_segment_kept_apart_uses_large_segments_before_failing),
     TEST_CASE(test_segment_sparse_small_segments_do_not_keep_requests_apart),
     TEST_CASE(test_segment_long_lived_blocks_stay_out_of_a_moving_buffers_segments),
+    TEST_CASE(test_segment_kept_out_of_moving_segments_uses_them_before_failing),
 };
 
 int main(int argc, char **argv) { return TEST_MAIN("test_pool_adversarial", tests, argc, argv); }
