@@ -122,9 +122,6 @@ static uint64_t segment_bytes_for(const tpi_core *core, uint64_t size) {
     return ladder > UINT64_MAX - config->alignment_bytes ? size : tpi_align_up(ladder, config->alignment_bytes);
 }
 
-/* The range allocator's bin of a request or block of size bytes. */
-static uint32_t size_bin(const tpi_core *core, uint64_t size) { return tpi_ra_bin_of_units(size >> core->ra.shift); }
-
 /* Free space in a busy segment is always fair game; an idle segment when it
  * is not much larger than the request, or still warm. */
 static bool segment_wakes(tpi_core *core, uint32_t id, uint64_t wake_limit_bytes, uint64_t *now_ns) {
@@ -287,7 +284,7 @@ static tp_status grow(segment_backing *sb, uint64_t size, uint32_t slot, bool mo
     unit->live_bytes = 0;
     unit->tag = TPI_TAG_CLEAN;
     unit->made_for_moving = moving;
-    unit->made_for_bin = (uint16_t)size_bin(core, size);
+    unit->made_for_bin = (uint16_t)tpi_ra_bin_floor(&core->ra, size);
     tpi_stats_reserved_changed(&core->stats, (int64_t)segment_bytes);
     tpi_observe(&core->stats, TP_POOL_EVENT_DEVICE_ALLOC, base, segment_bytes, TP_STREAM_DEFAULT);
     *out_node = id;
@@ -322,7 +319,7 @@ static tp_status segment_try_alloc(tpi_backing *b, uint64_t size, uint32_t slot,
         max_segment_bytes = APART_SIZE_FACTOR * segment_bytes;
     moving_keep_out keep_out = {segment_bytes <= UINT64_MAX / MOVING_APART_FACTOR ? MOVING_APART_FACTOR * segment_bytes
                                                                                   : UINT64_MAX,
-                                sb->lifetime_allocs[size_bin(core, size)]};
+                                sb->lifetime_allocs[tpi_ra_bin_floor(&core->ra, size)]};
     uint64_t wake_limit_bytes = TPI_MAX(4 * size, segment_bytes);
     uint32_t id = find_usable(sb, size, slot, wake_limit_bytes, max_segment_bytes, &keep_out);
     if (id == TPI_RA_NONE) {
@@ -366,7 +363,7 @@ static void note_lifetime(segment_backing *sb, uint64_t stamp, uint64_t block_by
     tpi_core *core = sb->base.core;
     if (!stamp) return;
     uint64_t life = core->stats.pub.allocs + 1 - stamp;
-    uint64_t *average = &sb->lifetime_allocs[size_bin(core, block_bytes)];
+    uint64_t *average = &sb->lifetime_allocs[tpi_ra_bin_floor(&core->ra, block_bytes)];
     *average = *average == NO_LIFETIME ? life : (*average * (LIFETIME_WEIGHT_DIV - 1) + life) / LIFETIME_WEIGHT_DIV;
 }
 

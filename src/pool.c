@@ -522,6 +522,7 @@ static tp_status free_locked(tp_pool *pool, uint64_t address, tp_stream stream, 
     uint32_t slot;
     tp_status st = tpi_pool_stream_slot_locked(pool, stream, &slot);
     if (st != TP_OK) return st;
+    tpi_front_stream *fs = pool->front.streams[slot];
     if (block.pins && !tpi_map_put(&core->blocks, address, block.node)) return TP_ERR_HOST_OUT_OF_MEMORY;
     tpi_front_live_remove(&pool->front, alloc_slot, address);
     tpi_ra_node *n = tpi_ra_node_at(&core->ra, block.node);
@@ -552,10 +553,9 @@ static tp_status free_locked(tp_pool *pool, uint64_t address, tp_stream stream, 
          * graph's footprint near its peak.) */
         n->owner = tag;
         tpi_pool_release_block_locked(pool, block.node);
-        pool->front.streams[slot]->released_bytes = block.size; /* (tpi_front_continues_chain) */
+        fs->released_bytes = block.size; /* (tpi_front_continues_chain) */
     }
     tpi_stats_update_cached(&core->stats);
-    tpi_front_stream *fs = pool->front.streams[slot];
     if (--fs->frees_to_upkeep == 0) upkeep_locked(pool, fs);
     return TP_OK;
 }

@@ -72,9 +72,9 @@ typedef struct tpi_backing_ops {
      * block's node is taken (used). moving: the request looks like the next
      * copy of a buffer reallocated a little larger each time
      * (tpi_front_continues_chain), a hint the backing may use or ignore.
-     * may_grow false: TP_NOT_READY
-     * when only new device memory would do. TP_ERR_OUT_OF_MEMORY sets
-     * *out_need_bytes to the device memory it could not get. */
+     * may_grow false: TP_NOT_READY when only new device memory would do.
+     * TP_ERR_OUT_OF_MEMORY sets *out_need_bytes to the device memory it
+     * could not get. */
     tp_status (*try_alloc)(tpi_backing *backing, uint64_t size, uint32_t slot, bool moving, bool may_grow,
                            uint32_t *out_node, uint64_t *out_need_bytes);
     /* Takes [offset, offset + size), which lies inside one free range, as a
