@@ -694,44 +694,67 @@ KIND_TEST(destroy_during_a_told_capture_is_refused)
  * conversation every `tokens` steps) while a block of small_bytes made
  * every `every` steps lives `life` steps. Returns the peak live bytes and
  * counts the failed allocations. */
+/* A buffer reallocated growth_bytes larger every step (the new one
+ * allocated, then the old freed), from base_bytes (0: 8 MiB) plus one step
+ * and back every `tokens` steps, and every `every`-th step a small block
+ * that lives `life` steps -- or, with life_max, a draw in life..life_max,
+ * and with small_choices a draw among them instead of small_bytes (one
+ * fixed sequence of draws). step_ns (0: 20 ms) of device time a step. */
 typedef struct moving_buffer {
-    int steps, tokens, every, life;
-    uint64_t growth_bytes, small_bytes;
+    int steps, tokens, every, life, life_max;
+    uint64_t base_bytes, growth_bytes, small_bytes, step_ns;
+    const uint64_t *small_choices;
+    int small_choice_count;
 } moving_buffer;
 
+/* Runs m; returns the peak live bytes, failed allocations in *out_ooms. */
 static uint64_t run_moving_buffer(fixture *f, const moving_buffer *m, uint64_t *out_ooms) {
-    int smalls = m->steps / m->every + 1;
-    void **small = calloc((size_t)smalls, sizeof *small);
-    REQUIRE(small != NULL);
+    int smalls = m->steps / m->every + 1, live_count = 0;
+    struct small_block {
+        void *ptr;
+        uint64_t bytes;
+        int until;
+    } *live = calloc((size_t)smalls, sizeof *live); /* made and not yet freed, oldest first */
+    REQUIRE(live != NULL);
     void *buffer = NULL;
-    uint64_t buffer_bytes = 0, smalls_live = 0, peak_live = 0, ooms = 0;
+    uint64_t state = 1, buffer_bytes = 0, smalls_live_bytes = 0, peak_live = 0, ooms = 0;
     for (int step = 0; step < m->steps; step++) {
-        uint64_t bytes = 8 * TEST_MiB + (uint64_t)(step % m->tokens + 1) * m->growth_bytes;
+        uint64_t bytes = (m->base_bytes ? m->base_bytes : 8 * TEST_MiB) + (uint64_t)(step % m->tokens + 1) * m->growth_bytes;
         void *grown = NULL;
         if (tp_pool_alloc(f->pool, bytes, TP_STREAM_DEFAULT, &grown) != TP_OK) ooms++;
-        if (buffer_bytes + bytes + smalls_live * m->small_bytes > peak_live)
-            peak_live = buffer_bytes + bytes + smalls_live * m->small_bytes;
+        if (buffer_bytes + bytes + smalls_live_bytes > peak_live) peak_live = buffer_bytes + bytes + smalls_live_bytes;
         if (buffer) CHECK_OK(tp_pool_free(f->pool, buffer, TP_STREAM_DEFAULT));
         buffer = grown;
         buffer_bytes = grown ? bytes : 0;
         if (step % m->every == 0) {
-            if (tp_pool_alloc(f->pool, m->small_bytes, TP_STREAM_DEFAULT, &small[step / m->every]) == TP_OK)
-                smalls_live++;
-            else
+            struct small_block b = {NULL, m->small_bytes, step + m->life};
+            if (m->life_max || m->small_choices) {
+                state = state * 6364136223846793005ull + 1442695040888963407ull;
+                if (m->life_max) b.until = step + m->life + (int)((state >> 33) % (uint64_t)(m->life_max - m->life + 1));
+                if (m->small_choices) b.bytes = m->small_choices[(state >> 17) % (uint64_t)m->small_choice_count];
+            }
+            if (tp_pool_alloc(f->pool, b.bytes, TP_STREAM_DEFAULT, &b.ptr) == TP_OK) {
+                live[live_count++] = b;
+                smalls_live_bytes += b.bytes;
+            } else {
                 ooms++;
+            }
         }
-        int old = step - m->life;
-        if (old >= 0 && old % m->every == 0 && small[old / m->every]) {
-            CHECK_OK(tp_pool_free(f->pool, small[old / m->every], TP_STREAM_DEFAULT));
-            small[old / m->every] = NULL;
-            smalls_live--;
+        int kept = 0;
+        for (int i = 0; i < live_count; i++) {
+            if (live[i].until <= step) {
+                CHECK_OK(tp_pool_free(f->pool, live[i].ptr, TP_STREAM_DEFAULT));
+                smalls_live_bytes -= live[i].bytes;
+            } else {
+                live[kept++] = live[i];
+            }
         }
-        CHECK_OK(tp_sim_advance(f->dev, 20 * MS));
+        live_count = kept;
+        CHECK_OK(tp_sim_advance(f->dev, m->step_ns ? m->step_ns : 20 * MS));
     }
     if (buffer) CHECK_OK(tp_pool_free(f->pool, buffer, TP_STREAM_DEFAULT));
-    for (int i = 0; i < smalls; i++)
-        if (small[i]) CHECK_OK(tp_pool_free(f->pool, small[i], TP_STREAM_DEFAULT));
-    free(small);
+    for (int i = 0; i < live_count; i++) CHECK_OK(tp_pool_free(f->pool, live[i].ptr, TP_STREAM_DEFAULT));
+    free(live);
     *out_ooms = ooms;
     return peak_live;
 }
@@ -879,58 +902,19 @@ static void test_segment_kept_out_of_moving_segments_uses_them_before_failing(vo
  * (their bins stay placed longer than the buffer's copies: the segment
  * pool's header), they leave the pool 1.15x; at most 1.5x passes. */
 static void test_segment_long_lived_blocks_stay_out_of_a_moving_buffers_segments(void) {
-    enum { STEPS = 100000, PERIOD = 1000, EVERY = 13, LIFE_MIN = 100, LIFE_MAX = 5000 };
-    enum { MAX_LIVE = LIFE_MAX / EVERY + 2 };
     static const uint64_t long_sizes[3] = {512 * 1024, 3 * TEST_MiB, 12 * TEST_MiB};
-    struct {
-        uint64_t until, bytes;
-        void *ptr;
-    } live[MAX_LIVE];
+    moving_buffer m = {.steps = 100000, .tokens = 1000, .every = 13, .life = 100, .life_max = 5000,
+                       .base_bytes = 200 * TEST_MiB - 64 * 1024, .growth_bytes = 64 * 1024, .step_ns = 10 * MS,
+                       .small_choices = long_sizes, .small_choice_count = 3};
     fixture f;
     fixture_open_with(&f, "sim:1TiB,novmm", TP_POOL_SEGMENT, NULL, false); /* (checks: too slow at this length) */
-    size_t live_count = 0;
-    uint64_t state = 1, live_bytes = 0, peak_live_bytes = 0, buffer_bytes = 0;
-    void *buffer = NULL;
-    for (uint64_t step = 0; step < STEPS && !check_failures; step++) {
-        uint64_t bytes = 200 * TEST_MiB + 64 * 1024 * (step % PERIOD);
-        void *next = NULL;
-        REQUIRE_OK(tp_pool_alloc(f.pool, bytes, NULL, &next));
-        live_bytes += bytes;
-        peak_live_bytes = live_bytes > peak_live_bytes ? live_bytes : peak_live_bytes;
-        if (buffer) CHECK_OK(tp_pool_free(f.pool, buffer, NULL));
-        live_bytes -= buffer_bytes;
-        buffer = next;
-        buffer_bytes = bytes;
-        if (step % EVERY == 0 && live_count < MAX_LIVE) {
-            state = state * 6364136223846793005ull + 1442695040888963407ull;
-            uint64_t life = LIFE_MIN + (state >> 33) % (LIFE_MAX - LIFE_MIN + 1);
-            uint64_t long_bytes = long_sizes[(state >> 17) % 3];
-            live[live_count].until = step + life;
-            live[live_count].bytes = long_bytes;
-            REQUIRE_OK(tp_pool_alloc(f.pool, long_bytes, NULL, &live[live_count].ptr));
-            live_count++;
-            live_bytes += long_bytes;
-            peak_live_bytes = live_bytes > peak_live_bytes ? live_bytes : peak_live_bytes;
-        }
-        size_t kept = 0;
-        for (size_t i = 0; i < live_count; i++) {
-            if (live[i].until <= step) {
-                CHECK_OK(tp_pool_free(f.pool, live[i].ptr, NULL));
-                live_bytes -= live[i].bytes;
-            } else {
-                live[kept++] = live[i];
-            }
-        }
-        live_count = kept;
-        CHECK_OK(tp_sim_advance(f.dev, 10 * MS));
-    }
+    uint64_t ooms = 0, peak_live_bytes = run_moving_buffer(&f, &m, &ooms);
+    CHECK_EQ_U64(ooms, 0);
     tp_pool_stats stats;
     CHECK_OK(tp_pool_get_stats(f.pool, &stats));
     double ratio = (double)stats.reserved_bytes.peak / (double)peak_live_bytes;
     CHECK_MSG(ratio <= 1.5, "held peak %.3fx the live peak (%llu / %llu bytes)", ratio,
               (unsigned long long)stats.reserved_bytes.peak, (unsigned long long)peak_live_bytes);
-    for (size_t i = 0; i < live_count; i++) CHECK_OK(tp_pool_free(f.pool, live[i].ptr, NULL));
-    if (buffer) CHECK_OK(tp_pool_free(f.pool, buffer, NULL));
     fixture_close(&f);
 }
 
