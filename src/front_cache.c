@@ -366,6 +366,18 @@ uint32_t tpi_front_pop(tpi_front *f, uint64_t size, uint32_t slot) {
     return TPI_RA_NONE;
 }
 
+bool tpi_front_hit_resize_slot(tpi_front *f, tpi_front_stream *fs, uint64_t size, uint64_t bytes, uint64_t word,
+                               tpi_live_entry *out) {
+    if (f->stream_count != 1) return false; /* (the pick saw to it; said here, where it matters) */
+    uint32_t node = (uint32_t)word;
+    f->world_epoch++; /* the range allocator may move: what hits found out before is stale */
+    if (!slot_resize(f, node, size, fs->slot)) return false;
+    /* The slot's fields before the word empties, as tpi_front_hit_take_slot. */
+    *out = (tpi_live_entry){f->slot_offset, bytes, size, node, 0};
+    atomic_store_explicit(&f->slot_word, TPI_FRONT_SLOT_EMPTY, memory_order_release);
+    return true;
+}
+
 static bool chain_step(uint64_t freed_bytes, uint64_t size) { return freed_bytes < size && size - freed_bytes <= size / 16; }
 
 bool tpi_front_continues_chain(const tpi_front *f, uint64_t size, uint32_t slot) {

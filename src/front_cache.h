@@ -28,17 +28,21 @@
  * bins parks alone until the next allocation that is not a bin's hit;
  * reused in place when that allocation asks for its size on its stream and
  * good-fit placement would choose the same address anyway, or, asking for
- * another size on its stream (under the lock, where the backing can tell:
- * resize_block, VMM), resized to the request where it is when release and
- * placement would put it exactly there -- the same ranges, pages and tags
- * in one step instead of a release, a search and a take; else released
+ * another size on its stream (where the backing can tell: resize_block,
+ * VMM), resized to the request where it is when release and placement
+ * would put it exactly there -- the same ranges, pages and tags in one
+ * step instead of a release, a search and a take (under the world lock;
+ * or on the hit path while the stream is the pool's one front stream,
+ * whose lock then keeps every other thread out as the world lock does:
+ * tpi_front_hit_resize_slot); else released
  * before the allocation looks for room, so placement sees the same free
  * memory as without it. (An allocation served by a bin places nothing, so
  * the slot may stay through it: freeing a large and a small temporary in
  * turn costs no locked call.) Its state word (stream slot and node) is
  * atomic: every hit allocation too large for the bins goes by it (an
- * occupied slot sends an allocation of another size or stream to the
- * locked path, which releases it), and the hit path fills and empties it:
+ * occupied slot sends an allocation of another stream, or of another size
+ * that the hit cannot resize it to, to the locked path, which releases
+ * it), and the hit path fills and empties it:
  * a hit free fills an empty word with a compare-exchange, or, while the
  * pool has a single front stream (whose lock it holds, so no other thread
  * can reach the word), with a plain store.
@@ -56,7 +60,9 @@
  * stream instead of an exchange and a store per stream. Data written only
  * under the world lock (the range allocator, units, block table, config,
  * stream order, a stream's own state) may be read on the hit path under
- * one stream lock. The hit path takes exactly one stream lock and nothing
+ * one stream lock (and written by a hit of the pool's one front stream:
+ * with a single front stream its lock excludes the world and every other
+ * hit, so the hit resizing the last-freed slot's block does). The hit path takes exactly one stream lock and nothing
  * after it but the device's (the hazard checker). One exception: a missed
  * hit may keep its stream lock while it tries (never waits for) the mutex;
  * holding both, it raises the gate and waits for the other stream locks
@@ -171,9 +177,11 @@ typedef struct tpi_front {
     /* The world gate: 1 while the world lock is held (in a line of its own:
      * every hit reads it, the world writes it). */
     _Alignas(TPI_CACHE_LINE_BYTES) atomic_int world;
-    /* Raised at every tpi_front_world_enter (so it is constant while hits
-     * run): what a hit found out about the range allocator holds while it
-     * has not moved. */
+    /* Raised at every tpi_front_world_enter and by a hit that resizes the
+     * last-freed slot's block (tpi_front_hit_resize_slot, which runs only
+     * where no other hit can): so it is constant while hits run beside
+     * each other, and what a hit found out about the range allocator holds
+     * while it has not moved. */
     uint64_t world_epoch;
     /* The last-freed slot. The fields below the word are written by whoever
      * moved the word from EMPTY (to FILLING, then to the block), read by the
@@ -405,7 +413,8 @@ static inline const tpi_front_entry *tpi_front_bin_take(const tpi_front *f, tpi_
 }
 
 /* A hit allocation of size bytes (bytes asked): tpi_front_hit_pick, then
- * for the last-freed slot tpi_front_hit_take_slot, then
+ * for the last-freed slot tpi_front_hit_take_slot (or, its block of
+ * another size, tpi_front_hit_resize_slot), then
  * tpi_front_hit_record, then with the hazard checker tpi_front_hit_check.
  *
  * Pick (no call): false: the locked path (the live map must grow, or no
@@ -414,7 +423,9 @@ static inline const tpi_front_entry *tpi_front_bin_take(const tpi_front *f, tpi_
  * most 1/8 of them, taken out of its bin into *out (*out_word
  * TPI_FRONT_SLOT_EMPTY), whatever the last-freed slot holds; for a larger
  * size, the slot's word in *out_word, naming this stream's block of size
- * bytes, which the next step takes if it lies in place. */
+ * bytes, which the next step takes if it lies in place -- or, while fs is
+ * the pool's one front stream, of any size, which the next step resizes
+ * if it can. */
 static inline bool tpi_front_hit_pick(tpi_front *f, tpi_front_stream *fs, uint64_t size, uint64_t bytes,
                                       tpi_live_entry *out, uint64_t *out_word) {
     if (4 * (fs->live.count + 1) > fs->live.capacity) return false; /* the live map must grow: the locked path */
@@ -423,7 +434,8 @@ static inline bool tpi_front_hit_pick(tpi_front *f, tpi_front_stream *fs, uint64
     uint64_t word = atomic_load_explicit(&f->slot_word, memory_order_acquire);
     if (size > f->max_block_bytes) {
         *out_word = word;
-        return word < TPI_FRONT_SLOT_FILLING && (uint32_t)(word >> 32) == fs->slot && f->slot_size == size;
+        return word < TPI_FRONT_SLOT_FILLING && (uint32_t)(word >> 32) == fs->slot &&
+               (f->slot_size == size || f->stream_count == 1);
     }
     *out_word = TPI_FRONT_SLOT_EMPTY; /* a bin's block, whatever the slot holds: no placement, so it may stay */
     const tpi_front_entry *e = tpi_front_bin_take(f, fs, size);
@@ -458,6 +470,19 @@ static inline bool tpi_front_hit_take_slot(tpi_front *f, uint64_t size, uint64_t
     atomic_store_explicit(&f->slot_word, TPI_FRONT_SLOT_EMPTY, memory_order_release);
     return true;
 }
+
+/* Resize the slot (calls the backing): the slot's block, picked, of
+ * another size than size, resized to size where it lies when release and
+ * placement would put it there (the backing's resize_block, as
+ * tpi_front_pop does under the world lock) and taken into *out; false: the
+ * locked path. Only while fs is the pool's one front stream: its lock then
+ * keeps every other thread off the pool's state as the world lock does (a
+ * hit of another stream needs a front stream of its own, made under the
+ * world lock; the world waits for fs's lock), so the hit may write what
+ * otherwise only the world writes. It raises world_epoch: the range
+ * allocator moves. */
+bool tpi_front_hit_resize_slot(tpi_front *f, tpi_front_stream *fs, uint64_t size, uint64_t bytes, uint64_t word,
+                               tpi_live_entry *out);
 
 /* Record (no call): the block taken, live on the stream and counted. */
 static inline void tpi_front_hit_record(tpi_front_stream *fs, const tpi_live_entry *block) {

@@ -418,12 +418,22 @@ static inline tp_status alloc_recorded(tp_pool *pool, tpi_front_stream *fs, cons
     return calls ? check_after_hit(pool) : TP_OK;
 }
 
-/* The last-freed slot picked on fs (its word): taken if in place. */
+/* The last-freed slot picked on fs (its word): taken if in place, or, a
+ * block of another size (fs the pool's one front stream), resized where it
+ * is if it can be. A resize may leave pages idle: when upkeep is due is
+ * worked out again, as the world lock's holder does on leaving (the hit
+ * holds the only front stream's lock: nobody else runs on the pool). */
 TPI_NOINLINE static tp_status alloc_slot(tp_pool *pool, tpi_front_stream *fs, uint64_t size, size_t bytes,
                                          void **out_ptr, uint64_t word) {
     tpi_live_entry block;
-    if (!tpi_front_hit_take_slot(&pool->front, size, bytes, word, &block))
-        return alloc_after_miss(pool, fs, size, bytes, fs->handle, out_ptr);
+    if (pool->front.slot_size == size) {
+        if (!tpi_front_hit_take_slot(&pool->front, size, bytes, word, &block))
+            return alloc_after_miss(pool, fs, size, bytes, fs->handle, out_ptr);
+    } else {
+        if (!tpi_front_hit_resize_slot(&pool->front, fs, size, bytes, word, &block))
+            return alloc_after_miss(pool, fs, size, bytes, fs->handle, out_ptr);
+        atomic_store_explicit(&pool->upkeep_due_ns, upkeep_due_locked(pool), memory_order_relaxed);
+    }
     return alloc_recorded(pool, fs, &block, out_ptr, true);
 }
 

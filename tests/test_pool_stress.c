@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /* Randomized stress against a reference model: tens of thousands of seeded
- * operations on several streams, kernels of random durations touching the
+ * operations on several streams (or one: see run), kernels of random durations touching the
  * blocks, cross-stream use ordered by events, trims, ticks, out-of-memory
  * under a limit. After every operation the pool's invariant checker runs;
  * the simulated device's hazard checker watches every hand-out, unmap and
@@ -13,7 +13,7 @@
 #include <string.h>
 
 #define MAX_LIVE 400
-#define STREAMS 4
+#define MAX_STREAMS 4
 
 typedef struct model_block {
     uint64_t address;
@@ -33,7 +33,9 @@ static bool overlaps_live(const model *m, uint64_t address, uint64_t bytes) {
     return false;
 }
 
-static void run(tp_pool_kind kind, unsigned long long seed, int ops) {
+/* On stream_count streams (1..MAX_STREAMS): with one, the pool has a single
+ * front stream, whose hits may also resize the last-freed block. */
+static void run(tp_pool_kind kind, unsigned long long seed, int ops, int stream_count) {
     tp_pool_config pc = {.kind = kind,
                          .limit_bytes = 1536 * TEST_MiB,
                          .release_threshold_bytes = 32 * TEST_MiB,
@@ -43,19 +45,42 @@ static void run(tp_pool_kind kind, unsigned long long seed, int ops) {
     fixture_open(&f, kind == TP_POOL_VMM ? "sim:4GiB" : "sim:4GiB,novmm", kind, &pc);
     tp_device *dev = f.dev;
     tp_pool *pool = f.pool;
-    tp_stream streams[STREAMS] = {TP_STREAM_DEFAULT};
-    for (int i = 1; i < STREAMS; i++) REQUIRE(tp_stream_create(dev, &streams[i]) == TP_OK);
+    tp_stream streams[MAX_STREAMS] = {TP_STREAM_DEFAULT};
+    for (int i = 1; i < stream_count; i++) REQUIRE(tp_stream_create(dev, &streams[i]) == TP_OK);
     tp_event event;
     REQUIRE(tp_event_create(dev, &event) == TP_OK);
 
     static model m;
     memset(&m, 0, sizeof m);
     test_rng rng = {seed * 7919 + (unsigned long long)kind};
-    int ooms = 0, allocs = 0, cross = 0;
+    int ooms = 0, allocs = 0, cross = 0, temporaries = 0;
     for (int op = 0; op < ops && check_failures < 10; op++) {
         unsigned roll = (unsigned)rng_below(&rng, 100);
-        if (roll < 45 && m.count < MAX_LIVE) {
-            int s = (int)rng_below(&rng, STREAMS);
+        if (stream_count == 1 && roll % 4 == 0) {
+            /* (One stream: a quarter of the operations are this instead.)
+             * A temporary of 64 KiB..64 MiB, written and freed at once: the
+             * next one finds the block in the last-freed slot and, asking
+             * for another size, has it resized where it lies when it can
+             * (on the hit path: the pool has one front stream). */
+            uint64_t bytes = rng_log_uniform(&rng, 64 * 1024, 64 * TEST_MiB);
+            void *p = NULL;
+            tp_status st = tp_pool_alloc(pool, bytes, streams[0], &p);
+            if (st == TP_ERR_OUT_OF_MEMORY) {
+                ooms++;
+                continue;
+            }
+            CHECK_STATUS(st, TP_OK);
+            if (st != TP_OK) continue;
+            uint64_t address = (uint64_t)(uintptr_t)p;
+            CHECK_MSG(!overlaps_live(&m, address, bytes), "temporary 0x%llx+%llu overlaps a live block",
+                      (unsigned long long)address, (unsigned long long)bytes);
+            tp_range r = {address, bytes};
+            CHECK_OK(tp_sim_launch(dev, streams[0], rng_below(&rng, 200000), &r, 1));
+            CHECK_OK(tp_pool_free(pool, p, streams[0]));
+            allocs++;
+            temporaries++;
+        } else if (roll < 45 && m.count < MAX_LIVE) {
+            int s = (int)rng_below(&rng, (uint64_t)stream_count);
             uint64_t bytes = rng_log_uniform(&rng, 1, rng_below(&rng, 10) == 0 ? 256 * TEST_MiB : 4 * TEST_MiB);
             void *p = NULL;
             tp_status st = tp_pool_alloc(pool, bytes, streams[s], &p);
@@ -83,7 +108,7 @@ static void run(tp_pool_kind kind, unsigned long long seed, int ops) {
         } else if (roll < 92 && m.count) {
             /* Another stream uses a live block after waiting for its owner. */
             int k = (int)rng_below(&rng, (unsigned long long)m.count);
-            int t = (int)rng_below(&rng, STREAMS);
+            int t = (int)rng_below(&rng, (uint64_t)stream_count);
             model_block *b = &m.live[k];
             if (t != b->last_stream) {
                 CHECK_OK(tp_event_record(dev, event, streams[b->last_stream]));
@@ -125,33 +150,39 @@ static void run(tp_pool_kind kind, unsigned long long seed, int ops) {
               (unsigned long long)c.hazards_free);
     CHECK_EQ_U64(c.invalid_accesses, 0);
     CHECK_EQ_U64(st.hazards, 0);
-    printf("  %s seed %llu: %d ops, %d allocs, %d OOMs, %d cross-stream uses; device calls %llu, "
-           "cross-stream waits %llu, syncs %llu, events %llu, peak reserved %.1f MiB\n",
-           kind == TP_POOL_VMM ? "vmm" : "segment", seed, ops, allocs, ooms, cross,
+    printf("  %s seed %llu, %d stream%s: %d ops, %d allocs (%d temporaries), %d OOMs, %d cross-stream uses; "
+           "device calls %llu, cross-stream waits %llu, syncs %llu, events %llu, peak reserved %.1f MiB\n",
+           kind == TP_POOL_VMM ? "vmm" : "segment", seed, stream_count, stream_count == 1 ? "" : "s", ops, allocs,
+           temporaries, ooms, cross,
            (unsigned long long)st.device_calls, (unsigned long long)st.cross_stream_waits,
            (unsigned long long)st.synchronizations, (unsigned long long)st.events_recorded,
            st.reserved_bytes.peak / (double)TEST_MiB);
     CHECK_GT_I64(allocs, ops / 4);
     CHECK_OK(tp_event_destroy(dev, event));
-    for (int i = 1; i < STREAMS; i++) CHECK_OK(tp_pool_forget_stream(pool, streams[i]));
-    for (int i = 1; i < STREAMS; i++) CHECK_OK(tp_stream_destroy(dev, streams[i]));
+    for (int i = 1; i < stream_count; i++) CHECK_OK(tp_pool_forget_stream(pool, streams[i]));
+    for (int i = 1; i < stream_count; i++) CHECK_OK(tp_stream_destroy(dev, streams[i]));
     fixture_close(&f); /* no leak, no hazard once the pool is gone */
 }
 
 static int stress_ops(void) { return getenv("TP_STRESS_OPS") ? atoi(getenv("TP_STRESS_OPS")) : 30000; }
 
 #define STRESS_TEST(kind, name, seed) \
-    static void stress_##name##_seed##seed(void) { run(kind, seed, stress_ops()); }
+    static void stress_##name##_seed##seed(void) { run(kind, seed, stress_ops(), MAX_STREAMS); }
+#define STRESS_TEST_ONE_STREAM(kind, name, seed) \
+    static void stress_##name##_one_stream_seed##seed(void) { run(kind, seed, stress_ops(), 1); }
 STRESS_TEST(TP_POOL_VMM, vmm, 1)
 STRESS_TEST(TP_POOL_SEGMENT, segment, 1)
 STRESS_TEST(TP_POOL_VMM, vmm, 2)
 STRESS_TEST(TP_POOL_SEGMENT, segment, 2)
 STRESS_TEST(TP_POOL_VMM, vmm, 3)
 STRESS_TEST(TP_POOL_SEGMENT, segment, 3)
+STRESS_TEST_ONE_STREAM(TP_POOL_VMM, vmm, 1)
+STRESS_TEST_ONE_STREAM(TP_POOL_VMM, vmm, 2)
 
 static const test_case tests[] = {
     TEST_CASE(stress_vmm_seed1), TEST_CASE(stress_segment_seed1), TEST_CASE(stress_vmm_seed2),
     TEST_CASE(stress_segment_seed2), TEST_CASE(stress_vmm_seed3), TEST_CASE(stress_segment_seed3),
+    TEST_CASE(stress_vmm_one_stream_seed1), TEST_CASE(stress_vmm_one_stream_seed2),
 };
 
 int main(int argc, char **argv) { return TEST_MAIN("test_pool_stress", tests, argc, argv); }

@@ -9,6 +9,7 @@
  * ThreadSanitizer by CI. Invariants: no error, no hazard, consistent
  * statistics, nothing leaked. */
 #include "check.h"
+#include "pool_object.h" /* the pool's mutex, held by a test below */
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -672,6 +673,154 @@ static void forget_streams_while_threads_hit_segment(void) { forget_streams_whil
 static void two_threads_free_each_others_blocks_vmm(void) { two_threads_free_each_others_blocks(TP_POOL_VMM); }
 static void two_threads_free_each_others_blocks_segment(void) { two_threads_free_each_others_blocks(TP_POOL_SEGMENT); }
 
+/* ------------------------------------------ a lone stream's resize hits */
+
+typedef struct lone_alloc {
+    tp_pool *pool;
+    tp_stream stream;
+    uint64_t bytes;
+    void *ptr;
+    tp_status status;
+    atomic_int done;
+} lone_alloc;
+
+static void *lone_alloc_main(void *arg) {
+    lone_alloc *a = arg;
+    a->status = tp_pool_alloc(a->pool, a->bytes, a->stream, &a->ptr);
+    atomic_store(&a->done, 1);
+    return NULL;
+}
+
+/* Whether the allocation of `bytes` on `stream`, made on a thread of its
+ * own while this thread holds the pool's mutex, finishes within wait_ms;
+ * the mutex is then let go and the thread joined (*a says how it went). */
+static bool allocates_beside_the_held_mutex(tp_pool *pool, tp_stream stream, uint64_t bytes, int wait_ms,
+                                            lone_alloc *a) {
+    *a = (lone_alloc){.pool = pool, .stream = stream, .bytes = bytes};
+    pthread_t thread;
+    pthread_mutex_lock(&pool->lock);
+    if (pthread_create(&thread, NULL, lone_alloc_main, a) != 0) {
+        pthread_mutex_unlock(&pool->lock);
+        REQUIRE(false);
+    }
+    for (int ms = 0; ms < wait_ms && !atomic_load(&a->done); ms++) {
+        struct timespec pause = {0, 1000000};
+        nanosleep(&pause, NULL);
+    }
+    bool finished = atomic_load(&a->done);
+    pthread_mutex_unlock(&pool->lock);
+    pthread_join(thread, NULL);
+    return finished;
+}
+
+/* With one stream on the pool, the block in the last-freed slot, asked
+ * for again in another size, is resized where it lies on the hit path:
+ * the pool's mutex, held by this thread, does not stop it, smaller or
+ * larger. Once a second stream has used the pool, the same request waits
+ * for the mutex: only the lone stream's lock keeps everyone else out. */
+static void a_lone_stream_resizes_the_last_freed_block_without_the_pool_lock(void) {
+    tp_device *dev = NULL;
+    REQUIRE(tp_device_open("sim:8GiB", NULL, &dev) == TP_OK);
+    tp_pool *pool = NULL;
+    tp_pool_config pc = {.kind = TP_POOL_VMM};
+    REQUIRE(tp_pool_create(dev, &pc, &pool) == TP_OK);
+    void *block = NULL;
+    CHECK_OK(tp_pool_alloc(pool, 6 << 20, TP_STREAM_DEFAULT, &block));
+    CHECK_OK(tp_pool_free(pool, block, TP_STREAM_DEFAULT));
+    const uint64_t sizes[] = {4 << 20, 5 << 20, 3 << 20}; /* smaller, larger again, smaller */
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        lone_alloc a;
+        CHECK_MSG(allocates_beside_the_held_mutex(pool, TP_STREAM_DEFAULT, sizes[i], 2000, &a),
+                  "the resize of %llu bytes waited for the pool's mutex", (unsigned long long)sizes[i]);
+        CHECK_OK(a.status);
+        CHECK_EQ_PTR(a.ptr, block); /* resized where it lies */
+        CHECK_OK(tp_pool_free(pool, a.ptr, TP_STREAM_DEFAULT));
+        expect_pool_consistent(pool);
+    }
+    tp_stream other;
+    REQUIRE(tp_stream_create(dev, &other) == TP_OK);
+    void *theirs = NULL;
+    CHECK_OK(tp_pool_alloc(pool, 4096, other, &theirs));
+    CHECK_OK(tp_pool_free(pool, theirs, other));
+    lone_alloc a;
+    CHECK_FALSE(allocates_beside_the_held_mutex(pool, TP_STREAM_DEFAULT, 4 << 20, 200, &a));
+    CHECK_OK(a.status); /* (once the mutex was let go) */
+    CHECK_OK(tp_pool_free(pool, a.ptr, TP_STREAM_DEFAULT));
+    expect_pool_consistent(pool);
+    CHECK_OK(tp_pool_destroy(pool));
+    CHECK_OK(tp_stream_destroy(dev, other));
+    CHECK_OK(tp_device_close(dev));
+}
+
+typedef struct resizer {
+    tp_pool *pool;
+    atomic_int stop;
+    int errors;
+    unsigned long long pairs;
+} resizer;
+
+/* Large temporaries of changing sizes, one at a time, with a small one
+ * between (the bins' hit, which leaves the slot alone): on one stream,
+ * most of them resized in place on the hit path. */
+static void *resizer_main(void *arg) {
+    resizer *r = arg;
+    uint64_t state = 12345;
+    while (!atomic_load(&r->stop)) {
+        state = state * 6364136223846793005ull + 1442695040888963407ull;
+        uint64_t large = (128 << 10) + ((state >> 33) % (16 << 20));
+        void *p = NULL, *q = NULL;
+        if (tp_pool_alloc(r->pool, large, TP_STREAM_DEFAULT, &p) != TP_OK ||
+            tp_pool_alloc(r->pool, 4096, TP_STREAM_DEFAULT, &q) != TP_OK ||
+            tp_pool_free(r->pool, p, TP_STREAM_DEFAULT) != TP_OK || tp_pool_free(r->pool, q, TP_STREAM_DEFAULT) != TP_OK)
+            r->errors++;
+        r->pairs += 2;
+    }
+    return NULL;
+}
+
+/* The lone stream's resize hits against everything that takes the world
+ * lock -- statistics, the checker, trim and tick -- on another thread
+ * (under ThreadSanitizer in CI): no error, the checker content, nothing
+ * left once the stream stops. */
+static void a_lone_stream_resizes_beside_stats_check_trim_and_tick(void) {
+    tp_device *dev = NULL;
+    REQUIRE(tp_device_open("sim:8GiB", NULL, &dev) == TP_OK);
+    tp_pool *pool = NULL;
+    tp_pool_config pc = {.kind = TP_POOL_VMM};
+    REQUIRE(tp_pool_create(dev, &pc, &pool) == TP_OK);
+    resizer r = {.pool = pool};
+    pthread_t thread;
+    REQUIRE(pthread_create(&thread, NULL, resizer_main, &r) == 0);
+    for (int round = 0; round < 400; round++) {
+        tp_pool_stats s;
+        CHECK_OK(tp_pool_get_stats(pool, &s));
+        CHECK_LE_U64(s.allocs - s.frees, 2);
+        CHECK_LE_U64(s.allocated_bytes.current, (128 << 10) + (16 << 20) + 4096);
+        expect_pool_consistent(pool);
+        if (round % 8 == 0) {
+            uint64_t released = 0;
+            CHECK_OK(tp_pool_trim(pool, 0, &released));
+        }
+        if (round % 8 == 4) CHECK_OK(tp_pool_tick(pool));
+        sched_yield();
+    }
+    atomic_store(&r.stop, 1);
+    pthread_join(thread, NULL);
+    CHECK_EQ_I64(r.errors, 0);
+    tp_pool_stats s;
+    CHECK_OK(tp_pool_get_stats(pool, &s));
+    CHECK_EQ_U64(s.allocs, r.pairs);
+    CHECK_EQ_U64(s.allocated_bytes.current, 0);
+    CHECK_EQ_U64(s.hazards, 0);
+    uint64_t released = 0;
+    CHECK_OK(tp_pool_trim(pool, 0, &released));
+    CHECK_OK(tp_pool_get_stats(pool, &s));
+    CHECK_EQ_U64(s.reserved_bytes.current, 0);
+    printf("  %llu allocations, large ones of changing sizes\n", (unsigned long long)s.allocs);
+    CHECK_OK(tp_pool_destroy(pool));
+    CHECK_OK(tp_device_close(dev));
+}
+
 static const test_case tests[] = {
     TEST_CASE(four_threads_share_a_vmm_pool),
     TEST_CASE(four_threads_share_a_segment_pool),
@@ -685,6 +834,8 @@ static const test_case tests[] = {
     TEST_CASE(captures_beside_other_threads_segment),
     TEST_CASE(the_simulated_clock_loses_no_step),
     TEST_CASE(threads_share_the_last_freed_slot),
+    TEST_CASE(a_lone_stream_resizes_the_last_freed_block_without_the_pool_lock),
+    TEST_CASE(a_lone_stream_resizes_beside_stats_check_trim_and_tick),
 };
 
 int main(int argc, char **argv) { return TEST_MAIN("test_threads", tests, argc, argv); }
