@@ -33,6 +33,25 @@ static bool overlaps_live(const model *m, uint64_t address, uint64_t bytes) {
     return false;
 }
 
+/* An allocation of bytes on stream, checked: true with its address, which
+ * overlaps no live block of the model; false on out of memory (counted in
+ * *ooms) or an error (a failed check). */
+static bool alloc_checked(tp_pool *pool, const model *m, uint64_t bytes, tp_stream stream, int *ooms,
+                          uint64_t *out_address) {
+    void *p = NULL;
+    tp_status st = tp_pool_alloc(pool, bytes, stream, &p);
+    if (st == TP_ERR_OUT_OF_MEMORY) {
+        (*ooms)++;
+        return false;
+    }
+    CHECK_STATUS(st, TP_OK);
+    if (st != TP_OK) return false;
+    *out_address = (uint64_t)(uintptr_t)p;
+    CHECK_MSG(!overlaps_live(m, *out_address, bytes), "block 0x%llx+%llu overlaps a live block",
+              (unsigned long long)*out_address, (unsigned long long)bytes);
+    return true;
+}
+
 /* On stream_count streams (1..MAX_STREAMS): with one, the pool has a single
  * front stream, whose hits may also resize the last-freed block. */
 static void run(tp_pool_kind kind, unsigned long long seed, int ops, int stream_count) {
@@ -62,37 +81,17 @@ static void run(tp_pool_kind kind, unsigned long long seed, int ops, int stream_
              * next one finds the block in the last-freed slot and, asking
              * for another size, has it resized where it lies when it can
              * (on the hit path: the pool has one front stream). */
-            uint64_t bytes = rng_log_uniform(&rng, 64 * 1024, 64 * TEST_MiB);
-            void *p = NULL;
-            tp_status st = tp_pool_alloc(pool, bytes, streams[0], &p);
-            if (st == TP_ERR_OUT_OF_MEMORY) {
-                ooms++;
-                continue;
-            }
-            CHECK_STATUS(st, TP_OK);
-            if (st != TP_OK) continue;
-            uint64_t address = (uint64_t)(uintptr_t)p;
-            CHECK_MSG(!overlaps_live(&m, address, bytes), "temporary 0x%llx+%llu overlaps a live block",
-                      (unsigned long long)address, (unsigned long long)bytes);
+            uint64_t bytes = rng_log_uniform(&rng, 64 * 1024, 64 * TEST_MiB), address;
+            if (!alloc_checked(pool, &m, bytes, streams[0], &ooms, &address)) continue;
             tp_range r = {address, bytes};
             CHECK_OK(tp_sim_launch(dev, streams[0], rng_below(&rng, 200000), &r, 1));
-            CHECK_OK(tp_pool_free(pool, p, streams[0]));
+            CHECK_OK(tp_pool_free(pool, (void *)(uintptr_t)address, streams[0]));
             allocs++;
             temporaries++;
         } else if (roll < 45 && m.count < MAX_LIVE) {
             int s = (int)rng_below(&rng, (uint64_t)stream_count);
-            uint64_t bytes = rng_log_uniform(&rng, 1, rng_below(&rng, 10) == 0 ? 256 * TEST_MiB : 4 * TEST_MiB);
-            void *p = NULL;
-            tp_status st = tp_pool_alloc(pool, bytes, streams[s], &p);
-            if (st == TP_ERR_OUT_OF_MEMORY) {
-                ooms++;
-                continue;
-            }
-            CHECK_STATUS(st, TP_OK);
-            if (st != TP_OK) continue;
-            uint64_t address = (uint64_t)(uintptr_t)p;
-            CHECK_MSG(!overlaps_live(&m, address, bytes), "block 0x%llx+%llu overlaps a live block",
-                      (unsigned long long)address, (unsigned long long)bytes);
+            uint64_t bytes = rng_log_uniform(&rng, 1, rng_below(&rng, 10) == 0 ? 256 * TEST_MiB : 4 * TEST_MiB), address;
+            if (!alloc_checked(pool, &m, bytes, streams[s], &ooms, &address)) continue;
             m.live[m.count++] = (model_block){address, bytes, s};
             m.requested += bytes;
             allocs++;
