@@ -691,6 +691,13 @@ static void *lone_alloc_main(void *arg) {
     return NULL;
 }
 
+/* A default VMM pool on a simulated device of its own. */
+static void open_vmm_pool(tp_device **out_dev, tp_pool **out_pool) {
+    REQUIRE(tp_device_open("sim:8GiB", NULL, out_dev) == TP_OK);
+    tp_pool_config pc = {.kind = TP_POOL_VMM};
+    REQUIRE(tp_pool_create(*out_dev, &pc, out_pool) == TP_OK);
+}
+
 /* Whether the allocation of `bytes` on `stream`, made on a thread of its
  * own while this thread holds the pool's mutex, finishes within wait_ms;
  * the mutex is then let go and the thread joined (*a says how it went). */
@@ -720,10 +727,8 @@ static bool allocates_beside_the_held_mutex(tp_pool *pool, tp_stream stream, uin
  * for the mutex: only the lone stream's lock keeps everyone else out. */
 static void a_lone_stream_resizes_the_last_freed_block_without_the_pool_lock(void) {
     tp_device *dev = NULL;
-    REQUIRE(tp_device_open("sim:8GiB", NULL, &dev) == TP_OK);
     tp_pool *pool = NULL;
-    tp_pool_config pc = {.kind = TP_POOL_VMM};
-    REQUIRE(tp_pool_create(dev, &pc, &pool) == TP_OK);
+    open_vmm_pool(&dev, &pool);
     void *block = NULL;
     CHECK_OK(tp_pool_alloc(pool, 6 << 20, TP_STREAM_DEFAULT, &block));
     CHECK_OK(tp_pool_free(pool, block, TP_STREAM_DEFAULT));
@@ -784,10 +789,8 @@ static void *resizer_main(void *arg) {
  * left once the stream stops. */
 static void a_lone_stream_resizes_beside_stats_check_trim_and_tick(void) {
     tp_device *dev = NULL;
-    REQUIRE(tp_device_open("sim:8GiB", NULL, &dev) == TP_OK);
     tp_pool *pool = NULL;
-    tp_pool_config pc = {.kind = TP_POOL_VMM};
-    REQUIRE(tp_pool_create(dev, &pc, &pool) == TP_OK);
+    open_vmm_pool(&dev, &pool);
     resizer r = {.pool = pool};
     pthread_t thread;
     REQUIRE(pthread_create(&thread, NULL, resizer_main, &r) == 0);
