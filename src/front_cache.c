@@ -61,6 +61,7 @@ tp_status tpi_front_init(tpi_front *f, tpi_core *core, tpi_backing *backing, uin
     f->bin_count = TPI_MIN(top + 2, (uint32_t)TPI_RA_BIN_COUNT);
     f->hazard_checker = core->device->hazard_checker;
     f->hazard_work = f->hazard_checker ? core->device->hazard_work : NULL;
+    f->slot_resizes = backing->ops->resize_block != NULL;
     atomic_init(&f->slot_word, TPI_FRONT_SLOT_EMPTY);
     for (size_t i = 0; i < TPI_FRONT_SETS * TPI_FRONT_WAYS; i++) {
         atomic_init(&f->lookup[i].key, 0);
@@ -368,7 +369,6 @@ uint32_t tpi_front_pop(tpi_front *f, uint64_t size, uint32_t slot) {
 
 bool tpi_front_hit_resize_slot(tpi_front *f, tpi_front_stream *fs, uint64_t size, uint64_t bytes, uint64_t word,
                                tpi_live_entry *out) {
-    if (f->stream_count != 1) return false; /* (the pick saw to it; said here, where it matters) */
     uint32_t node = (uint32_t)word;
     f->world_epoch++; /* the range allocator may move: what hits found out before is stale */
     if (!slot_resize(f, node, size, fs->slot)) return false;

@@ -31,10 +31,8 @@
  * another size on its stream (where the backing can tell: resize_block,
  * VMM), resized to the request where it is when release and placement
  * would put it exactly there -- the same ranges, pages and tags in one
- * step instead of a release, a search and a take (under the world lock;
- * or on the hit path while the stream is the pool's one front stream,
- * whose lock then keeps every other thread out as the world lock does:
- * tpi_front_hit_resize_slot); else released
+ * step instead of a release, a search and a take (on the hit path:
+ * tpi_front_hit_resize_slot; or under the world lock); else released
  * before the allocation looks for room, so placement sees the same free
  * memory as without it. (An allocation served by a bin places nothing, so
  * the slot may stay through it: freeing a large and a small temporary in
@@ -60,9 +58,13 @@
  * stream instead of an exchange and a store per stream. Data written only
  * under the world lock (the range allocator, units, block table, config,
  * stream order, a stream's own state) may be read on the hit path under
- * one stream lock (and written by a hit of the pool's one front stream:
- * with a single front stream its lock excludes the world and every other
- * hit, so the hit resizing the last-freed slot's block does). The hit path takes exactly one stream lock and nothing
+ * one stream lock. One exception writes: the hit of the stream the
+ * last-freed slot names may resize the slot's block where it lies
+ * (tpi_front_hit_resize_slot), changing the range allocator and the pages
+ * under its stream lock alone. That is safe because the world waits for
+ * that lock and no other hit reads either of them: a hit reads the range
+ * allocator only to take the slot's block, while the word names its own
+ * stream, and never reads the units' state (the clock only). The hit path takes exactly one stream lock and nothing
  * after it but the device's (the hazard checker). One exception: a missed
  * hit may keep its stream lock while it tries (never waits for) the mutex;
  * holding both, it raises the gate and waits for the other stream locks
@@ -164,6 +166,7 @@ typedef struct tpi_front {
     uint32_t bin_count;       /* bins a block up to max_block_bytes can use */
     unsigned size_shift;      /* the range allocator's unit */
     bool hazard_checker;      /* the device checks every block handed out */
+    bool slot_resizes;        /* the backing can resize the slot's block where it lies (resize_block) */
     /* With hazard_checker: the device's count that is 0 while a check would
      * find nothing (tp_device.hazard_work); NULL: check every hand-out. */
     const _Atomic size_t *hazard_work;
@@ -178,10 +181,10 @@ typedef struct tpi_front {
      * every hit reads it, the world writes it). */
     _Alignas(TPI_CACHE_LINE_BYTES) atomic_int world;
     /* Raised at every tpi_front_world_enter and by a hit that resizes the
-     * last-freed slot's block (tpi_front_hit_resize_slot, which runs only
-     * where no other hit can): so it is constant while hits run beside
-     * each other, and what a hit found out about the range allocator holds
-     * while it has not moved. */
+     * last-freed slot's block (tpi_front_hit_resize_slot; only the stream
+     * the slot names reads it on the hit path, to take that block): what a
+     * hit found out about the range allocator holds while it has not
+     * moved. */
     uint64_t world_epoch;
     /* The last-freed slot. The fields below the word are written by whoever
      * moved the word from EMPTY (to FILLING, then to the block), read by the
@@ -423,8 +426,8 @@ static inline const tpi_front_entry *tpi_front_bin_take(const tpi_front *f, tpi_
  * most 1/8 of them, taken out of its bin into *out (*out_word
  * TPI_FRONT_SLOT_EMPTY), whatever the last-freed slot holds; for a larger
  * size, the slot's word in *out_word, naming this stream's block of size
- * bytes, which the next step takes if it lies in place -- or, while fs is
- * the pool's one front stream, of any size, which the next step resizes
+ * bytes, which the next step takes if it lies in place -- or, where the
+ * backing resizes blocks (VMM), of any size, which the next step resizes
  * if it can. */
 static inline bool tpi_front_hit_pick(tpi_front *f, tpi_front_stream *fs, uint64_t size, uint64_t bytes,
                                       tpi_live_entry *out, uint64_t *out_word) {
@@ -435,7 +438,7 @@ static inline bool tpi_front_hit_pick(tpi_front *f, tpi_front_stream *fs, uint64
     if (size > f->max_block_bytes) {
         *out_word = word;
         return word < TPI_FRONT_SLOT_FILLING && (uint32_t)(word >> 32) == fs->slot &&
-               (f->slot_size == size || f->stream_count == 1);
+               (f->slot_size == size || f->slot_resizes);
     }
     *out_word = TPI_FRONT_SLOT_EMPTY; /* a bin's block, whatever the slot holds: no placement, so it may stay */
     const tpi_front_entry *e = tpi_front_bin_take(f, fs, size);
@@ -475,12 +478,11 @@ static inline bool tpi_front_hit_take_slot(tpi_front *f, uint64_t size, uint64_t
  * another size than size, resized to size where it lies when release and
  * placement would put it there (the backing's resize_block, as
  * tpi_front_pop does under the world lock) and taken into *out; false: the
- * locked path. Only while fs is the pool's one front stream: its lock then
- * keeps every other thread off the pool's state as the world lock does (a
- * hit of another stream needs a front stream of its own, made under the
- * world lock; the world waits for fs's lock), so the hit may write what
- * otherwise only the world writes. It raises world_epoch: the range
- * allocator moves. */
+ * locked path. The range allocator and the pages it changes are otherwise
+ * the world's: the world waits for fs's lock, and no other hit reads them
+ * (a hit reads the range allocator only to take the slot's block, and only
+ * while the word names its own stream -- here it names fs's), so fs's lock
+ * is enough. It raises world_epoch: the range allocator moves. */
 bool tpi_front_hit_resize_slot(tpi_front *f, tpi_front_stream *fs, uint64_t size, uint64_t bytes, uint64_t word,
                                tpi_live_entry *out);
 

@@ -419,10 +419,10 @@ static inline tp_status alloc_recorded(tp_pool *pool, tpi_front_stream *fs, cons
 }
 
 /* The last-freed slot picked on fs (its word): taken if in place, or, a
- * block of another size (fs the pool's one front stream), resized where it
- * is if it can be. A resize may leave pages idle: when upkeep is due is
- * worked out again, as the world lock's holder does on leaving (the hit
- * holds the only front stream's lock: nobody else runs on the pool). */
+ * block of another size, resized where it is if it can be. A resize may
+ * leave pages idle: when upkeep is due is worked out again, as the world
+ * lock's holder does on leaving (what that reads, only the world and this
+ * hit write: see tpi_front_hit_resize_slot). */
 TPI_NOINLINE static tp_status alloc_slot(tp_pool *pool, tpi_front_stream *fs, uint64_t size, size_t bytes,
                                          void **out_ptr, uint64_t word) {
     tpi_live_entry block;

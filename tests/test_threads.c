@@ -673,19 +673,19 @@ static void forget_streams_while_threads_hit_segment(void) { forget_streams_whil
 static void two_threads_free_each_others_blocks_vmm(void) { two_threads_free_each_others_blocks(TP_POOL_VMM); }
 static void two_threads_free_each_others_blocks_segment(void) { two_threads_free_each_others_blocks(TP_POOL_SEGMENT); }
 
-/* ------------------------------------------ a lone stream's resize hits */
+/* ------------------------------------- the last-freed block resized by a hit */
 
-typedef struct lone_alloc {
+typedef struct held_alloc {
     tp_pool *pool;
     tp_stream stream;
     uint64_t bytes;
     void *ptr;
     tp_status status;
     atomic_int done;
-} lone_alloc;
+} held_alloc;
 
-static void *lone_alloc_main(void *arg) {
-    lone_alloc *a = arg;
+static void *held_alloc_main(void *arg) {
+    held_alloc *a = arg;
     a->status = tp_pool_alloc(a->pool, a->bytes, a->stream, &a->ptr);
     atomic_store(&a->done, 1);
     return NULL;
@@ -702,11 +702,11 @@ static void open_vmm_pool(tp_device **out_dev, tp_pool **out_pool) {
  * own while this thread holds the pool's mutex, finishes within wait_ms;
  * the mutex is then let go and the thread joined (*a says how it went). */
 static bool allocates_beside_the_held_mutex(tp_pool *pool, tp_stream stream, uint64_t bytes, int wait_ms,
-                                            lone_alloc *a) {
-    *a = (lone_alloc){.pool = pool, .stream = stream, .bytes = bytes};
+                                            held_alloc *a) {
+    *a = (held_alloc){.pool = pool, .stream = stream, .bytes = bytes};
     pthread_t thread;
     pthread_mutex_lock(&pool->lock);
-    if (pthread_create(&thread, NULL, lone_alloc_main, a) != 0) {
+    if (pthread_create(&thread, NULL, held_alloc_main, a) != 0) {
         pthread_mutex_unlock(&pool->lock);
         REQUIRE(false);
     }
@@ -720,21 +720,34 @@ static bool allocates_beside_the_held_mutex(tp_pool *pool, tp_stream stream, uin
     return finished;
 }
 
-/* With one stream on the pool, the block in the last-freed slot, asked
- * for again in another size, is resized where it lies on the hit path:
- * the pool's mutex, held by this thread, does not stop it, smaller or
- * larger. Once a second stream has used the pool, the same request waits
- * for the mutex: only the lone stream's lock keeps everyone else out. */
-static void a_lone_stream_resizes_the_last_freed_block_without_the_pool_lock(void) {
+/* The block in the last-freed slot, asked for again in another size on
+ * the stream that freed it, is resized where it lies on the hit path: the
+ * pool's mutex, held by this thread, does not stop it, smaller or larger,
+ * with one stream on the pool or two. Another stream's large request waits
+ * for the mutex: the slot is not its own, so its allocation is the locked
+ * path's (which gives the slot's block back first). */
+static void the_last_freed_block_is_resized_without_the_pool_lock(void) {
     tp_device *dev = NULL;
     tp_pool *pool = NULL;
     open_vmm_pool(&dev, &pool);
     void *block = NULL;
     CHECK_OK(tp_pool_alloc(pool, 6 << 20, TP_STREAM_DEFAULT, &block));
     CHECK_OK(tp_pool_free(pool, block, TP_STREAM_DEFAULT));
-    const uint64_t sizes[] = {4 << 20, 5 << 20, 3 << 20}; /* smaller, larger again, smaller */
+    tp_stream other;
+    REQUIRE(tp_stream_create(dev, &other) == TP_OK);
+    const uint64_t sizes[] = {4 << 20, 5 << 20, 3 << 20, 4 << 20}; /* smaller, larger again, smaller, larger */
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
-        lone_alloc a;
+        if (i == 2) {
+            /* A second stream uses the pool from here on (its first
+             * allocation, a locked one, gives the slot's block back: the
+             * default stream parks one again). */
+            void *theirs = NULL;
+            CHECK_OK(tp_pool_alloc(pool, 4096, other, &theirs));
+            CHECK_OK(tp_pool_free(pool, theirs, other));
+            CHECK_OK(tp_pool_alloc(pool, 6 << 20, TP_STREAM_DEFAULT, &block));
+            CHECK_OK(tp_pool_free(pool, block, TP_STREAM_DEFAULT));
+        }
+        held_alloc a;
         CHECK_MSG(allocates_beside_the_held_mutex(pool, TP_STREAM_DEFAULT, sizes[i], 2000, &a),
                   "the resize of %llu bytes waited for the pool's mutex", (unsigned long long)sizes[i]);
         CHECK_OK(a.status);
@@ -742,63 +755,68 @@ static void a_lone_stream_resizes_the_last_freed_block_without_the_pool_lock(voi
         CHECK_OK(tp_pool_free(pool, a.ptr, TP_STREAM_DEFAULT));
         expect_pool_consistent(pool);
     }
-    tp_stream other;
-    REQUIRE(tp_stream_create(dev, &other) == TP_OK);
-    void *theirs = NULL;
-    CHECK_OK(tp_pool_alloc(pool, 4096, other, &theirs));
-    CHECK_OK(tp_pool_free(pool, theirs, other));
-    lone_alloc a;
-    CHECK_FALSE(allocates_beside_the_held_mutex(pool, TP_STREAM_DEFAULT, 4 << 20, 200, &a));
+    held_alloc a;
+    CHECK_FALSE(allocates_beside_the_held_mutex(pool, other, 4 << 20, 200, &a));
     CHECK_OK(a.status); /* (once the mutex was let go) */
-    CHECK_OK(tp_pool_free(pool, a.ptr, TP_STREAM_DEFAULT));
+    CHECK_OK(tp_pool_free(pool, a.ptr, other));
     expect_pool_consistent(pool);
     CHECK_OK(tp_pool_destroy(pool));
     CHECK_OK(tp_stream_destroy(dev, other));
     CHECK_OK(tp_device_close(dev));
 }
 
+#define RESIZERS 3
+
 typedef struct resizer {
     tp_pool *pool;
-    atomic_int stop;
+    tp_stream stream;
+    atomic_int *stop;
+    unsigned long long seed;
     int errors;
     unsigned long long pairs;
 } resizer;
 
-/* Large temporaries of changing sizes, one at a time, with a small one
- * between (the bins' hit, which leaves the slot alone): on one stream,
- * most of them resized in place on the hit path. */
+/* Large temporaries of changing sizes on its own stream, one at a time,
+ * with a small one between (the bins' hit, which leaves the slot alone):
+ * whenever the pool's one last-freed slot holds this stream's block, the
+ * next large one resizes it in place on the hit path if it can. */
 static void *resizer_main(void *arg) {
     resizer *r = arg;
-    uint64_t state = 12345;
-    while (!atomic_load(&r->stop)) {
+    uint64_t state = r->seed;
+    while (!atomic_load(r->stop)) {
         state = state * 6364136223846793005ull + 1442695040888963407ull;
         uint64_t large = (128 << 10) + ((state >> 33) % (16 << 20));
         void *p = NULL, *q = NULL;
-        if (tp_pool_alloc(r->pool, large, TP_STREAM_DEFAULT, &p) != TP_OK ||
-            tp_pool_alloc(r->pool, 4096, TP_STREAM_DEFAULT, &q) != TP_OK ||
-            tp_pool_free(r->pool, p, TP_STREAM_DEFAULT) != TP_OK || tp_pool_free(r->pool, q, TP_STREAM_DEFAULT) != TP_OK)
+        if (tp_pool_alloc(r->pool, large, r->stream, &p) != TP_OK ||
+            tp_pool_alloc(r->pool, 4096, r->stream, &q) != TP_OK || tp_pool_free(r->pool, p, r->stream) != TP_OK ||
+            tp_pool_free(r->pool, q, r->stream) != TP_OK)
             r->errors++;
         r->pairs += 2;
     }
     return NULL;
 }
 
-/* The lone stream's resize hits against everything that takes the world
- * lock -- statistics, the checker, trim and tick -- on another thread
- * (under ThreadSanitizer in CI): no error, the checker content, nothing
- * left once the stream stops. */
-static void a_lone_stream_resizes_beside_stats_check_trim_and_tick(void) {
+/* One stream, then three, resizing their last-freed blocks against
+ * everything that takes the world lock -- statistics, the checker, trim
+ * and tick -- on this thread (under ThreadSanitizer in CI): no error, the
+ * checker content, nothing left once the streams stop. */
+static void resizes_beside_stats_check_trim_and_tick(int streams) {
     tp_device *dev = NULL;
     tp_pool *pool = NULL;
     open_vmm_pool(&dev, &pool);
-    resizer r = {.pool = pool};
-    pthread_t thread;
-    REQUIRE(pthread_create(&thread, NULL, resizer_main, &r) == 0);
+    atomic_int stop = 0;
+    resizer r[RESIZERS];
+    pthread_t threads[RESIZERS];
+    for (int i = 0; i < streams; i++) {
+        r[i] = (resizer){.pool = pool, .stream = TP_STREAM_DEFAULT, .stop = &stop, .seed = 12345 + (unsigned)i};
+        if (i) REQUIRE(tp_stream_create(dev, &r[i].stream) == TP_OK);
+        REQUIRE(pthread_create(&threads[i], NULL, resizer_main, &r[i]) == 0);
+    }
     for (int round = 0; round < 400; round++) {
         tp_pool_stats s;
         CHECK_OK(tp_pool_get_stats(pool, &s));
-        CHECK_LE_U64(s.allocs - s.frees, 2);
-        CHECK_LE_U64(s.allocated_bytes.current, (128 << 10) + (16 << 20) + 4096);
+        CHECK_LE_U64(s.allocs - s.frees, 2 * (uint64_t)streams);
+        CHECK_LE_U64(s.allocated_bytes.current, (uint64_t)streams * ((128 << 10) + (16 << 20) + 4096));
         expect_pool_consistent(pool);
         if (round % 8 == 0) {
             uint64_t released = 0;
@@ -807,21 +825,34 @@ static void a_lone_stream_resizes_beside_stats_check_trim_and_tick(void) {
         if (round % 8 == 4) CHECK_OK(tp_pool_tick(pool));
         sched_yield();
     }
-    atomic_store(&r.stop, 1);
-    pthread_join(thread, NULL);
-    CHECK_EQ_I64(r.errors, 0);
+    atomic_store(&stop, 1);
+    unsigned long long pairs = 0;
+    for (int i = 0; i < streams; i++) {
+        pthread_join(threads[i], NULL);
+        CHECK_EQ_I64(r[i].errors, 0);
+        pairs += r[i].pairs;
+    }
     tp_pool_stats s;
     CHECK_OK(tp_pool_get_stats(pool, &s));
-    CHECK_EQ_U64(s.allocs, r.pairs);
+    CHECK_EQ_U64(s.allocs, pairs);
     CHECK_EQ_U64(s.allocated_bytes.current, 0);
     CHECK_EQ_U64(s.hazards, 0);
     uint64_t released = 0;
     CHECK_OK(tp_pool_trim(pool, 0, &released));
     CHECK_OK(tp_pool_get_stats(pool, &s));
     CHECK_EQ_U64(s.reserved_bytes.current, 0);
-    printf("  %llu allocations, large ones of changing sizes\n", (unsigned long long)s.allocs);
+    printf("  %d stream%s: %llu allocations, large ones of changing sizes\n", streams, streams == 1 ? "" : "s",
+           (unsigned long long)s.allocs);
     CHECK_OK(tp_pool_destroy(pool));
+    for (int i = 1; i < streams; i++) CHECK_OK(tp_stream_destroy(dev, r[i].stream));
     CHECK_OK(tp_device_close(dev));
+}
+
+static void one_stream_resizes_beside_stats_check_trim_and_tick(void) {
+    resizes_beside_stats_check_trim_and_tick(1);
+}
+static void three_streams_resize_beside_stats_check_trim_and_tick(void) {
+    resizes_beside_stats_check_trim_and_tick(RESIZERS);
 }
 
 static const test_case tests[] = {
@@ -837,8 +868,9 @@ static const test_case tests[] = {
     TEST_CASE(captures_beside_other_threads_segment),
     TEST_CASE(the_simulated_clock_loses_no_step),
     TEST_CASE(threads_share_the_last_freed_slot),
-    TEST_CASE(a_lone_stream_resizes_the_last_freed_block_without_the_pool_lock),
-    TEST_CASE(a_lone_stream_resizes_beside_stats_check_trim_and_tick),
+    TEST_CASE(the_last_freed_block_is_resized_without_the_pool_lock),
+    TEST_CASE(one_stream_resizes_beside_stats_check_trim_and_tick),
+    TEST_CASE(three_streams_resize_beside_stats_check_trim_and_tick),
 };
 
 int main(int argc, char **argv) { return TEST_MAIN("test_threads", tests, argc, argv); }
