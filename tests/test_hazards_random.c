@@ -17,8 +17,8 @@
  *     map-call size, invariant checks after every call or not, the virtual
  *     clock at the start (0 or later);
  *   - 1 to 5 streams (sometimes the default stream among them; one on
- *     about one seed in sixteen: the pool's lone front stream, whose hits
- *     also resize the last-freed block);
+ *     about one seed in sixteen, where the pool has a single front stream
+ *     and its hits fill the last-freed slot with plain stores);
  *   - graph-cache activity on about a third of the seeds: a cache attached
  *     to the pool (its reclaim callback evicts under pressure), keys
  *     prepared with pins of live blocks, launched, updated, evicted, ticked.

@@ -52,8 +52,8 @@ static bool alloc_checked(tp_pool *pool, const model *m, uint64_t bytes, tp_stre
     return true;
 }
 
-/* On stream_count streams (1..MAX_STREAMS): with one, the pool has a single
- * front stream, whose hits may also resize the last-freed block. */
+/* On stream_count streams (1..MAX_STREAMS); with one, a quarter of the
+ * operations are temporaries that resize the last-freed block. */
 static void run(tp_pool_kind kind, unsigned long long seed, int ops, int stream_count) {
     tp_pool_config pc = {.kind = kind,
                          .limit_bytes = 1536 * TEST_MiB,
@@ -80,7 +80,8 @@ static void run(tp_pool_kind kind, unsigned long long seed, int ops, int stream_
              * A temporary of 64 KiB..64 MiB, written and freed at once: the
              * next one finds the block in the last-freed slot and, asking
              * for another size, has it resized where it lies when it can
-             * (on the hit path: the pool has one front stream). */
+             * (on the hit path), over and over: what the several streams'
+             * operations rarely do, the slot being one for the pool. */
             uint64_t bytes = rng_log_uniform(&rng, 64 * 1024, 64 * TEST_MiB), address;
             if (!alloc_checked(pool, &m, bytes, streams[0], &ooms, &address)) continue;
             tp_range r = {address, bytes};
