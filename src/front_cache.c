@@ -372,9 +372,7 @@ bool tpi_front_hit_resize_slot(tpi_front *f, tpi_front_stream *fs, uint64_t size
     uint32_t node = (uint32_t)word;
     f->world_epoch++; /* the range allocator may move: what hits found out before is stale */
     if (!slot_resize(f, node, size, fs->slot)) return false;
-    /* The slot's fields before the word empties, as tpi_front_hit_take_slot. */
     *out = (tpi_live_entry){f->slot_offset, bytes, size, node, 0};
-    atomic_store_explicit(&f->slot_word, TPI_FRONT_SLOT_EMPTY, memory_order_release);
     return true;
 }
 

@@ -477,14 +477,22 @@ static inline bool tpi_front_hit_take_slot(tpi_front *f, uint64_t size, uint64_t
 /* Resize the slot (calls the backing): the slot's block, picked, of
  * another size than size, resized to size where it lies when release and
  * placement would put it there (the backing's resize_block, as
- * tpi_front_pop does under the world lock) and taken into *out; false: the
- * locked path. The range allocator and the pages it changes are otherwise
- * the world's: the world waits for fs's lock, and no other hit reads them
- * (a hit reads the range allocator only to take the slot's block, and only
+ * tpi_front_pop does under the world lock), into *out; false: the locked
+ * path. The range allocator and the pages it changes are otherwise the
+ * world's: the world waits for fs's lock, and no other hit reads them (a
+ * hit reads the range allocator only to take the slot's block, and only
  * while the word names its own stream -- here it names fs's), so fs's lock
- * is enough. It raises world_epoch: the range allocator moves. */
+ * is enough. It raises world_epoch: the range allocator moves. The word
+ * still names fs afterwards: the caller reads what else the resize may
+ * have changed (the idle pages) and then empties it
+ * (tpi_front_hit_slot_emptied), after which another stream may fill the
+ * slot and resize its own block. */
 bool tpi_front_hit_resize_slot(tpi_front *f, tpi_front_stream *fs, uint64_t size, uint64_t bytes, uint64_t word,
                                tpi_live_entry *out);
+/* The slot's block taken (resized) by the stream the word names. */
+static inline void tpi_front_hit_slot_emptied(tpi_front *f) {
+    atomic_store_explicit(&f->slot_word, TPI_FRONT_SLOT_EMPTY, memory_order_release);
+}
 
 /* Record (no call): the block taken, live on the stream and counted. */
 static inline void tpi_front_hit_record(tpi_front_stream *fs, const tpi_live_entry *block) {

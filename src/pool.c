@@ -421,8 +421,9 @@ static inline tp_status alloc_recorded(tp_pool *pool, tpi_front_stream *fs, cons
 /* The last-freed slot picked on fs (its word): taken if in place, or, a
  * block of another size, resized where it is if it can be. A resize may
  * leave pages idle: when upkeep is due is worked out again, as the world
- * lock's holder does on leaving (what that reads, only the world and this
- * hit write: see tpi_front_hit_resize_slot). */
+ * lock's holder does on leaving, while the word still names fs (what that
+ * reads, only the world and the slot's stream write: see
+ * tpi_front_hit_resize_slot), and then the word is emptied. */
 TPI_NOINLINE static tp_status alloc_slot(tp_pool *pool, tpi_front_stream *fs, uint64_t size, size_t bytes,
                                          void **out_ptr, uint64_t word) {
     tpi_live_entry block;
@@ -433,6 +434,7 @@ TPI_NOINLINE static tp_status alloc_slot(tp_pool *pool, tpi_front_stream *fs, ui
         if (!tpi_front_hit_resize_slot(&pool->front, fs, size, bytes, word, &block))
             return alloc_after_miss(pool, fs, size, bytes, fs->handle, out_ptr);
         atomic_store_explicit(&pool->upkeep_due_ns, upkeep_due_locked(pool), memory_order_relaxed);
+        tpi_front_hit_slot_emptied(&pool->front);
     }
     return alloc_recorded(pool, fs, &block, out_ptr, true);
 }
