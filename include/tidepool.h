@@ -30,8 +30,9 @@
  *     device or of pools and caches created on it.
  *   - tp_pool: alloc, free, trim, tick, stats, pin/unpin and capture calls may
  *     come from several threads at once. An alloc or free served from the
- *     stream's cache takes only that stream's lock, so threads on different
- *     streams run in parallel; every other call takes the pool's lock, waits
+ *     stream's cache (its parked blocks, or the pool's last-freed block
+ *     when the stream freed it, reused or resized where it lies) takes only
+ *     that stream's lock, so threads on different streams run in parallel; every other call takes the pool's lock, waits
  *     for the calls being served from stream caches and keeps new ones out,
  *     and sees one consistent pool (currents, totals and counters exact;
  *     peaks: see tp_stat).
