@@ -32,10 +32,11 @@
  *     come from several threads at once. An alloc or free served from the
  *     stream's cache (its parked blocks, or the pool's last-freed block
  *     when the stream freed it, reused or resized where it lies) takes only
- *     that stream's lock, so threads on different streams run in parallel; every other call takes the pool's lock, waits
- *     for the calls being served from stream caches and keeps new ones out,
- *     and sees one consistent pool (currents, totals and counters exact;
- *     peaks: see tp_stat).
+ *     that stream's lock, so threads on different streams run in parallel;
+ *     every other call takes the pool's lock, waits for the calls being
+ *     served from stream caches and keeps new ones out, and sees one
+ *     consistent pool (currents, totals and counters exact; peaks: see
+ *     tp_stat).
  *     A stream may be used from several threads (they take turns).
  *     tp_pool_destroy must not race with any other call on that pool.
  *     Reclaim callbacks run on the thread whose allocation ran out of memory,

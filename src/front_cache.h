@@ -64,8 +64,9 @@
  * under its stream lock alone. That is safe because the world waits for
  * that lock and no other hit reads either of them: a hit reads the range
  * allocator only to take the slot's block, while the word names its own
- * stream, and never reads the units' state (the clock only). The hit path takes exactly one stream lock and nothing
- * after it but the device's (the hazard checker). One exception: a missed
+ * stream, and never reads the units' state (the clock only). The hit path
+ * takes exactly one stream lock and nothing after it but the device's (the
+ * hazard checker). One exception: a missed
  * hit may keep its stream lock while it tries (never waits for) the mutex;
  * holding both, it raises the gate and waits for the other stream locks
  * (tpi_front_world_enter's held), whose holders are hits that wait for
