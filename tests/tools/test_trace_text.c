@@ -66,7 +66,7 @@ static size_t random_line(char *out, size_t cap) {
     int n = snprintf(out, cap, "%s,%s,%s,%s,%s%s", t, rnd() % 2 ? "alloc" : "free", a, s, st, ends[rnd() % 5]);
     size_t length = (size_t)n;
     if (rnd() % 4 == 0 && length) { /* mutate one byte */
-        const char junk[] = ",x-0 9\n\r\0aF";
+        const char junk[] = ",x-0 9\n\r\0aF:/\xff";
         out[rnd() % length] = junk[rnd() % (sizeof junk - 1)];
     }
     return length;
@@ -80,6 +80,7 @@ static void test_fast_matches_careful(void) {
     for (int i = 0; i < 200000; i++) {
         size_t length = random_line(line, sizeof line);
         if (length > 1 && memchr(line, '\n', length - 1)) continue; /* a newline put inside: two lines */
+        memset(line + length, '7', 16); /* digits past the end, which neither path may read as the line's */
         trace_event fast = {0}, careful = {0};
         char fast_what[300] = "", careful_what[300] = "";
         trace_text_result result;
@@ -99,6 +100,68 @@ static void test_fast_matches_careful(void) {
         if (check_failures) return;
     }
     CHECK(accepted > 10000 && refused > 10000); /* both sides exercised */
+}
+
+/* A well-formed tidepool line (no newline): numbers of 1 to 19 digits, so
+ * that every length of a number meets every offset in a word. */
+static size_t good_line(char *out, size_t cap) {
+    char numbers[4][24];
+    for (int i = 0; i < 4; i++) {
+        int digits = 1 + (int)(rnd() % (i == 0 ? 16 : 19)); /* the time in us stays below UINT64_MAX / 1000 */
+        for (int d = 0; d < digits; d++) numbers[i][d] = (char)('0' + rnd() % 10);
+        numbers[i][digits] = '\0';
+    }
+    int n = snprintf(out, cap, "%s,%s,%s,%s,%s%s", numbers[0], rnd() % 2 ? "alloc" : "free", numbers[1], numbers[2],
+                     numbers[3], rnd() % 8 ? "" : "\r");
+    return (size_t)n;
+}
+
+/* The same in blocks of lines, as the reader hands them to the parser:
+ * whole lines, each ending in a newline, so that the fast path reads its
+ * numbers eight bytes at a time (it does so only with eight bytes left
+ * before the block's end, which a lone line seldom has) and its words run
+ * on into the next line. The block parses to the careful path's events up
+ * to its first refused line, and then stops with its message. */
+static void test_fast_matches_careful_in_blocks(void) {
+    enum { LINES = 48 };
+    static char text[LINES * 200];
+    static trace_event fast[LINES], careful[LINES];
+    int refusals = 0, events_seen = 0;
+    for (int block = 0; block < 6000; block++) {
+        size_t length = 0, line_starts[LINES + 1];
+        for (int i = 0; i < LINES; i++) {
+            line_starts[i] = length;
+            char line[200];
+            size_t n = rnd() % 16 ? good_line(line, sizeof line) : random_line(line, sizeof line);
+            while (n && line[n - 1] == '\n') n--;
+            if (memchr(line, '\n', n) || memchr(line, '\0', n)) n = 0; /* keep one line each */
+            memcpy(text + length, line, n);
+            text[length + n] = '\n';
+            length += n + 1;
+        }
+        line_starts[LINES] = length;
+        size_t want = 0;
+        char careful_what[300] = "", fast_what[300] = "";
+        bool refused = false;
+        for (int i = 0; i < LINES && !refused; i++) {
+            int got = trace_text_parse_line(TRACE_FORMAT_TIDEPOOL, text + line_starts[i],
+                                            line_starts[i + 1] - line_starts[i], &careful[want], careful_what,
+                                            sizeof careful_what);
+            if (got < 0) refused = true;
+            else want += (size_t)got;
+        }
+        trace_text_result result;
+        bool ok = trace_text_parse(TRACE_FORMAT_TIDEPOOL, text, length, fast, &result, fast_what, sizeof fast_what);
+        CHECK_MSG(ok == !refused && result.events == want, "block %d: fast %s with %zu events, careful %s with %zu",
+                  block, ok ? "accepted" : fast_what, result.events, refused ? careful_what : "accepted", want);
+        if (refused) CHECK_MSG(!strcmp(fast_what, careful_what), "fast '%s', careful '%s'", fast_what, careful_what);
+        for (size_t i = 0; i < want && i < result.events; i++)
+            CHECK_MSG(same_event(&fast[i], &careful[i]), "block %d, event %zu differs", block, i);
+        refusals += refused;
+        events_seen += (int)want;
+        if (check_failures) return;
+    }
+    CHECK(refusals > 1000 && events_seen > 50000); /* both sides exercised */
 }
 
 /* Reads r to the end with threads workers and closes it: the number of
@@ -609,7 +672,8 @@ static void test_worker_process_death(void) {
 }
 
 static const test_case tests[] = {
-    TEST_CASE(test_fast_matches_careful), TEST_CASE(test_strict_lines),        TEST_CASE(test_block_boundaries),
+    TEST_CASE(test_fast_matches_careful), TEST_CASE(test_fast_matches_careful_in_blocks),
+    TEST_CASE(test_strict_lines),        TEST_CASE(test_block_boundaries),
     TEST_CASE(test_sources_and_threads),  TEST_CASE(test_parallel_real_trace), TEST_CASE(test_damage_with_threads),
     TEST_CASE(test_inflater_gives_up),
     TEST_CASE(test_damage_when_the_output_fills),
