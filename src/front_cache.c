@@ -353,7 +353,8 @@ uint32_t tpi_front_pop(tpi_front *f, uint64_t size, uint32_t slot) {
         uint32_t node = (uint32_t)word;
         if (word != TPI_FRONT_SLOT_EMPTY && (uint32_t)(word >> 32) == slot &&
             ((f->slot_size == size && tpi_ra_release_lands_in_place(&f->core->ra, node, size)) ||
-             (f->slot_size != size && slot_resize(f, node, size, slot)))) {
+             (f->slot_size != size && (word != f->resize_failed_word || size != f->resize_failed_size) &&
+              slot_resize(f, node, size, slot)))) {
             atomic_store_explicit(&f->slot_word, TPI_FRONT_SLOT_EMPTY, memory_order_relaxed);
             return node;
         }
@@ -370,8 +371,12 @@ uint32_t tpi_front_pop(tpi_front *f, uint64_t size, uint32_t slot) {
 bool tpi_front_hit_resize_slot(tpi_front *f, tpi_front_stream *fs, uint64_t size, uint64_t bytes, uint64_t word,
                                tpi_live_entry *out) {
     uint32_t node = (uint32_t)word;
-    f->world_epoch++; /* the range allocator may move: what hits found out before is stale */
-    if (!slot_resize(f, node, size, fs->slot)) return false;
+    if (!slot_resize(f, node, size, fs->slot)) { /* (the range allocator as it was) */
+        f->resize_failed_word = word;
+        f->resize_failed_size = size;
+        return false;
+    }
+    f->world_epoch++; /* the range allocator moved: what hits found out before is stale */
     *out = (tpi_live_entry){f->slot_offset, bytes, size, node, 0};
     return true;
 }

@@ -201,6 +201,11 @@ typedef struct tpi_front {
     uint64_t in_place_epoch;
     uint32_t in_place_node;
     bool in_place;
+    /* The slot's word and the size of the latest resize of its block that
+     * failed on the hit path, which the locked path then does not try
+     * again (tpi_front_pop). Written by the stream the word names, under
+     * its lock; read under the world lock. */
+    uint64_t resize_failed_word, resize_failed_size;
 } tpi_front;
 
 tp_status tpi_front_init(tpi_front *front, tpi_core *core, tpi_backing *backing, uint64_t limit_bytes,
@@ -275,7 +280,11 @@ bool tpi_front_push(tpi_front *front, uint32_t slot, uint32_t node, uint64_t off
  * last-freed slot's block reused in place, or resized where it is), or
  * TPI_RA_NONE, the last-freed slot then released (the allocation looks for
  * room next). A bin's block leaves the slot as it is, as the hit path's
- * pick does. */
+ * pick does. A resize the hit path has tried (the same word and size:
+ * resize_failed_word) is not tried again: the block is released, and were
+ * the range allocator to have moved since, so that the resize would now
+ * succeed, the search after the release finds the same place (a resize is
+ * made only where it would). */
 uint32_t tpi_front_pop(tpi_front *front, uint64_t size, uint32_t slot);
 /* Does a request of size bytes on slot look like the next copy of a buffer
  * reallocated a little larger each time (allocate the larger, copy, free
@@ -483,11 +492,12 @@ static inline bool tpi_front_hit_take_slot(tpi_front *f, uint64_t size, uint64_t
  * world's: the world waits for fs's lock, and no other hit reads them (a
  * hit reads the range allocator only to take the slot's block, and only
  * while the word names its own stream -- here it names fs's), so fs's lock
- * is enough. It raises world_epoch: the range allocator moves. The word
- * still names fs afterwards: the caller reads what else the resize may
- * have changed (the idle pages) and then empties it
- * (tpi_front_hit_slot_emptied), after which another stream may fill the
- * slot and resize its own block. */
+ * is enough. A resize raises world_epoch: the range allocator moved (one
+ * that fails leaves its ranges as they were, and the locked path does not
+ * try it again: resize_failed_word). The word still names fs afterwards:
+ * the caller reads what else the resize may have changed (the idle pages)
+ * and then empties it (tpi_front_hit_slot_emptied), after which another
+ * stream may fill the slot and resize its own block. */
 bool tpi_front_hit_resize_slot(tpi_front *f, tpi_front_stream *fs, uint64_t size, uint64_t bytes, uint64_t word,
                                tpi_live_entry *out);
 /* The slot's block taken (resized) by the stream the word names. */
