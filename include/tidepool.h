@@ -339,13 +339,18 @@ TP_API tp_status tp_pool_forget_stream(tp_pool *pool, tp_stream stream);
 
 /* Releases idle memory until the pool holds at most target_reserved_bytes,
  * oldest idle first, waiting for queued work where it must. Memory in use or
- * pinned is never released. */
+ * pinned is never released. (On CUDA, a segment pool gives a segment back
+ * with cuMemFree, which returns only once all work queued on the device is
+ * done: the calling thread waits for that, other threads go on.) */
 TP_API tp_status tp_pool_trim(tp_pool *pool, uint64_t target_reserved_bytes, uint64_t *out_released_bytes);
 /* Time-driven upkeep for hosts that may go quiet: releases memory idle
  * longer than idle_release_ns above the threshold, and, once no alloc or
  * free has happened since the previous tick, the blocks parked for quick
  * reuse (a large parked block freed longer than idle_release_ns ago goes
- * even from a busy pool). Cheap; call it now and then (e.g. once a second). */
+ * even from a busy pool). Cheap; call it now and then (e.g. once a second).
+ * A segment pool on CUDA that gives a segment back waits here for the
+ * device's queued work (see tp_pool_trim): a thread of its own, like the
+ * PyTorch shim's upkeep thread, keeps that off the thread that launches. */
 TP_API tp_status tp_pool_tick(tp_pool *pool);
 
 /* A callback the out-of-memory ladder calls when releasing the pool's own
