@@ -9,6 +9,7 @@
  * ThreadSanitizer by CI. Invariants: no error, no hazard, consistent
  * statistics, nothing leaked. */
 #include "check.h"
+#include "fixture.h"
 #include "pool_object.h" /* the pool's mutex, held by a test below */
 
 #include <pthread.h>
@@ -691,13 +692,6 @@ static void *held_alloc_main(void *arg) {
     return NULL;
 }
 
-/* A default VMM pool on a simulated device of its own. */
-static void open_vmm_pool(tp_device **out_dev, tp_pool **out_pool) {
-    REQUIRE(tp_device_open("sim:8GiB", NULL, out_dev) == TP_OK);
-    tp_pool_config pc = {.kind = TP_POOL_VMM};
-    REQUIRE(tp_pool_create(*out_dev, &pc, out_pool) == TP_OK);
-}
-
 /* Whether the allocation of `bytes` on `stream`, made on a thread of its
  * own while this thread holds the pool's mutex, finishes within wait_ms;
  * the mutex is then let go and the thread joined (*a says how it went). */
@@ -727,9 +721,10 @@ static bool allocates_beside_the_held_mutex(tp_pool *pool, tp_stream stream, uin
  * for the mutex: the slot is not its own, so its allocation is the locked
  * path's (which gives the slot's block back first). */
 static void the_last_freed_block_is_resized_without_the_pool_lock(void) {
-    tp_device *dev = NULL;
-    tp_pool *pool = NULL;
-    open_vmm_pool(&dev, &pool);
+    fixture f; /* (no invariant check after every call: it would take the pool's mutex) */
+    fixture_open_with(&f, "sim:8GiB", TP_POOL_VMM, NULL, false);
+    tp_device *dev = f.dev;
+    tp_pool *pool = f.pool;
     void *block = NULL;
     CHECK_OK(tp_pool_alloc(pool, 6 << 20, TP_STREAM_DEFAULT, &block));
     CHECK_OK(tp_pool_free(pool, block, TP_STREAM_DEFAULT));
@@ -760,9 +755,9 @@ static void the_last_freed_block_is_resized_without_the_pool_lock(void) {
     CHECK_OK(a.status); /* (once the mutex was let go) */
     CHECK_OK(tp_pool_free(pool, a.ptr, other));
     expect_pool_consistent(pool);
-    CHECK_OK(tp_pool_destroy(pool));
+    CHECK_OK(tp_pool_forget_stream(pool, other));
     CHECK_OK(tp_stream_destroy(dev, other));
-    CHECK_OK(tp_device_close(dev));
+    fixture_close(&f);
 }
 
 #define RESIZERS 3
@@ -801,9 +796,10 @@ static void *resizer_main(void *arg) {
  * and tick -- on this thread (under ThreadSanitizer in CI): no error, the
  * checker content, nothing left once the streams stop. */
 static void resizes_beside_stats_check_trim_and_tick(int streams) {
-    tp_device *dev = NULL;
-    tp_pool *pool = NULL;
-    open_vmm_pool(&dev, &pool);
+    fixture f;
+    fixture_open_with(&f, "sim:8GiB", TP_POOL_VMM, NULL, false);
+    tp_device *dev = f.dev;
+    tp_pool *pool = f.pool;
     atomic_int stop = 0;
     resizer r[RESIZERS];
     pthread_t threads[RESIZERS];
@@ -843,9 +839,11 @@ static void resizes_beside_stats_check_trim_and_tick(int streams) {
     CHECK_EQ_U64(s.reserved_bytes.current, 0);
     printf("  %d stream%s: %llu allocations, large ones of changing sizes\n", streams, streams == 1 ? "" : "s",
            (unsigned long long)s.allocs);
-    CHECK_OK(tp_pool_destroy(pool));
-    for (int i = 1; i < streams; i++) CHECK_OK(tp_stream_destroy(dev, r[i].stream));
-    CHECK_OK(tp_device_close(dev));
+    for (int i = 1; i < streams; i++) {
+        CHECK_OK(tp_pool_forget_stream(pool, r[i].stream));
+        CHECK_OK(tp_stream_destroy(dev, r[i].stream));
+    }
+    fixture_close(&f);
 }
 
 static void one_stream_resizes_beside_stats_check_trim_and_tick(void) {
