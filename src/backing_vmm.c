@@ -330,7 +330,16 @@ static tp_status map_block(vmm_backing *vmm, uint32_t id, uint64_t *out_need) {
  * device calls -28%, mean held/live 1.040 -> 1.037, worst 1.107 -> 1.100;
  * one workload pays (batched-serving, whose growth went to fresh address
  * space and kept its holes for the reallocations that follow: 1,120 ->
- * 3,732 calls); docs/results.md. */
+ * 3,732 calls); docs/results.md.
+ *
+ * Runs of unmapped pages are crossed a word of the units' mapped bitmap at
+ * a time, by the slide and by the count of a window's missing pages: a
+ * step whose page out and page in are both unmapped changes no count, so
+ * the slide takes a run of such steps at once (still paying its budget a
+ * page a step, so where it stops and what it picks are as before). Most
+ * steps are such steps where address space was given back: spec-decode
+ * spent 78% of its instructions sliding, 95% of the steps over unmapped
+ * pages; -74% instructions for the whole replay, its placement the same. */
 #define PLACE_SLIDE_PAGES_PER_MISSING 256
 typedef struct placement {
     uint64_t size;
@@ -408,7 +417,11 @@ static void fewest_missing_window(tpi_core *core, placement *pl, uint32_t id) {
     uint64_t missing = 0, blocked = 0;
     for (uint64_t p = first; p < first + width; p++) {
         page_kind kind = page_kind_for(core, pl->slot, p);
-        missing += kind == PAGE_UNMAPPED;
+        if (kind == PAGE_UNMAPPED) { /* and the unmapped pages after it */
+            uint64_t run = tpi_units_next_mapped(units, p + 1, first + width) - p;
+            missing += run;
+            p += run - 1;
+        }
         blocked += kind == PAGE_BLOCKED;
     }
     for (uint64_t p = first;; p++) {
@@ -423,8 +436,20 @@ static void fewest_missing_window(tpi_core *core, placement *pl, uint32_t id) {
             }
         }
         if (p >= last_start || p >= units->page_high || !pl->slide_budget) return;
-        pl->slide_budget--;
         page_kind out = page_kind_for(core, pl->slot, p), in = page_kind_for(core, pl->slot, p + width);
+        if (out == PAGE_UNMAPPED && in == PAGE_UNMAPPED) {
+            /* Steps whose page out and page in are both unmapped leave
+             * both counts as they are, so no window along them beats
+             * this one: take the whole run of them at once, at its
+             * price in budget, as far as the stops above allow. */
+            uint64_t bound = TPI_MIN(TPI_MIN(last_start, units->page_high) - p, pl->slide_budget);
+            uint64_t run = TPI_MIN(tpi_units_next_mapped(units, p + 1, p + bound) - p,
+                                   tpi_units_next_mapped(units, p + width + 1, p + width + bound) - (p + width));
+            pl->slide_budget -= run;
+            p += run - 1;
+            continue;
+        }
+        pl->slide_budget--;
         missing += (uint64_t)(in == PAGE_UNMAPPED) - (uint64_t)(out == PAGE_UNMAPPED);
         blocked += (uint64_t)(in == PAGE_BLOCKED) - (uint64_t)(out == PAGE_BLOCKED);
     }
@@ -450,8 +475,10 @@ static inline bool place_window(tpi_core *core, placement *pl, uint32_t id, uint
         tpi_unit *table = units->units;
         for (uint64_t p = tpi_page_of(units, at), last = tpi_page_of(units, at + pl->size - 1); p <= last; p++) {
             tpi_unit *unit = &table[p];
-            if (unit->state == TPI_UNIT_UNUSED) {
-                missing++;
+            if (unit->state == TPI_UNIT_UNUSED) { /* and the unmapped pages after it, a word at a time */
+                uint64_t run = tpi_units_next_mapped(units, p + 1, last + 1) - p;
+                missing += run;
+                p += run - 1;
             } else if (!tpi_order_tag_usable(&core->order, &unit->tag, pl->slot)) {
                 if (!blocked) blocked_at = at;
                 blocked = true;

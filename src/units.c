@@ -21,6 +21,21 @@
 #include <stdio.h>
 #include <string.h>
 
+static size_t mapped_words(size_t pages) { return (pages + 63) / 64; }
+
+/* Sets (value true) or clears bits [first, last] of mapped_bits. */
+static void mapped_bits_set(tpi_units *u, uint64_t first, uint64_t last, bool value) {
+    for (uint64_t p = first; p <= last;) {
+        uint64_t bit = p % 64, n = TPI_MIN(64 - bit, last + 1 - p);
+        uint64_t mask = (n == 64 ? ~0ull : ((1ull << n) - 1)) << bit;
+        if (value)
+            u->mapped_bits[p / 64] |= mask;
+        else
+            u->mapped_bits[p / 64] &= ~mask;
+        p += n;
+    }
+}
+
 tp_status tpi_units_init(tpi_units *u, const tpi_units_config *config, tp_device *device, tpi_ra *ra,
                          tpi_order *order, tpi_stats *stats) {
     memset(u, 0, sizeof *u);
@@ -45,11 +60,18 @@ tp_status tpi_units_init(tpi_units *u, const tpi_units_config *config, tp_device
         u->units = tpi_host_calloc(u->host, config->pages, sizeof *u->units);
         if (!u->units) return TP_ERR_HOST_OUT_OF_MEMORY;
         u->capacity = config->pages;
+        u->mapped_bits = tpi_host_calloc(u->host, mapped_words(u->capacity), sizeof *u->mapped_bits);
+        if (!u->mapped_bits) {
+            tpi_units_destroy(u);
+            return TP_ERR_HOST_OUT_OF_MEMORY;
+        }
     }
     return TP_OK;
 }
 
 void tpi_units_destroy(tpi_units *u) {
+    tpi_host_free(u->host, u->mapped_bits, mapped_words(u->capacity) * sizeof *u->mapped_bits);
+    u->mapped_bits = NULL;
     tpi_host_free(u->host, u->units, u->capacity * sizeof *u->units);
     u->units = NULL;
     u->capacity = 0;
@@ -101,6 +123,7 @@ void tpi_units_pages_mapped(tpi_units *u, uint64_t first, uint64_t last, uint64_
         else
             tpi_units_became_idle(u, (uint32_t)p, 0);
     }
+    mapped_bits_set(u, first, last, true);
     if (last + 1 > u->page_high) u->page_high = last + 1;
     uint64_t bytes = (last - first + 1) << u->page_shift;
     tpi_stats_reserved_changed(u->stats, (int64_t)bytes);
@@ -170,6 +193,7 @@ static tp_status release_pages(tpi_units *u, uint32_t id, uint64_t idle_before_n
         u->units[p].tag = TPI_TAG_CLEAN;
         u->count--;
     }
+    mapped_bits_set(u, first, last, false);
     tpi_stats_reserved_changed(u->stats, -(int64_t)bytes);
     tpi_observe(u->stats, TP_POOL_EVENT_DEVICE_FREE, tpi_page_address(u, first), bytes, TP_STREAM_DEFAULT);
     return TP_OK;
@@ -305,6 +329,8 @@ bool tpi_units_check(const tpi_units *u, char *msg, size_t msg_capacity) {
     uint64_t idle = 0, reserved = 0, listed = 0, in_use = 0;
     for (size_t i = 0; i < u->capacity; i++) {
         const tpi_unit *unit = &u->units[i];
+        if (u->kind == TPI_UNITS_PAGES && ((u->mapped_bits[i / 64] >> (i % 64)) & 1) != (unit->state != TPI_UNIT_UNUSED))
+            TPI_FAIL(msg, msg_capacity, "page %zu's mapped bit disagrees with its state", i);
         if (unit->state == TPI_UNIT_UNUSED) continue;
         in_use++;
         reserved += unit->bytes;

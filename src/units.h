@@ -21,9 +21,9 @@
  * Invariants (tpi_units_check): idle units are exactly the LRU list, in
  * order of idle_since_ns, and their bytes sum to idle_bytes; reserved bytes
  * (stats) equal the bytes of the units in use or idle; pages: a page is
- * UNUSED iff unmapped, none at or above page_high is mapped, and every
- * mapped page lies in its chunk, whose pages are all mapped and agree on
- * it.
+ * UNUSED iff unmapped, iff its bit in mapped_bits is clear; none at or
+ * above page_high is mapped, and every mapped page lies in its chunk, whose
+ * pages are all mapped and agree on it.
  *
  * Not thread-safe: the pool's lock is held around every call.
  */
@@ -79,6 +79,7 @@ typedef struct tpi_units {
     uint64_t page_bytes;
     uint32_t page_shift;
     uint64_t page_high; /* pages at or above this were never mapped */
+    uint64_t *mapped_bits; /* bit p set iff page p is mapped: placement skips unmapped runs a word at a time */
 } tpi_units;
 
 typedef struct tpi_units_config {
@@ -106,6 +107,20 @@ static inline uint64_t tpi_page_address(const tpi_units *units, uint64_t page) {
 }
 static inline bool tpi_page_mapped(const tpi_units *units, uint64_t page) {
     return units->units[page].state != TPI_UNIT_UNUSED;
+}
+/* The first mapped page in [from, limit), or limit if none is: so pages
+ * [from, result) are all unmapped (pages at or above page_high are). */
+static inline uint64_t tpi_units_next_mapped(const tpi_units *units, uint64_t from, uint64_t limit) {
+    uint64_t end = TPI_MIN(limit, units->page_high);
+    for (uint64_t p = from; p < end;) {
+        uint64_t word = units->mapped_bits[p / 64] >> (p % 64);
+        if (word) {
+            uint64_t found = p + (uint64_t)__builtin_ctzll(word);
+            return found < end ? found : limit;
+        }
+        p = (p / 64 + 1) * 64;
+    }
+    return limit;
 }
 
 /* Segments: a new entry (BUSY, zeroed) or TPI_UNIT_NONE; recycle gives it

@@ -1073,6 +1073,89 @@ static void test_vmm_parked_block_grown_in_place_only_over_mapped_pages(void) {
     fixture_close(&f);
 }
 
+/* Where six pages go when two free ranges are left: 44 pages from the
+ * start of the reservation, of which only the middle ones, pages 20 to
+ * 20 + mapped - 1, are mapped; and six pages further on, three of them
+ * mapped. Returns the block's page, counted from the start of the first
+ * range. */
+static long long six_pages_placed(uint64_t mapped) {
+    const uint64_t page = 2 * TEST_MiB;
+    tp_pool_config pc = {.release_threshold_bytes = TP_BYTES_UNLIMITED};
+    fixture f;
+    fixture_open(&f, "sim:1GiB", TP_POOL_VMM, &pc);
+    void *row[7], *placed = NULL;
+    blocks_in_a_row(&f, (const uint64_t[]){20, mapped, 24 - mapped, 1, 3, 3, 1}, row, 7);
+    CHECK_OK(tp_pool_free(f.pool, row[0], TP_STREAM_DEFAULT));
+    CHECK_OK(tp_pool_free(f.pool, row[2], TP_STREAM_DEFAULT));
+    CHECK_OK(tp_pool_free(f.pool, row[4], TP_STREAM_DEFAULT));
+    CHECK_OK(tp_pool_trim(f.pool, 0, NULL)); /* their pages, and any mapped ahead, go back */
+    CHECK_OK(tp_pool_free(f.pool, row[1], TP_STREAM_DEFAULT)); /* its pages stay mapped */
+    CHECK_OK(tp_pool_free(f.pool, row[5], TP_STREAM_DEFAULT)); /* and its three */
+    tp_pool_stats st;
+    CHECK_OK(tp_pool_get_stats(f.pool, &st));
+    CHECK_EQ_U64(st.reserved_bytes.current, (mapped + 5) * page);
+    REQUIRE_OK(tp_pool_alloc(f.pool, 6 * page, TP_STREAM_DEFAULT, &placed));
+    long long at = ((char *)placed - (char *)row[0]) / (long long)page;
+    CHECK_OK(tp_pool_free(f.pool, placed, TP_STREAM_DEFAULT));
+    CHECK_OK(tp_pool_free(f.pool, row[3], TP_STREAM_DEFAULT));
+    CHECK_OK(tp_pool_free(f.pool, row[6], TP_STREAM_DEFAULT));
+    fixture_close(&f);
+    return at;
+}
+
+/* A window inside a free range. Neither end of the first range (above)
+ * takes six pages without six new ones, so placement slides a window along
+ * it for one that needs fewer new pages than the second range's three. With
+ * four pages mapped, pages 18-23 need two: the block goes there. With
+ * three, no window needs fewer than three: it goes to the second range
+ * (page 45). The slide passes the runs of unmapped pages on both sides of
+ * the mapped ones in single steps (a window's counts cannot change along
+ * such a run); a count off by one either way fails one of the two. */
+static void test_vmm_window_inside_a_range_over_its_mapped_pages(void) {
+    long long at = six_pages_placed(4);
+    CHECK_MSG(at == 18, "four mapped: placed at page %lld", at);
+    at = six_pages_placed(3);
+    CHECK_MSG(at == 45, "three mapped: placed at page %lld", at);
+}
+
+/* A page another stream's queued work still uses, right after a run of
+ * unmapped pages at the start of a free range: a window there is blocked
+ * by it, however the run before it is counted, so a request of the first
+ * stream gets new pages past the live fence instead (the simulator counts
+ * a hand-out over the pending work as a hazard, which fixture_close
+ * rejects). */
+static void test_vmm_page_in_use_after_an_unmapped_run_blocks_the_window(void) {
+    const uint64_t page = 2 * TEST_MiB;
+    tp_pool_config pc = {.release_threshold_bytes = TP_BYTES_UNLIMITED};
+    fixture f;
+    fixture_open(&f, "sim:1GiB", TP_POOL_VMM, &pc);
+    tp_stream s1, s2;
+    REQUIRE_OK(tp_stream_create(f.dev, &s1));
+    REQUIRE_OK(tp_stream_create(f.dev, &s2));
+    const uint64_t pages[4] = {4, 1, 4, 1};
+    const tp_stream streams[4] = {s1, s2, s1, s1};
+    void *row[4], *placed = NULL;
+    for (int i = 0; i < 4; i++) {
+        REQUIRE_OK(tp_pool_alloc(f.pool, pages[i] * page, streams[i], &row[i]));
+        REQUIRE(i ? (char *)row[i] == (char *)row[i - 1] + pages[i - 1] * page : (uintptr_t)row[0] % page == 0);
+    }
+    CHECK_OK(tp_pool_free(f.pool, row[0], s1));
+    CHECK_OK(tp_pool_trim(f.pool, 0, NULL)); /* pages 0-3 unmapped */
+    launch(f.dev, s2, 1000 * MS, row[1], page); /* 1 s of work on page 4 */
+    CHECK_OK(tp_pool_free(f.pool, row[1], s2));
+    CHECK_OK(tp_pool_free(f.pool, row[2], s1)); /* pages 5-8: mapped, s1's */
+    REQUIRE_OK(tp_pool_alloc(f.pool, 5 * page, s1, &placed));
+    CHECK_MSG(placed == (char *)row[3] + page, "placed at page %+lld of the range",
+              (long long)(((char *)placed - (char *)row[0]) / (long long)page));
+    CHECK_OK(tp_pool_free(f.pool, placed, s1));
+    CHECK_OK(tp_pool_free(f.pool, row[3], s1));
+    CHECK_OK(tp_pool_forget_stream(f.pool, s1));
+    CHECK_OK(tp_pool_forget_stream(f.pool, s2));
+    CHECK_OK(tp_stream_destroy(f.dev, s1));
+    CHECK_OK(tp_stream_destroy(f.dev, s2));
+    fixture_close(&f);
+}
+
 /* The pool's held peak is within 1/64 (and two pages) of its live peak. */
 static void check_held_peak_near_live(tp_pool *pool, const char *shape) {
     const uint64_t page = 2 * TEST_MiB;
@@ -1138,6 +1221,8 @@ static const test_case tests[] = {
     TEST_CASE(test_vmm_parked_block_not_cut_onto_a_page_another_stream_uses),
     TEST_CASE(test_vmm_parked_block_cut_down_in_place_leaves_its_tail_idle),
     TEST_CASE(test_vmm_parked_block_grown_in_place_only_over_mapped_pages),
+    TEST_CASE(test_vmm_window_inside_a_range_over_its_mapped_pages),
+    TEST_CASE(test_vmm_page_in_use_after_an_unmapped_run_blocks_the_window),
     TEST_CASE(test_vmm_window_waits_for_every_blocking_stream),
     TEST_CASE(test_detach_during_a_reclaim_round_does_not_deadlock),
     TEST_CASE(test_unlimited_segment_pool_refuses_a_near_2_64_request),
