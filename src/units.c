@@ -329,7 +329,8 @@ bool tpi_units_check(const tpi_units *u, char *msg, size_t msg_capacity) {
     uint64_t idle = 0, reserved = 0, listed = 0, in_use = 0;
     for (size_t i = 0; i < u->capacity; i++) {
         const tpi_unit *unit = &u->units[i];
-        if (u->kind == TPI_UNITS_PAGES && ((u->mapped_bits[i / 64] >> (i % 64)) & 1) != (unit->state != TPI_UNIT_UNUSED))
+        if (u->kind == TPI_UNITS_PAGES &&
+            ((u->mapped_bits[i / 64] >> (i % 64)) & 1) != (unit->state != TPI_UNIT_UNUSED))
             TPI_FAIL(msg, msg_capacity, "page %zu's mapped bit disagrees with its state", i);
         if (unit->state == TPI_UNIT_UNUSED) continue;
         in_use++;
