@@ -8,24 +8,29 @@
 # and worst over all workloads and the total calls. Optionally the same for
 # trace files replayed once each.
 #
-#   scripts/scenario_seeds.sh [--tide PATH] [--pool POOL] [--seeds N] [--jobs N] [--length K] [TRACE...]
+#   scripts/scenario_seeds.sh [--tide PATH] [--pool POOL] [--seeds N] [--jobs N] [--length K] [--times] [TRACE...]
 #
 # POOL: vmm (default), segment, or a model of PyTorch's allocator to hold
 # them against: torch-default or torch-expandable (tide replay --help).
 # --length K runs every workload K times its default length (its --steps,
 # else --rounds, --requests or --minutes; one with none of them, such as
 # fa-decode, as it is): a peak that climbs with the run's length shows.
+# --times adds a column: the pool's host time per event (tide's ns/event),
+# the median over the runs. It varies from run to run, so the table is no
+# longer the same from one sweep to the next; without it, it is. A
+# workload whose time stands out is where the pool's own work is costly
+# (placement once slid over given-back pages for most of it: docs/results.md).
 #
 # Workloads without a --seed parameter run once. image-requests runs on a
 # 6 GiB device (VMM-capable for --pool vmm and torch-expandable), as its own
 # default has no VMM.
 set -euo pipefail
 
-usage() {
-    sed -n '3,21p' "$0" | sed 's/^# \{0,1\}//'
+usage() { # the comment at the top, from its third line
+    awk 'NR >= 3 && !/^#/ {exit} NR >= 3 {sub(/^# ?/, ""); print}' "$0"
 }
 
-tide=build/tide pool=vmm seeds=5 length=1 jobs=$(nproc 2>/dev/null || echo 2)
+tide=build/tide pool=vmm seeds=5 length=1 times=0 jobs=$(nproc 2>/dev/null || echo 2)
 traces=()
 while [ $# -gt 0 ]; do
     case $1 in
@@ -35,6 +40,7 @@ while [ $# -gt 0 ]; do
     --seeds) seeds=${2:?--seeds needs a number}; shift 2 ;;
     --jobs) jobs=${2:?--jobs needs a number}; shift 2 ;;
     --length) length=${2:?--length needs a number}; shift 2 ;;
+    --times) times=1; shift ;;
     -*) echo "scenario_seeds.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
     *) traces+=("$1"); shift ;;
     esac
@@ -91,7 +97,7 @@ one() {
             tail -5 "$scratch/$name.out" >&2
             return 1
         fi
-        awk -v pool="$pool" '$1 == pool {print $7, $10, $11}' "$scratch/$name.out" >>"$scratch/$name"
+        awk -v pool="$pool" '$1 == pool {print $7, $10, $11, $NF}' "$scratch/$name.out" >>"$scratch/$name"
     done
 }
 
@@ -113,17 +119,23 @@ if [ "$length" -gt 1 ]; then
     done | sed 's/; $//; s/^/lengths: /'
     echo
 fi
-printf '%-24s %6s %6s %6s %12s %6s\n' workload runs mean worst "mean calls" ooms
+printf '%-24s %6s %6s %6s %12s %6s' workload runs mean worst "mean calls" ooms
+[ $times -eq 1 ] && printf ' %10s' "ns/event"
+echo
+# median of column 4 (ns/event) of a workload's runs, printed only with --times
+median_time() { [ $times -eq 1 ] && sort -g -k4,4 "$1" | awk '{t[NR] = $4} END {printf " %10.1f", NR % 2 ? t[(NR + 1) / 2] : (t[NR / 2] + t[NR / 2 + 1]) / 2}'; true; }
 for name in "${names[@]}"; do
     [ -f "$scratch/$name" ] || continue
     awk -v n="$name" '{r += $1; c += $2; o += $3; if ($1 > w) w = $1; k++}
-        END {printf "%-24s %6d %6.3f %6.3f %12.0f %6d\n", n, k, r / k, w, c / k, o}' "$scratch/$name"
+        END {printf "%-24s %6d %6.3f %6.3f %12.0f %6d", n, k, r / k, w, c / k, o}' "$scratch/$name"
+    median_time "$scratch/$name"
+    echo
 done >"$scratch/table"
 for trace in "${traces[@]}"; do
     "$tide" replay "$trace" --pool "$pool" >"$scratch/trace.out" 2>&1 ||
         { echo "scenario_seeds.sh: tide replay $trace failed" >&2; tail -5 "$scratch/trace.out" >&2; exit 1; }
-    awk -v n="$(basename "$trace")" -v pool="$pool" '$1 == pool {printf "%-24s %6d %6.3f %6.3f %12.0f %6d\n", n, 1, $7, $7, $10, $11}' \
-        "$scratch/trace.out"
+    awk -v n="$(basename "$trace")" -v pool="$pool" -v times=$times '$1 == pool {printf "%-24s %6d %6.3f %6.3f %12.0f %6d", n, 1, $7, $7, $10, $11
+        if (times) printf " %10.1f", $NF; printf "\n"}' "$scratch/trace.out"
 done >>"$scratch/table"
 cat "$scratch/table"
 awk '{r += $3; if ($4 > w) w = $4; c += $5; o += $6; k++}
