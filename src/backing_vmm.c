@@ -338,7 +338,7 @@ static tp_status map_block(vmm_backing *vmm, uint32_t id, uint64_t *out_need) {
  * the slide takes a run of such steps at once (still paying its budget a
  * page a step, so where it stops and what it picks are as before). Most
  * steps are such steps where address space was given back: spec-decode
- * spent 78% of its instructions sliding, 95% of the steps over unmapped
+ * spent 73% of its instructions sliding, 95% of the steps over unmapped
  * pages; -74% instructions for the whole replay, its placement the same. */
 #define PLACE_SLIDE_PAGES_PER_MISSING 256
 typedef struct placement {
