@@ -992,14 +992,19 @@ static void test_vmm_parked_block_not_cut_onto_a_page_another_stream_uses(void) 
     fixture_close(&f);
 }
 
-/* Blocks of pages[i] 2 MiB pages each on the default stream, in a row
- * from a fresh VMM pool's start: each right after the one before. */
-static void blocks_in_a_row(fixture *f, const uint64_t *pages, void **out, int count) {
+/* Blocks of pages[i] 2 MiB pages each, on streams[i] (streams NULL: the
+ * default stream), in a row from a fresh VMM pool's start: each right
+ * after the one before. */
+static void blocks_in_a_row_on(fixture *f, const uint64_t *pages, const tp_stream *streams, void **out, int count) {
     for (int i = 0; i < count; i++) {
-        REQUIRE_OK(tp_pool_alloc(f->pool, pages[i] * 2 * TEST_MiB, TP_STREAM_DEFAULT, &out[i]));
+        REQUIRE_OK(tp_pool_alloc(f->pool, pages[i] * 2 * TEST_MiB, streams ? streams[i] : TP_STREAM_DEFAULT, &out[i]));
         REQUIRE(i ? (char *)out[i] == (char *)out[i - 1] + pages[i - 1] * 2 * TEST_MiB
                   : (uintptr_t)out[0] % (2 * TEST_MiB) == 0);
     }
+}
+
+static void blocks_in_a_row(fixture *f, const uint64_t *pages, void **out, int count) {
+    blocks_in_a_row_on(f, pages, NULL, out, count);
 }
 
 /* 8 MiB on whole pages between two live blocks, parked, then 1 MiB asked on
@@ -1132,13 +1137,8 @@ static void test_vmm_page_in_use_after_an_unmapped_run_blocks_the_window(void) {
     tp_stream s1, s2;
     REQUIRE_OK(tp_stream_create(f.dev, &s1));
     REQUIRE_OK(tp_stream_create(f.dev, &s2));
-    const uint64_t pages[4] = {4, 1, 4, 1};
-    const tp_stream streams[4] = {s1, s2, s1, s1};
     void *row[4], *placed = NULL;
-    for (int i = 0; i < 4; i++) {
-        REQUIRE_OK(tp_pool_alloc(f.pool, pages[i] * page, streams[i], &row[i]));
-        REQUIRE(i ? (char *)row[i] == (char *)row[i - 1] + pages[i - 1] * page : (uintptr_t)row[0] % page == 0);
-    }
+    blocks_in_a_row_on(&f, (const uint64_t[]){4, 1, 4, 1}, (const tp_stream[]){s1, s2, s1, s1}, row, 4);
     CHECK_OK(tp_pool_free(f.pool, row[0], s1));
     CHECK_OK(tp_pool_trim(f.pool, 0, NULL)); /* pages 0-3 unmapped */
     launch(f.dev, s2, 1000 * MS, row[1], page); /* 1 s of work on page 4 */
