@@ -343,7 +343,7 @@ bool tpi_front_push(tpi_front *f, uint32_t slot, uint32_t node, uint64_t offset,
  * (the backing's resize_block); false, the slot as it was, otherwise. */
 static bool slot_resize(tpi_front *f, uint32_t node, uint64_t size, uint32_t slot) {
     tpi_backing *b = f->backing;
-    return b->ops->resize_block &&
+    return f->slot_resizes &&
            b->ops->resize_block(b, node, size, f->slot_tag, slot, f->slot_freed_ns ? f->slot_freed_ns : 1);
 }
 
