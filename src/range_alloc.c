@@ -364,39 +364,45 @@ bool tpi_ra_resize(tpi_ra *ra, uint32_t id, uint64_t size, uint64_t freed_owner)
     tpi_ra_node *x = next != TPI_RA_NONE && ra->nodes[next].state == TPI_RA_NODE_FREE ? &ra->nodes[next] : NULL;
     /* The merged range's word, which the block and the rest keep. */
     uint64_t owner = x && x->owner != freed_owner ? ra->merge(ra->merge_ctx, freed_owner, x->owner) : freed_owner;
-    uint32_t rest = next; /* the free range after the block, once resized */
-    if (size < n->size) {
-        rest = split_off_tail_unbinned(ra, id, size);
+    if (x && size < n->size + x->size) {
+        /* The free neighbour is the rest: it moves to the block's new end,
+         * cut down or grown, and goes to the head of its bin, where a
+         * release and a take leave the range they change -- already there
+         * when it stays in its bin at its head (a block resized in front
+         * of a large free range: the common case), so its lists are left
+         * alone. (Release and take would also give the rest the
+         * neighbour's node: the take reuses the node the release
+         * recycled.) */
+        uint64_t rest_size = n->size + x->size - size;
+        ra->free_bytes = ra->free_bytes + n->size - size;
+        x->offset = n->offset + size;
+        x->size = rest_size;
+        x->owner = owner;
+        n->size = size;
+        n->owner = owner;
+        if (bin_of_units(rest_size >> ra->shift) != x->bin || ra->heads[x->bin] != next) {
+            bin_remove(ra, next);
+            bin_insert(ra, next);
+        }
+        return true;
+    }
+    if (size < n->size) { /* no free neighbour: the tail is a free range of its own */
+        uint32_t rest = split_off_tail_unbinned(ra, id, size);
         if (rest == TPI_RA_NONE) return false;
-        n = &ra->nodes[id]; /* (the node array may have grown) */
-        x = x ? &ra->nodes[next] : NULL;
         ra->free_bytes += ra->nodes[rest].size;
         ra->free_count++;
-        if (x) { /* the tail takes in the free neighbour */
-            bin_remove(ra, next);
-            absorb_next(ra, rest, next);
-        }
-    } else { /* the block takes the start of the free neighbour (the predicate saw it is large enough) */
-        uint64_t grow = size - n->size;
-        if (!x || x->size < grow) return false;
-        bin_remove(ra, next);
-        ra->free_bytes -= grow;
-        if (x->size == grow) { /* all of it */
-            absorb_next(ra, id, next);
-            rest = TPI_RA_NONE;
-        } else {
-            n->size = size;
-            x->offset += grow;
-            x->size -= grow;
-        }
-    }
-    n->owner = owner;
-    if (rest != TPI_RA_NONE) {
-        /* At the head of its bin, where release and take leave the range
-         * they change. */
         ra->nodes[rest].owner = owner;
+        ra->nodes[id].owner = owner; /* (the node array may have grown) */
         bin_insert(ra, rest);
+        return true;
     }
+    /* Grown over all of the free neighbour (the predicate saw it is large
+     * enough). */
+    if (!x || n->size + x->size != size) return false;
+    bin_remove(ra, next);
+    ra->free_bytes -= x->size;
+    absorb_next(ra, id, next);
+    n->owner = owner;
     return true;
 }
 

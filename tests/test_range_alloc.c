@@ -376,6 +376,47 @@ static void test_resize_is_release_then_take(unsigned long long seed) {
     tpi_ra_destroy(&ra);
 }
 
+/* A resize that grows a block a little into a free neighbour which
+ * stays in its bin but is not at that bin's head (another range of the
+ * same bin was freed after it): a release and a take leave the rest at
+ * the head of its bin, so the resize must move it there. (The random
+ * states above seldom make this case.) Units are 256 B; the neighbour's
+ * 287 units and the rest's 286 share a bin, and the block's new size and
+ * the merged range lie in bins that hold nothing else. */
+static void test_resize_moves_the_rest_to_its_bin_head(void) {
+    tpi_ra ra;
+    REQUIRE(ra_open(&ra) == TP_OK);
+    const uint64_t base = 1ull << 40, unit = 256, block = 4096 * unit, gap = 287 * unit, pin = 16 * unit;
+    REQUIRE(tpi_ra_add_region(&ra, base, 4ull << 20, 1, 0) != TPI_RA_NONE);
+    /* [a][x: free][b][y: free][c][the rest of the region] */
+    uint32_t a = tpi_ra_take_at(&ra, base, block);
+    uint32_t x = tpi_ra_take_at(&ra, base + block, gap);
+    uint32_t b = tpi_ra_take_at(&ra, base + block + gap, pin);
+    uint32_t y = tpi_ra_take_at(&ra, base + block + gap + pin, gap);
+    uint32_t c = tpi_ra_take_at(&ra, base + block + 2 * gap + pin, pin);
+    REQUIRE(a != TPI_RA_NONE && x != TPI_RA_NONE && b != TPI_RA_NONE && y != TPI_RA_NONE && c != TPI_RA_NONE);
+    tpi_ra_release(&ra, x);
+    tpi_ra_release(&ra, y); /* y heads the bin, x is second */
+    uint32_t bin = tpi_ra_node_at(&ra, y)->bin;
+    REQUIRE(tpi_ra_node_at(&ra, x)->bin == bin && ra.heads[bin] == y);
+    REQUIRE(tpi_ra_bin_of_units(286) == bin);
+    uint64_t size = block + unit;
+    REQUIRE(tpi_ra_release_lands_in_place(&ra, a, size));
+    tpi_ra copy;
+    ra_clone(&ra, &copy);
+    tpi_ra_release(&copy, a);
+    uint32_t first = find(&copy, size, NULL);
+    REQUIRE(first != TPI_RA_NONE && tpi_ra_node_at(&copy, first)->offset == base);
+    REQUIRE(tpi_ra_take(&copy, first, size) != TPI_RA_NONE);
+    REQUIRE(tpi_ra_resize(&ra, a, size, 0));
+    CHECK(tpi_ra_node_at(&ra, a)->size == size);
+    CHECK(ra.nodes[ra.heads[bin]].offset == base + size); /* the rest heads its bin */
+    check_same_ranges(&ra, &copy);
+    check_ra(&ra);
+    tpi_ra_destroy(&copy);
+    tpi_ra_destroy(&ra);
+}
+
 static void test_checker_catches_corruption(void) {
     tpi_ra ra;
     REQUIRE(ra_open(&ra) == TP_OK);
@@ -407,6 +448,7 @@ int main(void) {
     test_reserved_nodes_let_split_and_take_succeed();
     for (unsigned long long seed = 1; seed <= 4; seed++) test_random_against_model(seed);
     for (unsigned long long seed = 1; seed <= 8; seed++) test_resize_is_release_then_take(seed);
+    test_resize_moves_the_rest_to_its_bin_head();
     test_checker_catches_corruption();
     return check_report("test_range_alloc");
 }
