@@ -25,6 +25,11 @@ and reports
                tokens per second of the time spent inside generate()
   same         whether the generated token ids (greedy, fixed seeds) hash the
                same as the first mode's run of that workload
+  steps        (with --rounds) the time of every generated step, taken by a
+               streamer that generate() calls once a step (--no-step-times:
+               none): per step its median over the allocator's rounds, summed
+               over the steps, and that sum's ratio to the fastest PyTorch
+               allocator's (see below)
 Prints a table; --out FILE writes every figure as JSON.
 
 Usage, on a machine with a GPU, torch and transformers (no network needed):
@@ -50,8 +55,18 @@ the run-to-run spread); --rounds N runs the --modes list N times,
 interleaved (A B A B ...), and prints per allocator the median, min and max
 of the time inside generate() and its ratio to the first mode's median: the
 way to put a figure on "within 2%" on a noisy host (on the H200, single
-full-length runs of one allocator varied by tens of percent). --tp-conf adds
-TIDEPOOL_TORCH_CONF items to the tidepool runs.
+full-length runs of one allocator varied by tens of percent). With rounds
+it also sums, over the generated steps, each step's median over the rounds
+(the runs generate the same tokens, so step i does the same work in every
+run): a slow spell of the host that hits some steps of one run and other
+steps of the next drops out, while a cost that comes at the same step in
+every run -- an allocator's growth, say -- stays. It discounts, too, costs
+that land on a different step each run, such as the tidepool shim's upkeep
+thread (ticks once a second); the total time inside generate() keeps them.
+The streamer that times the steps is called with each step's new token ids
+copied to the host (generate() makes that copy, a few bytes, in every mode
+alike; the ids are not read). --tp-conf adds TIDEPOOL_TORCH_CONF items to
+the tidepool runs.
 """
 import argparse
 import hashlib
@@ -148,17 +163,40 @@ class MemSampler:
         self.timeline.append((round(time.perf_counter() - self.t0, 2), v))
 
 
-def install_generate_probe(torch, cls, record, models):
+class StepClock:
+    """A streamer for generate() that keeps the seconds of every generated
+    step in `steps`: generate() calls put() with the prompt first, then once
+    a step with its new tokens (the value is not read), and end() last."""
+
+    def __init__(self, steps):
+        self.steps = steps
+        self.last = None
+
+    def put(self, value):
+        now = time.perf_counter()
+        if self.last is not None:
+            self.steps.append(now - self.last)
+        self.last = now
+
+    def end(self):
+        pass
+
+
+def install_generate_probe(torch, cls, record, models, step_times=False):
     """Wraps cls.generate: counts new tokens, times the calls, hashes the
     generated ids (output_hash) and, to tell where a difference comes from,
     the prompts and pixel values (inputs_hash). Keeps the models in `models`
-    so that their weights can be fingerprinted after the measurement."""
+    so that their weights can be fingerprinted after the measurement. With
+    step_times, a call that brings no streamer of its own gets a StepClock
+    that appends its steps' seconds to record["step_s"]."""
     orig = cls.generate
     out_digest, in_digest = hashlib.sha256(), hashlib.sha256()
 
     def generate(self, *args, **kwargs):
         if not any(m is self for m in models):
             models.append(self)
+        if step_times and kwargs.get("streamer") is None:
+            kwargs["streamer"] = StepClock(record["step_s"])
         t0 = time.perf_counter()
         out = orig(self, *args, **kwargs)
         seqs = out if torch.is_tensor(out) else out.sequences
@@ -279,9 +317,10 @@ def worker(args):
     sampler = MemSampler(torch, args.sample_ms / 1000.0)
     baseline = sampler.read()
 
-    record = dict(calls=0, new_tokens=0, gen_s=0.0, hash=None, inputs_hash=None)
+    record = dict(calls=0, new_tokens=0, gen_s=0.0, hash=None, inputs_hash=None, step_s=[])
     models = []
-    install_generate_probe(torch, getattr(transformers, GENERATE_CLASS[args.scenario]), record, models)
+    install_generate_probe(torch, getattr(transformers, GENERATE_CLASS[args.scenario]), record, models,
+                           step_times=args.step_times)
 
     sampler.start()
     t0 = time.perf_counter()
@@ -299,6 +338,7 @@ def worker(args):
                generate_calls=record["calls"], new_tokens=record["new_tokens"],
                tok_per_s=round(record["new_tokens"] / record["gen_s"], 1) if record["gen_s"] else None,
                output_hash=record["hash"], inputs_hash=record["inputs_hash"],
+               step_ms=[round(t * 1000.0, 3) for t in record["step_s"]] if args.step_times else None,
                sampler=sampler.source, samples=sampler.samples, sample_ms=args.sample_ms,
                baseline_used_mib=round(baseline / MiB, 1),
                peak_used_mib=round((sampler.peak - baseline) / MiB, 1),
@@ -361,6 +401,7 @@ def run_one(args, scenario, mode, kwargs):
            "--seed", str(args.seed), "--sample-ms", str(args.sample_ms)]
     if args.deterministic:
         cmd.append("--deterministic")
+    cmd.append("--step-times" if args.step_times else "--no-step-times")
     t0 = time.perf_counter()
     try:
         p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
@@ -459,22 +500,49 @@ def summarize(results, baseline_mode):
     for (scen, mode), rs in groups.items():
         gen = [r["gen_s"] for r in rs]
         wall = [r["wall_s"] for r in rs if r.get("wall_s") is not None]
+        steps_s, steps = step_median_sum(rs)
         rows.append(dict(scenario=scen, mode=mode, runs=len(rs), gen_median_s=median(gen), gen_min_s=min(gen),
-                         gen_max_s=max(gen), wall_median_s=median(wall)))
+                         gen_max_s=max(gen), wall_median_s=median(wall), steps=steps, steps_s=steps_s))
     for row in rows:
-        base = next((b for b in rows if b["scenario"] == row["scenario"] and b["mode"] == baseline_mode), None)
+        same_scen = [b for b in rows if b["scenario"] == row["scenario"]]
+        base = next((b for b in same_scen if b["mode"] == baseline_mode), None)
         row["gen_vs_baseline"] = (row["gen_median_s"] / base["gen_median_s"]
                                   if base and base["gen_median_s"] else None)
+        # Against the fastest PyTorch allocator by step sums: only among
+        # allocators with as many runs and steps (a median over more rounds
+        # is a different estimate).
+        torch_sums = [b["steps_s"] for b in same_scen if not b["mode"].startswith("tp-") and b["steps_s"]
+                      and b["runs"] == row["runs"] and b["steps"] == row["steps"]]
+        row["steps_vs_fastest_torch"] = (row["steps_s"] / min(torch_sums)
+                                         if row["steps_s"] and torch_sums else None)
     return rows
 
 
+def step_median_sum(runs):
+    """The seconds of every generated step, each step's median over the
+    runs, summed over the steps, and the number of steps; (None, None)
+    unless every run timed its steps, as many as the others, and generated
+    the same tokens (so that step i did the same work in each)."""
+    lists = [r.get("step_ms") for r in runs]
+    if not lists or any(not l for l in lists) or len({len(l) for l in lists}) != 1:
+        return None, None
+    if len({r.get("output_hash") for r in runs}) != 1:
+        return None, None
+    total_ms = sum(median(column) for column in zip(*lists))
+    return total_ms / 1000.0, len(lists[0])
+
+
 def print_summary(results, baseline_mode):
-    print("medians over rounds (generate() seconds, min-max; wall seconds; generate() median / %s's):"
+    print("medians over rounds (generate() seconds, min-max; wall seconds; generate() median / %s's;"
           % baseline_mode)
+    print("steps: each generated step's median over the rounds, summed, and / the fastest PyTorch allocator's):")
     for row in summarize(results, baseline_mode):
-        print("  %-18s %-11s runs %d  generate %s s (%s-%s)  wall %s s  ratio %s" % (
+        steps = ("  steps %s s (%d) / fastest torch %s" % (fmt(row["steps_s"], "%.2f"), row["steps"],
+                                                          fmt(row["steps_vs_fastest_torch"], "%.3f"))
+                 if row["steps_s"] else "")
+        print("  %-18s %-11s runs %d  generate %s s (%s-%s)  wall %s s  ratio %s%s" % (
             row["scenario"], row["mode"], row["runs"], fmt(row["gen_median_s"]), fmt(row["gen_min_s"]),
-            fmt(row["gen_max_s"]), fmt(row["wall_median_s"]), fmt(row["gen_vs_baseline"], "%.3f")))
+            fmt(row["gen_max_s"]), fmt(row["wall_median_s"]), fmt(row["gen_vs_baseline"], "%.3f"), steps))
 
 
 def main():
@@ -506,6 +574,9 @@ def main():
                     help="seconds per run (default 150; 420 with --full)")
     ap.add_argument("--rounds", type=int, default=1,
                     help="run the --modes list this many times, interleaved, and print medians (for wall time)")
+    ap.add_argument("--step-times", action=argparse.BooleanOptionalAction, default=True,
+                    help="time every generated step with a streamer, for the per-step medians over rounds "
+                         "(default: on)")
     ap.add_argument("--out", help="write the results as JSON here")
     # internal: one run
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

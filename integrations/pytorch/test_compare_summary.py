@@ -30,6 +30,80 @@ check(abs(t["gen_vs_baseline"] - 10.3 / 11.0) < 1e-9 and d["gen_vs_baseline"] ==
 check(rows[("gemma3_mtmd", "default")]["runs"] == 1, "workloads kept apart")
 check(compare.run_counts(results)[("decode_growing_kv", "default")] == 3, "run_counts")
 
+# Per-step medians over rounds, summed: a slow spell in one run's steps drops out.
+def timed(mode, steps_ms, gen_s=1.0, output_hash="h", scenario="decode_growing_kv"):
+    r = run(mode, gen_s, gen_s + 1.0, scenario=scenario)
+    r.update(step_ms=steps_ms, output_hash=output_hash)
+    return r
+
+
+total, steps = compare.step_median_sum([timed("default", [10, 20, 30]), timed("default", [11, 90, 30]),
+                                        timed("default", [99, 21, 31])])
+check(steps == 3 and abs(total - (11 + 21 + 30) / 1000.0) < 1e-12, "step medians summed: %s %s" % (total, steps))
+check(compare.step_median_sum([timed("default", [10, 20]), timed("default", [10, 20, 30])]) == (None, None),
+      "runs of different lengths are not compared step by step")
+check(compare.step_median_sum([timed("default", [10, 20]), timed("default", [10, 20], output_hash="x")])
+      == (None, None), "runs that generated different tokens are not compared step by step")
+check(compare.step_median_sum([timed("default", [10, 20]), run("default", 1.0, 2.0)]) == (None, None),
+      "a run without step times leaves the sum out")
+stepped = [timed("default", [10, 10]), timed("default", [10, 12]), timed("default", [40, 10]),
+           timed("async", [9, 9]), timed("async", [9, 50]), timed("async", [30, 9]),
+           timed("tp-vmm", [9, 10]), timed("tp-vmm", [9, 10]), timed("tp-vmm", [60, 60]),
+           timed("expandable", [1, 1])]  # one run only: not held against the three-run allocators
+rows = {r["mode"]: r for r in compare.summarize(stepped, "default")}
+check(abs(rows["async"]["steps_s"] - 0.018) < 1e-12 and abs(rows["tp-vmm"]["steps_s"] - 0.019) < 1e-12,
+      "step sums: %s %s" % (rows["async"], rows["tp-vmm"]))
+check(abs(rows["tp-vmm"]["steps_vs_fastest_torch"] - 19.0 / 18.0) < 1e-12
+      and abs(rows["default"]["steps_vs_fastest_torch"] - 20.0 / 18.0) < 1e-12,
+      "against the fastest PyTorch allocator with as many runs: %s" % rows["tp-vmm"])
+check(rows["expandable"]["steps_vs_fastest_torch"] == 1.0, "a one-run allocator against itself only")
+
+# The step clock: the prompt's put starts it, every later put is a step.
+clock_steps = []
+clock = compare.StepClock(clock_steps)
+clock.put(None)
+clock.put(None)
+clock.put(None)
+clock.end()
+check(len(clock_steps) == 2 and all(t >= 0 for t in clock_steps), "StepClock: %s" % clock_steps)
+
+# The probe around generate(): a call without a streamer gets a StepClock,
+# and one that brings its own keeps it. (A stand-in for torch and a model.)
+class FakeTensor(list):
+    @property
+    def shape(self):
+        return (len(self), len(self[0]))
+
+    def tolist(self):
+        return [list(row) for row in self]
+
+
+class FakeTorch:
+    @staticmethod
+    def is_tensor(x):
+        return isinstance(x, FakeTensor)
+
+
+class FakeModel:
+    def generate(self, input_ids=None, streamer=None, new=3):
+        if streamer is not None:
+            streamer.put(input_ids)
+            for _ in range(new):
+                streamer.put(None)
+            streamer.end()
+        return FakeTensor([list(input_ids[0]) + [7] * new])
+
+
+record = dict(calls=0, new_tokens=0, gen_s=0.0, hash=None, inputs_hash=None, step_s=[])
+compare.install_generate_probe(FakeTorch, FakeModel, record, [], step_times=True)
+FakeModel().generate(input_ids=FakeTensor([[1, 2]]), new=3)
+FakeModel().generate(input_ids=FakeTensor([[1, 2]]), new=2)
+check(record["calls"] == 2 and record["new_tokens"] == 5 and len(record["step_s"]) == 5,
+      "probe with step times: %s" % record)
+own = compare.StepClock([])
+FakeModel().generate(input_ids=FakeTensor([[1]]), streamer=own, new=4)
+check(len(own.steps) == 4 and len(record["step_s"]) == 5, "a caller's own streamer is kept")
+
 # --rounds 0 is a usage error (exit 2) before anything runs
 p = subprocess.run([sys.executable, os.path.join(HERE, "compare.py"), "--workloads", __file__, "--rounds", "0"],
                    capture_output=True, text=True)
