@@ -57,8 +57,8 @@ of the time inside generate() and its ratio to the first mode's median: the
 way to put a figure on "within 2%" on a noisy host (on the H200, single
 full-length runs of one allocator varied by tens of percent). With rounds
 it also sums, over the generated steps, each step's median over the rounds
-(the runs generate the same tokens, so step i does the same work in every
-run): a slow spell of the host that hits some steps of one run and other
+(every generate() call makes as many steps in every run, so step i does
+the same work in each): a slow spell of the host that hits some steps of one run and other
 steps of the next drops out, while a cost that comes at the same step in
 every run -- an allocator's growth, say -- stays. It discounts, too, costs
 that land on a different step each run, such as the tidepool shim's upkeep
@@ -188,17 +188,21 @@ def install_generate_probe(torch, cls, record, models, step_times=False):
     the prompts and pixel values (inputs_hash). Keeps the models in `models`
     so that their weights can be fingerprinted after the measurement. With
     step_times, a call that brings no streamer of its own gets a StepClock
-    that appends its steps' seconds to record["step_s"]."""
+    that appends its steps' seconds to record["step_s"], and every call's
+    number of steps goes to record["step_calls"]."""
     orig = cls.generate
     out_digest, in_digest = hashlib.sha256(), hashlib.sha256()
 
     def generate(self, *args, **kwargs):
         if not any(m is self for m in models):
             models.append(self)
+        steps_before = len(record["step_s"])
         if step_times and kwargs.get("streamer") is None:
             kwargs["streamer"] = StepClock(record["step_s"])
         t0 = time.perf_counter()
         out = orig(self, *args, **kwargs)
+        if step_times:
+            record["step_calls"].append(len(record["step_s"]) - steps_before)
         seqs = out if torch.is_tensor(out) else out.sequences
         ids = seqs.tolist()  # waits for the device
         record["gen_s"] += time.perf_counter() - t0
@@ -317,7 +321,7 @@ def worker(args):
     sampler = MemSampler(torch, args.sample_ms / 1000.0)
     baseline = sampler.read()
 
-    record = dict(calls=0, new_tokens=0, gen_s=0.0, hash=None, inputs_hash=None, step_s=[])
+    record = dict(calls=0, new_tokens=0, gen_s=0.0, hash=None, inputs_hash=None, step_s=[], step_calls=[])
     models = []
     install_generate_probe(torch, getattr(transformers, GENERATE_CLASS[args.scenario]), record, models,
                            step_times=args.step_times)
@@ -339,6 +343,7 @@ def worker(args):
                tok_per_s=round(record["new_tokens"] / record["gen_s"], 1) if record["gen_s"] else None,
                output_hash=record["hash"], inputs_hash=record["inputs_hash"],
                step_ms=[round(t * 1000.0, 3) for t in record["step_s"]] if args.step_times else None,
+               step_calls=record["step_calls"] if args.step_times else None,
                sampler=sampler.source, samples=sampler.samples, sample_ms=args.sample_ms,
                baseline_used_mib=round(baseline / MiB, 1),
                peak_used_mib=round((sampler.peak - baseline) / MiB, 1),
@@ -521,12 +526,21 @@ def summarize(results, baseline_mode):
 def step_median_sum(runs):
     """The seconds of every generated step, each step's median over the
     runs, summed over the steps, and the number of steps; (None, None)
-    unless every run timed its steps, as many as the others, and generated
-    the same tokens (so that step i did the same work in each)."""
+    unless every run timed its steps and step i did the same work in each:
+    the runs' generate() calls made as many steps each (step_calls; the
+    shapes a dense model computes on then match, whichever tokens it
+    picked), or, without those counts, the runs generated the same
+    tokens. (On the H200, runs of 256 decode tokens picked different
+    tokens from run to run with every allocator, PyTorch's default too;
+    runs of 64 did not.)"""
     lists = [r.get("step_ms") for r in runs]
     if not lists or any(not l for l in lists) or len({len(l) for l in lists}) != 1:
         return None, None
-    if len({r.get("output_hash") for r in runs}) != 1:
+    calls = [r.get("step_calls") for r in runs]
+    if all(calls):
+        if len({tuple(c) for c in calls}) != 1:
+            return None, None
+    elif len({r.get("output_hash") for r in runs}) != 1:
         return None, None
     total_ms = sum(median(column) for column in zip(*lists))
     return total_ms / 1000.0, len(lists[0])

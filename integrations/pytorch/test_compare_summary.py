@@ -43,7 +43,12 @@ check(steps == 3 and abs(total - (11 + 21 + 30) / 1000.0) < 1e-12, "step medians
 check(compare.step_median_sum([timed("default", [10, 20]), timed("default", [10, 20, 30])]) == (None, None),
       "runs of different lengths are not compared step by step")
 check(compare.step_median_sum([timed("default", [10, 20]), timed("default", [10, 20], output_hash="x")])
-      == (None, None), "runs that generated different tokens are not compared step by step")
+      == (None, None), "without per-call step counts, runs that generated different tokens are left out")
+a, b = timed("default", [10, 20, 30], output_hash="x"), timed("default", [12, 22, 32], output_hash="y")
+a["step_calls"], b["step_calls"] = [2, 1], [2, 1]
+check(compare.step_median_sum([a, b]) == (0.063, 3), "the same steps per call, other tokens: compared")
+b["step_calls"] = [1, 2]
+check(compare.step_median_sum([a, b]) == (None, None), "steps split otherwise between the calls: left out")
 check(compare.step_median_sum([timed("default", [10, 20]), run("default", 1.0, 2.0)]) == (None, None),
       "a run without step times leaves the sum out")
 stepped = [timed("default", [10, 10]), timed("default", [10, 12]), timed("default", [40, 10]),
@@ -94,12 +99,12 @@ class FakeModel:
         return FakeTensor([list(input_ids[0]) + [7] * new])
 
 
-record = dict(calls=0, new_tokens=0, gen_s=0.0, hash=None, inputs_hash=None, step_s=[])
+record = dict(calls=0, new_tokens=0, gen_s=0.0, hash=None, inputs_hash=None, step_s=[], step_calls=[])
 compare.install_generate_probe(FakeTorch, FakeModel, record, [], step_times=True)
 FakeModel().generate(input_ids=FakeTensor([[1, 2]]), new=3)
 FakeModel().generate(input_ids=FakeTensor([[1, 2]]), new=2)
-check(record["calls"] == 2 and record["new_tokens"] == 5 and len(record["step_s"]) == 5,
-      "probe with step times: %s" % record)
+check(record["calls"] == 2 and record["new_tokens"] == 5 and len(record["step_s"]) == 5
+      and record["step_calls"] == [3, 2], "probe with step times: %s" % record)
 own = compare.StepClock([])
 FakeModel().generate(input_ids=FakeTensor([[1]]), streamer=own, new=4)
 check(len(own.steps) == 4 and len(record["step_s"]) == 5, "a caller's own streamer is kept")
