@@ -45,7 +45,10 @@ recorded parameters (about 17 minutes in all: split it with --scenarios and
 --modes); --quick (64 tokens, 3 requests) is a smoke test of a few minutes.
 Determinism: every run gets PYTHONHASHSEED=0 and torch.manual_seed(--seed).
 Without PYTHONHASHSEED, two runs with the same allocator generated different
-tokens (decode_growing_kv, qwen2vl_dynres); with it, every run matched. A
+tokens (decode_growing_kv, qwen2vl_dynres); with it, every run once matched.
+On the H200 on 2026-12-02 (PyTorch 2.11, transformers 5.17) runs of 256
+decode tokens still differed from run to run with every allocator, PyTorch's
+default too (near-tied logits), while runs of 64 tokens all matched. A
 mismatch is reported with its likely source: a weights fingerprint and a hash
 of the prompts and pixel values are compared too.
 --warmup (read, the default) first reads the libraries' files into the page

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: MIT
-"""test_compare_summary.py -- compare.py's medians over rounds, without torch
-or a GPU: summarize() on made-up runs, and the --rounds option's checks."""
+"""test_compare_summary.py -- compare.py's medians and step sums over rounds,
+without torch or a GPU: summarize() and step_median_sum() on made-up runs,
+the generate() probe and its step clock on a stand-in model, and the
+--rounds option's checks."""
 import os
 import subprocess
 import sys
