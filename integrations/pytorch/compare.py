@@ -61,9 +61,9 @@ way to put a figure on "within 2%" on a noisy host (on the H200, single
 full-length runs of one allocator varied by tens of percent). With rounds
 it also sums, over the generated steps, each step's median over the rounds
 (every generate() call makes as many steps in every run, so step i does
-the same work in each): a slow spell of the host that hits some steps of one run and other
-steps of the next drops out, while a cost that comes at the same step in
-every run -- an allocator's growth, say -- stays. It discounts, too, costs
+the same work in each): a slow spell of the host that hits some steps of
+one run and other steps of the next drops out, while a cost that comes at
+the same step in every run -- an allocator's growth, say -- stays. It discounts, too, costs
 that land on a different step each run, such as the tidepool shim's upkeep
 thread (ticks once a second); the total time inside generate() keeps them.
 The streamer that times the steps is called with each step's new token ids
