@@ -297,6 +297,34 @@ static void check_same_ranges(const tpi_ra *a, const tpi_ra *b) {
     }
 }
 
+/* On copy, a clone of ra: block id released with owner word owner. Returns
+ * the first range a good-fit search for size finds there (TPI_RA_NONE:
+ * none), which a resize in place stands for when it is the block's start. */
+static uint32_t released_copy_finds(const tpi_ra *ra, uint32_t id, uint64_t size, uint64_t owner, tpi_ra *copy) {
+    ra_clone(ra, copy);
+    tpi_ra_node_at(copy, id)->owner = owner;
+    tpi_ra_release(copy, id);
+    return find(copy, size, NULL);
+}
+
+/* Block id of ra resized to size where it is (freed with owner word
+ * owner), against the take of size from range first of copy
+ * (released_copy_finds): the block stays where it was, used, of size, with
+ * the take's owner word, and both hold the same ranges, owner words and
+ * bin lists. */
+static void check_resize_as_take(tpi_ra *ra, tpi_ra *copy, uint32_t id, uint32_t first, uint64_t size,
+                                 uint64_t owner) {
+    uint64_t start = tpi_ra_node_at(ra, id)->offset;
+    REQUIRE(tpi_ra_resize(ra, id, size, owner));
+    uint32_t taken = tpi_ra_take(copy, first, size);
+    REQUIRE(taken != TPI_RA_NONE);
+    const tpi_ra_node *m = tpi_ra_node_at(ra, id);
+    CHECK(m->size == size && m->offset == start && m->state == TPI_RA_NODE_USED);
+    CHECK(m->owner == tpi_ra_node_at(copy, taken)->owner);
+    check_same_ranges(ra, copy);
+    check_ra(ra);
+}
+
 /* tpi_ra_release_lands_in_place and tpi_ra_resize against what they stand
  * for, on random states of two regions: whenever the predicate says yes,
  * a release of the block (owner word set) and a good-fit search for the
@@ -341,10 +369,7 @@ static void test_resize_is_release_then_take(unsigned long long seed) {
             uint64_t owner = 1ull << rng_below(&rng, 8);
             bool yes = tpi_ra_release_lands_in_place(&ra, id, size);
             tpi_ra copy;
-            ra_clone(&ra, &copy);
-            tpi_ra_node_at(&copy, id)->owner = owner;
-            tpi_ra_release(&copy, id);
-            uint32_t first = find(&copy, size, NULL);
+            uint32_t first = released_copy_finds(&ra, id, size, owner, &copy);
             bool lands = first != TPI_RA_NONE && tpi_ra_node_at(&copy, first)->offset == start;
             trials++;
             said_yes += yes;
@@ -353,14 +378,7 @@ static void test_resize_is_release_then_take(unsigned long long seed) {
                       first == TPI_RA_NONE ? "nothing" : "another range");
             if (yes && lands) {
                 if (trials % 2) REQUIRE(tpi_ra_reserve_nodes(&ra, 1)); /* else a cut may grow the node array */
-                REQUIRE(tpi_ra_resize(&ra, id, size, owner));
-                uint32_t taken = tpi_ra_take(&copy, first, size);
-                REQUIRE(taken != TPI_RA_NONE);
-                const tpi_ra_node *m = tpi_ra_node_at(&ra, id);
-                CHECK(m->size == size && m->offset == start && m->state == TPI_RA_NODE_USED);
-                CHECK(m->owner == tpi_ra_node_at(&copy, taken)->owner);
-                check_same_ranges(&ra, &copy);
-                check_ra(&ra);
+                check_resize_as_take(&ra, &copy, id, first, size, owner);
                 grown += size > old_size;
             }
             tpi_ra_destroy(&copy);
@@ -403,16 +421,10 @@ static void test_resize_moves_the_rest_to_its_bin_head(void) {
     uint64_t size = block + unit;
     REQUIRE(tpi_ra_release_lands_in_place(&ra, a, size));
     tpi_ra copy;
-    ra_clone(&ra, &copy);
-    tpi_ra_release(&copy, a);
-    uint32_t first = find(&copy, size, NULL);
+    uint32_t first = released_copy_finds(&ra, a, size, 0, &copy);
     REQUIRE(first != TPI_RA_NONE && tpi_ra_node_at(&copy, first)->offset == base);
-    REQUIRE(tpi_ra_take(&copy, first, size) != TPI_RA_NONE);
-    REQUIRE(tpi_ra_resize(&ra, a, size, 0));
-    CHECK(tpi_ra_node_at(&ra, a)->size == size);
+    check_resize_as_take(&ra, &copy, a, first, size, 0);
     CHECK(ra.nodes[ra.heads[bin]].offset == base + size); /* the rest heads its bin */
-    check_same_ranges(&ra, &copy);
-    check_ra(&ra);
     tpi_ra_destroy(&copy);
     tpi_ra_destroy(&ra);
 }
