@@ -48,12 +48,13 @@ static void wait_unlocked(atomic_int *lock) {
 /* ------------------------------------------------------------ lifecycle */
 
 tp_status tpi_front_init(tpi_front *f, tpi_core *core, tpi_backing *backing, uint64_t limit_bytes,
-                         uint64_t max_block_bytes) {
+                         bool slot_in_limit, uint64_t max_block_bytes) {
     memset(f, 0, sizeof *f);
     atomic_init(&f->world, 0);
     f->core = core;
     f->backing = backing;
     f->limit_bytes = limit_bytes;
+    f->slot_in_limit = slot_in_limit;
     f->max_block_bytes = max_block_bytes;
     f->size_shift = core->ra.shift;
     uint64_t max_units = max_block_bytes >> core->ra.shift;
@@ -328,7 +329,7 @@ bool tpi_front_push(tpi_front *f, uint32_t slot, uint32_t node, uint64_t offset,
         atomic_store_explicit(&f->slot_word, ((uint64_t)slot << 32) | node, memory_order_relaxed);
         return true;
     }
-    if (fs->parked_bytes + slot_bytes_of(f, slot) + size > f->limit_bytes) return false;
+    if (fs->parked_bytes + (f->slot_in_limit ? slot_bytes_of(f, slot) : 0) + size > f->limit_bytes) return false;
     uint32_t bin = tpi_ra_bin_of_units(size >> f->size_shift);
     uint8_t count = fs->counts[bin];
     if (count == TPI_FRONT_DEPTH) return false;

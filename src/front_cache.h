@@ -14,7 +14,8 @@
  *     on that stream -- at once, as stream order allows (a free on S is
  *     safe on S). An entry carries offset, size, tag and node, so a hit
  *     never reads the range allocator. Each stream parks at most
- *     limit_bytes. A flush reads the bins' counts eight at a time and
+ *     limit_bytes in its bins, counting the last-freed block (below) with
+ *     them where the pool says so (slot_in_limit: pool.c says why). A flush reads the bins' counts eight at a time and
  *     skips eight empty bins with one test (no bitmap of non-empty bins:
  *     the hit path would keep it up on every take and put).
  *   - live map: the blocks handed out on the stream (offset -> requested
@@ -168,6 +169,7 @@ typedef struct tpi_front {
     unsigned size_shift;      /* the range allocator's unit */
     bool hazard_checker;      /* the device checks every block handed out */
     bool slot_resizes;        /* the backing can resize the slot's block where it lies (resize_block) */
+    bool slot_in_limit;       /* the slot's block counts against its stream's limit_bytes */
     /* With hazard_checker: the device's count that is 0 while a check would
      * find nothing (tp_device.hazard_work); NULL: check every hand-out. */
     const _Atomic size_t *hazard_work;
@@ -208,8 +210,10 @@ typedef struct tpi_front {
     uint64_t resize_failed_word, resize_failed_size;
 } tpi_front;
 
+/* limit_bytes: the most one stream's bins hold, with the last-freed
+ * block's bytes where slot_in_limit. */
 tp_status tpi_front_init(tpi_front *front, tpi_core *core, tpi_backing *backing, uint64_t limit_bytes,
-                         uint64_t max_block_bytes);
+                         bool slot_in_limit, uint64_t max_block_bytes);
 void tpi_front_destroy(tpi_front *front);
 
 /* ------------------------------------------------------- stream locks */
@@ -545,11 +549,14 @@ static inline tpi_live_entry *tpi_front_hit_free_find(tpi_front_stream *fs, uint
 /* Park in the bins (no call); false: the locked path. */
 static inline bool tpi_front_hit_park_bins(tpi_front *f, tpi_front_stream *fs, const tpi_live_entry *e) {
     /* The stream's bins hold at most limit_bytes, its last-freed block
-     * included (which a locked call may be filling: not a hit then). */
-    uint64_t size = e->size;
-    uint64_t word = atomic_load_explicit(&f->slot_word, memory_order_acquire), slot_bytes = 0;
-    if (word == TPI_FRONT_SLOT_FILLING) return false;
-    if (word != TPI_FRONT_SLOT_EMPTY && (uint32_t)(word >> 32) == fs->slot) slot_bytes = f->slot_size;
+     * included where slot_in_limit says so (which a locked call may be
+     * filling: not a hit then). */
+    uint64_t size = e->size, slot_bytes = 0;
+    if (f->slot_in_limit) {
+        uint64_t word = atomic_load_explicit(&f->slot_word, memory_order_acquire);
+        if (word == TPI_FRONT_SLOT_FILLING) return false;
+        if (word != TPI_FRONT_SLOT_EMPTY && (uint32_t)(word >> 32) == fs->slot) slot_bytes = f->slot_size;
+    }
     if (fs->parked_bytes + slot_bytes + size > f->limit_bytes) return false;
     uint32_t b = tpi_ra_bin_of_units(size >> f->size_shift);
     uint8_t count = fs->counts[b];

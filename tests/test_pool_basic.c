@@ -390,6 +390,35 @@ static void slot_stays_through_bin_hits(tp_pool_kind kind) {
     fixture_close(&f);
 }
 
+static void small_frees_park_beside_a_large_slot_block(tp_pool_kind kind) {
+    /* A stream's bins park at most a limit of bytes: 32 MiB in the VMM
+     * pool, 256 MiB in the segment pool (at the default release
+     * threshold). The segment pool counts the last-freed slot's block with
+     * the bins; the VMM pool does not, so a small free right after a large
+     * one still parks there (in the segment pool it goes back). */
+    const uint64_t large = kind == TP_POOL_VMM ? 48 * TEST_MiB : 260 * TEST_MiB, small = 4096;
+    fixture f;
+    fixture_open(&f, "sim:2GiB", kind, NULL);
+    void *l, *s, *again;
+    char state[32];
+    CHECK_OK(tp_pool_alloc(f.pool, large, TP_STREAM_DEFAULT, &l));
+    CHECK_OK(tp_pool_alloc(f.pool, small, TP_STREAM_DEFAULT, &s));
+    CHECK_OK(tp_pool_free(f.pool, l, TP_STREAM_DEFAULT)); /* the last-freed slot */
+    range_state_at(f.pool, l, state, sizeof state);
+    CHECK_MSG(!strcmp(state, "parked"), "%s: the large block is '%s', not parked", kind_name(kind), state);
+    CHECK_OK(tp_pool_free(f.pool, s, TP_STREAM_DEFAULT));
+    range_state_at(f.pool, s, state, sizeof state);
+    bool parked = !strcmp(state, "parked");
+    CHECK_MSG(parked == (kind == TP_POOL_VMM), "%s: the small block after a %llu MiB slot block is '%s'",
+              kind_name(kind), (unsigned long long)(large / TEST_MiB), state);
+    /* Parked, it is the next small request's without the pool lock;
+     * else that request releases the slot and places by good fit. */
+    CHECK_OK(tp_pool_alloc(f.pool, small, TP_STREAM_DEFAULT, &again));
+    if (parked) CHECK_EQ_PTR(again, s);
+    CHECK_OK(tp_pool_free(f.pool, again, TP_STREAM_DEFAULT));
+    fixture_close(&f);
+}
+
 static void tick_flushes_only_when_quiet(tp_pool_kind kind) {
     /* tp_pool_tick leaves parked blocks alone while the pool is busy (they
      * are about to be reused) and returns them once a tick finds no alloc or
@@ -1117,6 +1146,7 @@ KIND_TEST(idle_memory_is_released_without_host_waits)
 KIND_TEST(last_freed_slot)
 KIND_TEST(slot_in_place_follows_the_range_allocator)
 KIND_TEST(slot_stays_through_bin_hits)
+KIND_TEST(small_frees_park_beside_a_large_slot_block)
 KIND_TEST(trim_gives_back_blocks_parked_in_scattered_bins)
 KIND_TEST(tick_flushes_only_when_quiet)
 KIND_TEST(tick_releases_a_block_parked_past_idle_release)
@@ -1210,6 +1240,7 @@ static const test_case tests[] = {
     KIND_CASES(last_freed_slot),
     KIND_CASES(slot_in_place_follows_the_range_allocator),
     KIND_CASES(slot_stays_through_bin_hits),
+    KIND_CASES(small_frees_park_beside_a_large_slot_block),
     KIND_CASES(trim_gives_back_blocks_parked_in_scattered_bins),
     KIND_CASES(tick_flushes_only_when_quiet),
     KIND_CASES(tick_releases_a_block_parked_past_idle_release),
