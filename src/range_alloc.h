@@ -131,9 +131,11 @@ bool tpi_ra_release_lands_in_place(const tpi_ra *ra, uint32_t id, uint64_t size)
  * merges with a free next neighbour; grown, it takes the start of that
  * neighbour. Every range, owner word (the block's too) and bin list ends up
  * as a release of id with owner word freed_owner and then a take of size
- * from the same place would leave them. False, and nothing changed, without
- * host memory for a cut's split (tpi_ra_reserve_nodes(ra, 1) first makes
- * sure there is) or when a growth finds no room after the block. */
+ * from the same place would leave them. False, and nothing changed, when
+ * a cut with no free neighbour after the block finds no host memory for
+ * the new free node (tpi_ra_reserve_nodes(ra, 1) first makes sure there
+ * is; a cut or growth into a free neighbour needs none) or when a growth
+ * finds no room after the block. */
 bool tpi_ra_resize(tpi_ra *ra, uint32_t id, uint64_t size, uint64_t freed_owner);
 
 /* Size of the largest free range (walks the top non-empty bin). */
