@@ -398,6 +398,12 @@ static bool window_ready(tpi_core *core, uint32_t slot, uint64_t at, uint64_t si
     return true;
 }
 
+/* The unmapped pages from p (unmapped) on, up to the next mapped page or
+ * limit: their count, at least 1 (read a word of mapped_bits at a time). */
+static inline uint64_t unmapped_run(const tpi_units *units, uint64_t p, uint64_t limit) {
+    return tpi_units_next_mapped(units, p + 1, limit) - p;
+}
+
 /* Slides a window of pl->size bytes over the page-aligned positions of free
  * range id after its start (place_window has looked there),
  * and notes the one with the fewest unmapped pages and no blocked page as
@@ -418,7 +424,7 @@ static void fewest_missing_window(tpi_core *core, placement *pl, uint32_t id) {
     for (uint64_t p = first; p < first + width; p++) {
         page_kind kind = page_kind_for(core, pl->slot, p);
         if (kind == PAGE_UNMAPPED) { /* and the unmapped pages after it */
-            uint64_t run = tpi_units_next_mapped(units, p + 1, first + width) - p;
+            uint64_t run = unmapped_run(units, p, first + width);
             missing += run;
             p += run - 1;
         }
@@ -476,7 +482,7 @@ static inline bool place_window(tpi_core *core, placement *pl, uint32_t id, uint
         for (uint64_t p = tpi_page_of(units, at), last = tpi_page_of(units, at + pl->size - 1); p <= last; p++) {
             tpi_unit *unit = &table[p];
             if (unit->state == TPI_UNIT_UNUSED) { /* and the unmapped pages after it, a word at a time */
-                uint64_t run = tpi_units_next_mapped(units, p + 1, last + 1) - p;
+                uint64_t run = unmapped_run(units, p, last + 1);
                 missing += run;
                 p += run - 1;
             } else if (!tpi_order_tag_usable(&core->order, &unit->tag, pl->slot)) {
@@ -676,11 +682,7 @@ static void vmm_destroy(tpi_backing *b) {
     tpi_core *core = b->core;
     tpi_units *units = &core->units;
     /* Unmap every run of mapped pages. */
-    for (uint64_t p = 0; p < units->page_high;) {
-        if (!tpi_page_mapped(units, p)) {
-            p++;
-            continue;
-        }
+    for (uint64_t p = tpi_units_next_mapped(units, 0, units->page_high); p < units->page_high;) {
         uint64_t end = p;
         while (end + 1 < units->page_high && tpi_page_mapped(units, end + 1)) end++;
         uint64_t bytes = (end - p + 1) << units->page_shift;
@@ -691,7 +693,7 @@ static void vmm_destroy(tpi_backing *b) {
                     (unsigned long long)bytes, tp_status_name(st));
         tpi_stats_reserved_changed(&core->stats, -(int64_t)bytes);
         tpi_observe(&core->stats, TP_POOL_EVENT_DEVICE_FREE, tpi_page_address(units, p), bytes, TP_STREAM_DEFAULT);
-        p = end + 1;
+        p = tpi_units_next_mapped(units, end + 1, units->page_high);
     }
     tp_status st = core->ops->va_release(core->device, units->va_base, vmm->va_bytes);
     tpi_stats_device_call(&core->stats, st, TPI_DEVICE_CALL_OTHER);
