@@ -15,9 +15,10 @@
  *     safe on S). An entry carries offset, size, tag and node, so a hit
  *     never reads the range allocator. Each stream parks at most
  *     limit_bytes in its bins, counting the last-freed block (below) with
- *     them where the pool says so (slot_in_limit: pool.c says why). A flush reads the bins' counts eight at a time and
- *     skips eight empty bins with one test (no bitmap of non-empty bins:
- *     the hit path would keep it up on every take and put).
+ *     them where the pool says so (slot_in_limit: pool.c says why). A
+ *     flush reads the bins' counts eight at a time and skips eight empty
+ *     bins with one test (no bitmap of non-empty bins: the hit path would
+ *     keep it up on every take and put).
  *   - live map: the blocks handed out on the stream (offset -> requested
  *     bytes, size, node, pins), found by the free without the pool lock;
  *     the newest block sits beside the hash table, so an alloc+free pair
