@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static const char *out_dir;
 
@@ -334,8 +335,16 @@ static const test_case tests[] = {
     TEST_CASE(test_prometheus_labels_are_checked),
 };
 
+/* The first argument is DIR when it names a directory (a path with an
+ * underscore in it included: a build directory such as /home/a_b/build),
+ * and otherwise a test filter. */
+static bool is_directory(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
 int main(int argc, char **argv) {
-    if (argc >= 2 && argv[1][0] != '-' && !strchr(argv[1], '_')) {
+    if (argc >= 2 && argv[1][0] != '-' && (strchr(argv[1], '/') || is_directory(argv[1]))) {
         out_dir = argv[1];
         argc--;
         argv++;
