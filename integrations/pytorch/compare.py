@@ -69,7 +69,12 @@ thread (ticks once a second); the total time inside generate() keeps them.
 The streamer that times the steps is called with each step's new token ids
 copied to the host (generate() makes that copy, a few bytes, in every mode
 alike; the ids are not read). --tp-conf adds TIDEPOOL_TORCH_CONF items to
-the tidepool runs.
+the tidepool runs. With --tp-conf time_calls=on the shim times its own
+allocations and frees, and each tidepool run also reports how many
+milliseconds of its time inside generate() were spent in them
+(tp_calls_in_generate_ms; the summary prints their median and their share
+of generate()): what the allocator's own host work can account for, apart
+from the host's spells. PyTorch's allocators have no such figure.
 """
 import argparse
 import hashlib
@@ -185,14 +190,17 @@ class StepClock:
         pass
 
 
-def install_generate_probe(torch, cls, record, models, step_times=False):
+def install_generate_probe(torch, cls, record, models, step_times=False, call_ns=None):
     """Wraps cls.generate: counts new tokens, times the calls, hashes the
     generated ids (output_hash) and, to tell where a difference comes from,
     the prompts and pixel values (inputs_hash). Keeps the models in `models`
     so that their weights can be fingerprinted after the measurement. With
     step_times, a call that brings no streamer of its own gets a StepClock
     that appends its steps' seconds to record["step_s"], and every call's
-    number of steps goes to record["step_calls"]."""
+    number of steps goes to record["step_calls"]. call_ns, if given, returns
+    the nanoseconds the allocator has spent in its calls so far (tidepool's
+    shim with time_calls=on); what a generate() call adds goes to
+    record["calls_ns"], read outside the timed part."""
     orig = cls.generate
     out_digest, in_digest = hashlib.sha256(), hashlib.sha256()
 
@@ -202,6 +210,7 @@ def install_generate_probe(torch, cls, record, models, step_times=False):
         steps_before = len(record["step_s"])
         if step_times and kwargs.get("streamer") is None:
             kwargs["streamer"] = StepClock(record["step_s"])
+        ns_before = call_ns() if call_ns else None
         t0 = time.perf_counter()
         out = orig(self, *args, **kwargs)
         if step_times:
@@ -209,6 +218,8 @@ def install_generate_probe(torch, cls, record, models, step_times=False):
         seqs = out if torch.is_tensor(out) else out.sequences
         ids = seqs.tolist()  # waits for the device
         record["gen_s"] += time.perf_counter() - t0
+        if ns_before is not None:
+            record["calls_ns"] = record.get("calls_ns", 0) + call_ns() - ns_before
         inp = kwargs.get("input_ids", args[0] if args else None)
         n_in = int(inp.shape[-1]) if torch.is_tensor(inp) else 0
         new = [row[n_in:] for row in ids]
@@ -224,6 +235,16 @@ def install_generate_probe(torch, cls, record, models, step_times=False):
         return out
 
     cls.generate = generate
+
+
+def shim_call_ns(lib):
+    """A function returning the nanoseconds tidepool's shim has spent in
+    alloc and free on device 0 so far, or None while it does not time its
+    calls (time_calls=on in --tp-conf turns that on)."""
+    def call_ns():
+        shim = json.loads(lib.tp_torch_stats_json(0).decode()).get("shim") or {}
+        return shim["alloc_ns"] + shim["free_ns"] if shim.get("timed") else None
+    return call_ns
 
 
 def weights_fingerprint(torch, models):
@@ -327,7 +348,7 @@ def worker(args):
     record = dict(calls=0, new_tokens=0, gen_s=0.0, hash=None, inputs_hash=None, step_s=[], step_calls=[])
     models = []
     install_generate_probe(torch, getattr(transformers, GENERATE_CLASS[args.scenario]), record, models,
-                           step_times=args.step_times)
+                           step_times=args.step_times, call_ns=shim_call_ns(lib) if lib is not None else None)
 
     sampler.start()
     t0 = time.perf_counter()
@@ -366,6 +387,8 @@ def worker(args):
         stats = json.loads(lib.tp_torch_stats_json(0).decode())
         pool = stats.get("pool") or {}
         res.update(tidepool_conf=os.environ.get("TIDEPOOL_TORCH_CONF", ""), tidepool_stats=stats)
+        if record.get("calls_ns") is not None:  # time_calls=on: tidepool's own time inside generate()
+            res.update(tp_calls_in_generate_ms=round(record["calls_ns"] / 1e6, 3))
         if pool:
             res.update(alloc_peak_reserved_mib=round(pool["reserved_bytes"]["peak"] / MiB, 1),
                        alloc_peak_allocated_mib=round(pool["allocated_bytes"]["peak"] / MiB, 1),
@@ -509,8 +532,15 @@ def summarize(results, baseline_mode):
         gen = [r["gen_s"] for r in rs]
         wall = [r["wall_s"] for r in rs if r.get("wall_s") is not None]
         steps_s, steps = step_median_sum(rs)
+        # time_calls=on: the allocator's own calls inside generate(), a run's
+        # milliseconds and their share of its generate() time
+        calls = [r["tp_calls_in_generate_ms"] for r in rs if r.get("tp_calls_in_generate_ms") is not None]
+        shares = [r["tp_calls_in_generate_ms"] / 1000.0 / r["gen_s"] for r in rs
+                  if r.get("tp_calls_in_generate_ms") is not None]
         rows.append(dict(scenario=scen, mode=mode, runs=len(rs), gen_median_s=median(gen), gen_min_s=min(gen),
-                         gen_max_s=max(gen), wall_median_s=median(wall), steps=steps, steps_s=steps_s))
+                         gen_max_s=max(gen), wall_median_s=median(wall), steps=steps, steps_s=steps_s,
+                         calls_ms_median=median(calls), calls_share_median=median(shares),
+                         calls_share_max=max(shares) if shares else None))
     for row in rows:
         same_scen = [b for b in rows if b["scenario"] == row["scenario"]]
         base = next((b for b in same_scen if b["mode"] == baseline_mode), None)
@@ -560,6 +590,11 @@ def print_summary(results, baseline_mode):
         print("  %-18s %-11s runs %d  generate %s s (%s-%s)  wall %s s  ratio %s%s" % (
             row["scenario"], row["mode"], row["runs"], fmt(row["gen_median_s"]), fmt(row["gen_min_s"]),
             fmt(row["gen_max_s"]), fmt(row["wall_median_s"]), fmt(row["gen_vs_baseline"], "%.3f"), steps))
+        if row["calls_ms_median"] is not None:
+            print("  %-18s %-11s its allocs and frees inside generate(): %s ms a run (median), %s%% of generate() "
+                  "(median; at most %s%%)" % (row["scenario"], row["mode"], fmt(row["calls_ms_median"], "%.1f"),
+                                              fmt(100.0 * row["calls_share_median"], "%.3f"),
+                                              fmt(100.0 * row["calls_share_max"], "%.3f")))
 
 
 def main():
@@ -657,7 +692,8 @@ def main():
                 write_out(args.out, t0, results)
     print()
     print_table(results, modes[0])
-    if any(n > 1 for n in run_counts(results).values()):
+    if any(n > 1 for n in run_counts(results).values()) or any(r.get("tp_calls_in_generate_ms") is not None
+                                                                 for r in results):
         print()
         print_summary(results, modes[0])
     print("\npeak used = device memory in use (%s) at its peak minus before the model was built; "

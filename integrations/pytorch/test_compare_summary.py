@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: MIT
 """test_compare_summary.py -- compare.py's medians and step sums over rounds,
 without torch or a GPU: summarize() and step_median_sum() on made-up runs,
-the generate() probe and its step clock on a stand-in model, and the
+the generate() probe, its step clock and its reading of the shim's call
+times on a stand-in model, and the
 --rounds option's checks."""
 import os
 import subprocess
@@ -110,6 +111,43 @@ check(record["calls"] == 2 and record["new_tokens"] == 5 and len(record["step_s"
 own = compare.StepClock([])
 FakeModel().generate(input_ids=FakeTensor([[1]]), streamer=own, new=4)
 check(len(own.steps) == 4 and len(record["step_s"]) == 5, "a caller's own streamer is kept")
+
+# time_calls=on: the allocator's own time inside generate(). The probe reads
+# the shim's running total before and after each call (a stand-in that moves
+# 5 ns a read, and 1000 more during each call), and summarize() gives the
+# median milliseconds and share of generate() over the runs.
+ticks = [0]
+
+
+def fake_call_ns():
+    ticks[0] += 5
+    return ticks[0]
+
+
+class CountingModel(FakeModel):
+    def generate(self, input_ids=None, streamer=None, new=3):
+        ticks[0] += 1000
+        return FakeModel.generate(self, input_ids=input_ids, streamer=streamer, new=new)
+
+
+record = dict(calls=0, new_tokens=0, gen_s=0.0, hash=None, inputs_hash=None, step_s=[], step_calls=[])
+compare.install_generate_probe(FakeTorch, CountingModel, record, [], step_times=False, call_ns=fake_call_ns)
+CountingModel().generate(input_ids=FakeTensor([[1, 2]]), new=1)
+CountingModel().generate(input_ids=FakeTensor([[1, 2]]), new=1)
+check(record["calls_ns"] == 2 * 1005, "calls_ns adds what each call moved the total: %s" % record.get("calls_ns"))
+record = dict(calls=0, new_tokens=0, gen_s=0.0, hash=None, inputs_hash=None, step_s=[], step_calls=[])
+compare.install_generate_probe(FakeTorch, CountingModel, record, [], step_times=False, call_ns=lambda: None)
+CountingModel().generate(input_ids=FakeTensor([[1, 2]]), new=1)
+check("calls_ns" not in record, "an untimed shim leaves no calls_ns: %s" % record)
+timed_runs = [run("tp-vmm", 10.0, 11.0), run("tp-vmm", 20.0, 21.0), run("tp-vmm", 8.0, 9.0), run("default", 9.0, 10.0)]
+for r, ms in zip(timed_runs, [30.0, 10.0, 8.0]):
+    r["tp_calls_in_generate_ms"] = ms
+rows = {r["mode"]: r for r in compare.summarize(timed_runs, "default")}
+t = rows["tp-vmm"]
+check(t["calls_ms_median"] == 10.0 and abs(t["calls_share_median"] - 0.001) < 1e-12
+      and abs(t["calls_share_max"] - 0.003) < 1e-12, "calls figures: %s" % t)
+check(rows["default"]["calls_ms_median"] is None and rows["default"]["calls_share_max"] is None,
+      "no calls figures without the timing: %s" % rows["default"])
 
 # --rounds 0 is a usage error (exit 2) before anything runs
 p = subprocess.run([sys.executable, os.path.join(HERE, "compare.py"), "--workloads", __file__, "--rounds", "0"],

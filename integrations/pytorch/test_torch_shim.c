@@ -10,6 +10,14 @@
  *                              the simulated device behind the same entry
  *                              points: alloc/free from 8 threads, the limit,
  *                              empty_cache, record_stream, reset_peaks, stats.
+ *   test_torch_shim timed      TIDEPOOL_TORCH_CONF=...,time_calls=on,tick_ms=10: a
+ *                              bad time_calls value is refused; after 8
+ *                              threads allocate and free, the stats JSON has
+ *                              the time inside alloc and free (above zero,
+ *                              within the threads' wall time, the slowest call
+ *                              between the mean and the sum), and after a
+ *                              quiet spell the upkeep thread's time. (The sim
+ *                              mode, untimed, checks that all of it reads 0.)
  *   test_torch_shim trace      TIDEPOOL_TORCH_CONF=backend=sim,...,trace=FILE (plain
  *                              CSV): 8 threads allocate and free; after
  *                              tp_torch_trace_close the file has the header,
@@ -63,6 +71,7 @@
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 void *tp_torch_alloc(ssize_t size, int device, void *stream);
@@ -206,6 +215,11 @@ static int run_sim(void) {
     CHECK(json_number(s, "\"requested_bytes\":{\"current\"") == 0);
     CHECK(json_number(s, "\"limit_bytes\"") == 1ll << 30);
     CHECK(json_number(s, "\"hazards\"") == 0);
+    /* Not asked to time the calls: nothing timed. */
+    CHECK(strstr(s, "\"timed\":false") != NULL);
+    CHECK(json_number(s, "\"alloc_ns\"") == 0);
+    CHECK(json_number(s, "\"free_ns\"") == 0);
+    CHECK(json_number(s, "\"slowest_call_ns\"") == 0);
 
     /* Over the 1 GiB limit: NULL, counted as an out-of-memory. */
     CHECK(tp_torch_alloc((ssize_t)3 << 29, 0, NULL) == NULL);
@@ -471,6 +485,49 @@ static int run_json(const char *dir) {
     CHECK(!valid_json("{\"a\":\"\x01\"}"));
     CHECK(!valid_json("{\"a\":\"\\x\"}"));
     CHECK(valid_json("{\"a\":[1,-2.5e3,true,null,\"\xc3\xa9\\u00ff\"],\"b\":{}}"));
+    return failures;
+}
+
+static uint64_t wall_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static int run_timed(void) {
+    char err[256], key[64];
+    /* A value that is neither on nor off: refused, naming the key; the
+     * configuration from the environment stays. */
+    CHECK(tp_torch_configure("backend=sim:4GiB,time_calls=maybe", err, sizeof err, key, sizeof key) == -1);
+    CHECK(!strcmp(key, "time_calls"));
+    CHECK(strstr(err, "expected on or off") != NULL);
+    CHECK(strstr(tp_torch_stats_json(-1), "\"time_calls\":true") != NULL);
+
+    uint64_t start = wall_ns();
+    pthread_t threads[THREADS];
+    for (int i = 0; i < THREADS; i++)
+        CHECK(pthread_create(&threads[i], NULL, sim_thread, (void *)(uintptr_t)(i + 1)) == 0);
+    for (int i = 0; i < THREADS; i++) {
+        void *got = (void *)1;
+        pthread_join(threads[i], &got);
+        CHECK(got == NULL);
+    }
+    long long wall = (long long)(wall_ns() - start);
+    const char *s = tp_torch_stats_json(0);
+    printf("%s\n", s);
+    CHECK(strstr(s, "\"timed\":true") != NULL);
+    long long calls = json_number(s, "\"alloc_calls\"") + json_number(s, "\"free_calls\"");
+    long long alloc_ns = json_number(s, "\"alloc_ns\""), free_ns = json_number(s, "\"free_ns\"");
+    long long slowest = json_number(s, "\"slowest_call_ns\"");
+    CHECK(calls > THREADS * ROUNDS / 2);
+    CHECK(alloc_ns > 0 && free_ns > 0);
+    CHECK(alloc_ns + free_ns <= THREADS * wall); /* each thread's calls fit in its own time */
+    CHECK(slowest > 0 && slowest * calls >= alloc_ns + free_ns && slowest <= alloc_ns + free_ns);
+
+    /* Quiet for 20 ticks: the upkeep thread ticks the pool, timed. */
+    struct timespec pause = {0, 200 * 1000000L};
+    nanosleep(&pause, NULL);
+    CHECK(json_number(tp_torch_stats_json(0), "\"upkeep_ns\"") > 0);
     return failures;
 }
 
@@ -846,12 +903,13 @@ int main(int argc, char **argv) {
         return 77;
     }
     if (argc != 2) {
-        fprintf(stderr, "usage: test_torch_shim nodevice|sim|trace|trace_full|config_threads|fork|fork_exit_threads|json DIR\n");
+        fprintf(stderr, "usage: test_torch_shim nodevice|sim|timed|trace|trace_full|config_threads|fork|fork_exit_threads|json DIR\n");
         return 2;
     }
     int rc = !strcmp(argv[1], "nodevice") ? run_nodevice()
              : !strcmp(argv[1], "sim")    ? run_sim()
              : !strcmp(argv[1], "trace")  ? run_trace()
+             : !strcmp(argv[1], "timed")  ? run_timed()
              : !strcmp(argv[1], "config_threads") ? run_config_threads()
              : !strcmp(argv[1], "trace_full") ? run_trace_full()
              : !strcmp(argv[1], "fork")   ? run_fork()

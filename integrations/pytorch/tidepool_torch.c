@@ -45,7 +45,10 @@
  *
  * Observability: tp_torch_metrics (Prometheus text), tp_torch_snapshot_json
  * (the memory map), trace=PATH (a CSV trace of every alloc and free, from a
- * pool observer: tidepool_torch_trace.c).
+ * pool observer: tidepool_torch_trace.c), time_calls=on (the wall time spent
+ * inside the shim's alloc and free and the upkeep thread's ticks, summed per
+ * device in the stats JSON: what the allocator's own work costs the host
+ * thread that calls it; two precise clock reads a call, off by default).
  *
  * Hooks beyond alloc/free, for C++ hosts (CUDAPluggableAllocator's set_*_fn
  * are not exposed to Python) and for ctypes callers: tp_torch_init,
@@ -140,6 +143,7 @@ typedef struct tpt_config {
     tpt_backend backend;
     uint64_t sim_capacity_bytes;
     tpt_oom_mode oom;
+    bool time_calls;            /* time_calls=on: time every call (stats JSON) */
     char stats_path[PATH_MAX];  /* "": none, "-": stderr */
     char trace_path[PATH_MAX];  /* "": no trace */
 } tpt_config;
@@ -261,6 +265,10 @@ static bool parse_item(tpt_config *c, const char *key, const char *value, char *
         else if (!strcmp(value, "error")) c->log_level = TP_LOG_ERROR;
         else if (!strcmp(value, "off")) c->log_level = TPT_LOG_OFF;
         else BAD("log=%s: expected debug, info, warn, error or off", value);
+    } else if (!strcmp(key, "time_calls")) {
+        if (!strcmp(value, "on") || !strcmp(value, "1")) c->time_calls = true;
+        else if (!strcmp(value, "off") || !strcmp(value, "0")) c->time_calls = false;
+        else BAD("time_calls=%s: expected on or off", value);
     } else if (!strcmp(key, "stats")) {
         if (strlen(value) >= sizeof c->stats_path) BAD("stats=: path too long");
         strcpy(c->stats_path, value);
@@ -290,7 +298,7 @@ static bool parse_item(tpt_config *c, const char *key, const char *value, char *
         }
     } else {
         BAD("unknown key '%s' (known: kind, limit, release_threshold, idle_release_ms, align, page, va_reserve, "
-            "max_map, max_chunk, tick_ms, log, stats, trace, oom, backend)", key);
+            "max_map, max_chunk, tick_ms, log, time_calls, stats, trace, oom, backend)", key);
     }
     return true;
 #undef BAD
@@ -384,6 +392,12 @@ typedef struct tpt_slot {
     atomic_ullong free_errors;
     atomic_ullong record_stream_calls;
     atomic_ullong cross_stream_waits;
+    /* time_calls=on: nanoseconds inside alloc, free and the upkeep ticks,
+     * and the longest single alloc or free */
+    atomic_ullong alloc_ns;
+    atomic_ullong free_ns;
+    atomic_ullong upkeep_ns;
+    atomic_ullong slowest_call_ns;
     tpt_trace *trace;       /* trace=: set with pool, under create_lock; never freed */
     char trace_error[160];  /* why the trace could not be opened */
 } tpt_slot;
@@ -410,6 +424,7 @@ static struct {
      * (config_view); the two read on every path are mirrored here. */
     atomic_int log_level;        /* config.log_level */
     atomic_int oom_mode;         /* config.oom */
+    atomic_bool time_calls;      /* config.time_calls */
     bool pools_attempted;        /* under create_lock: the configuration can no longer change */
     _Atomic(tpt_oom_handler) oom_handler;
     int device_count;            /* from tp_torch_init; 0: unknown */
@@ -465,6 +480,7 @@ static void global_init(void) {
     g.config_ok = parse_config(text, &g.config, err, sizeof err, g.config_bad_key, sizeof g.config_bad_key);
     atomic_store(&g.log_level, g.config.log_level);
     atomic_store(&g.oom_mode, (int)g.config.oom);
+    atomic_store(&g.time_calls, g.config.time_calls);
     if (!g.config_ok) {
         snprintf(g.config_error, sizeof g.config_error, "%s", err);
         fprintf(stderr, TPT_PREFIX ": TIDEPOOL_TORCH_CONF=\"%s\": %s; no pool will be created (every allocation "
@@ -477,6 +493,34 @@ static void global_init(void) {
 static inline void ensure_init(void) { pthread_once(&g.once, global_init); }
 
 __attribute__((constructor)) static void on_load(void) { ensure_init(); }
+
+/* ------------------------------------------------------------ call times */
+
+/* time_calls=on: the precise clock (calls take 0.1-10 us; the coarse one
+ * ticks every few milliseconds). */
+static uint64_t call_clock_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* The clock if calls are timed, else 0 (then call_timed does nothing). */
+static inline uint64_t call_start(void) {
+    return atomic_load_explicit(&g.time_calls, memory_order_relaxed) ? call_clock_ns() : 0;
+}
+
+/* Adds the time since start_ns (call_start) to *sum, and to the slot's
+ * slowest call if alloc or free (slowest true) took longer. */
+static void call_timed(tpt_slot *slot, atomic_ullong *sum, uint64_t start_ns, bool slowest) {
+    if (!start_ns) return;
+    unsigned long long ns = call_clock_ns() - start_ns;
+    atomic_fetch_add_explicit(sum, ns, memory_order_relaxed);
+    if (!slowest) return;
+    unsigned long long seen = atomic_load_explicit(&slot->slowest_call_ns, memory_order_relaxed);
+    while (ns > seen && !atomic_compare_exchange_weak_explicit(&slot->slowest_call_ns, &seen, ns,
+                                                                memory_order_relaxed, memory_order_relaxed)) {
+    }
+}
 
 /* ----------------------------------------------------------------- upkeep */
 
@@ -495,7 +539,10 @@ static void *tick_main(void *arg) {
         }
         for (int d = 0; d < TPT_MAX_DEVICES; d++) {
             tp_pool *pool = atomic_load_explicit(&g.slots[d].pool, memory_order_acquire);
-            if (pool) tp_pool_tick(pool);
+            if (!pool) continue;
+            uint64_t start_ns = call_start();
+            tp_pool_tick(pool);
+            call_timed(&g.slots[d], &g.slots[d].upkeep_ns, start_ns, false);
         }
     }
     return NULL;
@@ -720,9 +767,11 @@ void *tpt_alloc(ssize_t size, int device, void *stream) {
         if (size == 0) atomic_fetch_add_explicit(&slot->zero_size_allocs, 1, memory_order_relaxed);
         return NULL;
     }
+    uint64_t start_ns = call_start();
     tp_pool *pool = pool_for(device);
     void *ptr = NULL;
     tls_alloc_status = pool ? tp_pool_alloc(pool, (size_t)size, (tp_stream)stream, &ptr) : TP_ERR_NO_DEVICE;
+    call_timed(slot, &slot->alloc_ns, start_ns, true);
     if (tls_alloc_status != TP_OK) {
         atomic_fetch_add_explicit(&slot->failed_allocs, 1, memory_order_relaxed);
         return NULL;
@@ -840,9 +889,12 @@ TPT_EXPORT void tp_torch_free(void *ptr, ssize_t size, int device, void *stream)
         tpt_log(TP_LOG_ERROR, "free(%p) on device %d, which has no pool", ptr, device);
         return;
     }
+    uint64_t start_ns = call_start();
     if (atomic_load_explicit(&g.rs_live, memory_order_relaxed))
         order_after_recorded(slot, pool, (uintptr_t)ptr, stream);
-    if (tp_pool_free(pool, ptr, (tp_stream)stream) != TP_OK) /* tidepool logs why */
+    tp_status st = tp_pool_free(pool, ptr, (tp_stream)stream);
+    call_timed(slot, &slot->free_ns, start_ns, true);
+    if (st != TP_OK) /* tidepool logs why */
         atomic_fetch_add_explicit(&slot->free_errors, 1, memory_order_relaxed);
     else
         atomic_fetch_add_explicit(&slot->free_calls, 1, memory_order_relaxed);
@@ -941,6 +993,7 @@ TPT_EXPORT int tp_torch_configure(const char *text, char *err, size_t err_capaci
     g.config_from_call = true;
     atomic_store(&g.log_level, parsed.log_level);
     atomic_store(&g.oom_mode, (int)parsed.oom);
+    atomic_store(&g.time_calls, parsed.time_calls);
     pthread_mutex_unlock(&g.create_lock);
     return 0;
 }
@@ -1141,9 +1194,9 @@ static void sb_config(sbuf *b) {
     sb_bytes_or_null(b, "va_reserve_bytes", c->va_reserve_bytes, true);
     sb_bytes_or_null(b, "max_map_bytes", c->max_map_bytes, true);
     sb_bytes_or_null(b, "max_chunk_bytes", c->max_chunk_bytes, true);
-    sb_appendf(b, "\"tick_ms\":%llu,\"log\":\"%s\",\"oom\":\"%s\",\"backend\":\"%s\",\"stats\":",
-               (unsigned long long)(c->tick_ns / 1000000ull), level_name(c->log_level), oom_name(c->oom),
-               c->backend == TPT_BACKEND_SIM ? "sim" : "cuda");
+    sb_appendf(b, "\"tick_ms\":%llu,\"log\":\"%s\",\"time_calls\":%s,\"oom\":\"%s\",\"backend\":\"%s\",\"stats\":",
+               (unsigned long long)(c->tick_ns / 1000000ull), level_name(c->log_level), c->time_calls ? "true" : "false",
+               oom_name(c->oom), c->backend == TPT_BACKEND_SIM ? "sim" : "cuda");
     sb_json_string(b, c->stats_path);
     sb_appendf(b, ",\"trace\":");
     sb_json_string(b, c->trace_path);
@@ -1169,11 +1222,15 @@ static bool sb_device(sbuf *b, int d, bool include_unused) {
     if (state == SLOT_FAILED) sb_appendf(b, "\"error\":\"%s\",", tp_status_name(error));
     sb_appendf(b,
                "\"shim\":{\"alloc_calls\":%llu,\"free_calls\":%llu,\"zero_size_allocs\":%llu,\"failed_allocs\":%llu,"
-               "\"free_errors\":%llu,\"record_stream_calls\":%llu,\"cross_stream_waits\":%llu},",
+               "\"free_errors\":%llu,\"record_stream_calls\":%llu,\"cross_stream_waits\":%llu,\"timed\":%s,"
+               "\"alloc_ns\":%llu,\"free_ns\":%llu,\"upkeep_ns\":%llu,\"slowest_call_ns\":%llu},",
                (unsigned long long)atomic_load(&slot->alloc_calls), (unsigned long long)atomic_load(&slot->free_calls),
                zero, failed, (unsigned long long)atomic_load(&slot->free_errors),
                (unsigned long long)atomic_load(&slot->record_stream_calls),
-               (unsigned long long)atomic_load(&slot->cross_stream_waits));
+               (unsigned long long)atomic_load(&slot->cross_stream_waits),
+               atomic_load(&g.time_calls) ? "true" : "false", (unsigned long long)atomic_load(&slot->alloc_ns),
+               (unsigned long long)atomic_load(&slot->free_ns), (unsigned long long)atomic_load(&slot->upkeep_ns),
+               (unsigned long long)atomic_load(&slot->slowest_call_ns));
     pthread_mutex_lock(&g.create_lock);
     tpt_trace *trace = slot->trace;
     char trace_error[sizeof slot->trace_error];
