@@ -39,9 +39,9 @@
  * item instead (the Python package raises ValueError naming the key).
  * Until the first pool it may replace the configuration while other
  * threads read it: the configuration changes only under the creation lock,
- * and its readers copy it under that lock, except the log level and the
- * oom mode, mirrored in atomics (log lines are also written with the lock
- * held).
+ * and its readers copy it under that lock, except the log level, the oom
+ * mode and time_calls, mirrored in atomics (log lines are also written with
+ * the lock held).
  *
  * Observability: tp_torch_metrics (Prometheus text), tp_torch_snapshot_json
  * (the memory map), trace=PATH (a CSV trace of every alloc and free, from a
@@ -421,7 +421,7 @@ static struct {
     /* config, config_ok, config_error, config_bad_key and config_from_call
      * change only under create_lock (tp_torch_configure, until the first
      * pool): readers that may run before then copy them under the lock
-     * (config_view); the two read on every path are mirrored here. */
+     * (config_view); the three read on every path are mirrored here. */
     atomic_int log_level;        /* config.log_level */
     atomic_int oom_mode;         /* config.oom */
     atomic_bool time_calls;      /* config.time_calls */
