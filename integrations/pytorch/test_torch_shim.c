@@ -193,10 +193,8 @@ static void *sim_thread(void *arg) {
     return NULL;
 }
 
-static int run_sim(void) {
-    tp_torch_init(2);
-    CHECK(tp_torch_alloc(0, 0, NULL) == NULL);
-
+/* THREADS threads of sim_thread, each checked. */
+static void run_sim_threads(void) {
     pthread_t threads[THREADS];
     for (int i = 0; i < THREADS; i++)
         CHECK(pthread_create(&threads[i], NULL, sim_thread, (void *)(uintptr_t)(i + 1)) == 0);
@@ -205,6 +203,13 @@ static int run_sim(void) {
         pthread_join(threads[i], &got);
         CHECK(got == NULL);
     }
+}
+
+static int run_sim(void) {
+    tp_torch_init(2);
+    CHECK(tp_torch_alloc(0, 0, NULL) == NULL);
+
+    run_sim_threads();
     const char *s = tp_torch_stats_json(0);
     printf("%s\n", s);
     CHECK(strstr(s, "\"state\":\"active\"") != NULL);
@@ -504,14 +509,7 @@ static int run_timed(void) {
     CHECK(strstr(tp_torch_stats_json(-1), "\"time_calls\":true") != NULL);
 
     uint64_t start = wall_ns();
-    pthread_t threads[THREADS];
-    for (int i = 0; i < THREADS; i++)
-        CHECK(pthread_create(&threads[i], NULL, sim_thread, (void *)(uintptr_t)(i + 1)) == 0);
-    for (int i = 0; i < THREADS; i++) {
-        void *got = (void *)1;
-        pthread_join(threads[i], &got);
-        CHECK(got == NULL);
-    }
+    run_sim_threads();
     long long wall = (long long)(wall_ns() - start);
     const char *s = tp_torch_stats_json(0);
     printf("%s\n", s);
