@@ -7,6 +7,7 @@
 set -euo pipefail
 bin=$1 dir=$2
 mkdir -p "$dir"
+rm -f "$dir/pool.prom" "$dir/cache.prom" # (a file left by an earlier run would hide one not written)
 "$bin" "$dir" test_prometheus_text_is_well_formed >/dev/null
 for py in python3 /usr/bin/python3; do
   if command -v "$py" >/dev/null && "$py" -c 'import prometheus_client' 2>/dev/null; then
