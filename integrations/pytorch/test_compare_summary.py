@@ -3,8 +3,7 @@
 """test_compare_summary.py -- compare.py's medians and step sums over rounds,
 without torch or a GPU: summarize() and step_median_sum() on made-up runs,
 the generate() probe, its step clock and its reading of the shim's call
-times on a stand-in model, and the
---rounds option's checks."""
+times on a stand-in model, and the --rounds option's checks."""
 import os
 import subprocess
 import sys
