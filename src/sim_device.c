@@ -62,8 +62,8 @@
  * on the host. Two exceptions skip it while no kernel is pending (the count
  * mirrored in kernels_pending): tp_sim_advance moves the clock, and a
  * hand-out check finds nothing to conflict with. The clock only rises
- * (compare-exchange), so a step taken beside a locked call is as if taken
- * just before or after it.
+ * (two counters that only rise: sim_internal.h), so a step taken beside a
+ * locked call is as if taken just before or after it.
  */
 #include "sim_internal.h"
 
@@ -213,7 +213,7 @@ void sim_prune_kernels(sim_device *sim) {
     size_t kept = 0;
     for (size_t i = 0; i < sim->kernel_count; i++) {
         sim_kernel *k = &sim->kernels[i];
-        if (k->end_ns <= sim->now_ns) {
+        if (k->end_ns <= sim_clock_now(sim)) {
             tpi_host_free(&sim->device->host, k->ranges, k->range_count * sizeof *k->ranges);
         } else {
             sim->kernels[kept++] = *k;
@@ -243,7 +243,7 @@ static uint64_t count_conflicts(sim_device *sim, uint64_t address, uint64_t byte
                     "sim hazard: %s of [0x%llx, +%llu) while kernel #%llu on stream %u (ends at %llu ns, now %llu ns) "
                     "still touches [0x%llx, +%llu)",
                     what, (unsigned long long)address, (unsigned long long)bytes, (unsigned long long)k->seq,
-                    k->stream, (unsigned long long)k->end_ns, (unsigned long long)sim->now_ns,
+                    k->stream, (unsigned long long)k->end_ns, (unsigned long long)sim_clock_now(sim),
                     (unsigned long long)k->ranges[r].address, (unsigned long long)k->ranges[r].bytes);
             break;
         }
@@ -267,7 +267,7 @@ bool sim_stream_index(sim_device *sim, tp_stream stream, uint32_t *out_index) {
 static tp_status queue_work(sim_device *sim, uint32_t s, uint64_t duration_ns, const tp_range *ranges,
                             size_t range_count) {
     sim_stream *st = &sim->streams[s];
-    uint64_t start = TPI_MAX(sim->now_ns, stream_done_ns(st));
+    uint64_t start = TPI_MAX(sim_clock_now(sim), stream_done_ns(st));
     /* Refused, not wrapped: an end past the clock's range, or a range past
      * the address space's end, would slip past every later check. */
     if (duration_ns > UINT64_MAX - start || !sim_ranges_valid(ranges, range_count)) return TP_ERR_INVALID_ARGUMENT;
@@ -748,7 +748,7 @@ static tp_status sim_event_query(tp_device *device, tp_event event) {
             capture_invalidate(sim, (uint32_t)from, "querying an event recorded in it");
             st = TP_ERR_CAPTURE;
         }
-        if (st == TP_OK) st = (!e->recorded || e->time_ns <= sim->now_ns) ? TP_OK : TP_NOT_READY;
+        if (st == TP_OK) st = (!e->recorded || e->time_ns <= sim_clock_now(sim)) ? TP_OK : TP_NOT_READY;
     });
     return st;
 }
@@ -780,7 +780,7 @@ static tp_status sim_device_synchronize(tp_device *device) {
             if (sim->streams[i].in_use) capture_invalidate(sim, i, "synchronizing the device");
         if (st == TP_OK) {
             /* Every stream's work, and what destroyed streams left queued. */
-            uint64_t done = sim->now_ns;
+            uint64_t done = sim_clock_now(sim);
             for (int i = 0; i < SIM_MAX_STREAMS; i++)
                 if (sim->streams[i].in_use) done = TPI_MAX(done, stream_done_ns(&sim->streams[i]));
             for (size_t k = 0; k < sim->kernel_count; k++) done = TPI_MAX(done, sim->kernels[k].end_ns);
@@ -804,7 +804,7 @@ static tp_status sim_stream_capturing(tp_device *device, tp_stream stream, bool 
 }
 
 static uint64_t sim_now_ns(tp_device *device) {
-    return atomic_load_explicit(&sim_of(device)->now_ns, memory_order_relaxed);
+    return sim_clock_now(sim_of(device));
 }
 
 static uint64_t sim_check_handout(tp_device *device, uint64_t address, uint64_t bytes, tp_stream stream) {

@@ -88,7 +88,7 @@ tp_status tp_sim_advance(tp_device *device, uint64_t ns) {
 tp_status tp_sim_now(tp_device *device, uint64_t *out_now_ns) {
     SIM_REQUIRE_DEVICE(device);
     if (!out_now_ns) return TP_ERR_INVALID_ARGUMENT;
-    *out_now_ns = atomic_load_explicit(&sim_of(device)->now_ns, memory_order_relaxed);
+    *out_now_ns = sim_clock_now(sim_of(device));
     return TP_OK;
 }
 
@@ -118,7 +118,7 @@ tp_status tp_sim_get_counters(tp_device *device, tp_sim_counters *out_counters) 
     sim_device *sim = sim_of(device);
     SIM_LOCKED(sim, {
         sim_prune_kernels(sim);
-        sim->counters.now_ns = sim->now_ns;
+        sim->counters.now_ns = sim_clock_now(sim);
         sim->counters.map_chunks = 0;
         for (size_t i = 0; i < sim->resident_count; i++) sim->counters.map_chunks += sim->resident[i].kind == RESIDENT_MAP;
         *out_counters = sim->counters;

@@ -92,10 +92,18 @@ typedef struct sim_device {
     bool vmm;
     bool check;
     bool adjacent; /* device allocations may follow each other directly */
-    /* The clock: raised under the lock, or without it by tp_sim_advance
-     * while no kernel is pending (sim_clock_raise, sim_clock_add: compare-
-     * exchange, so it never goes back); read without the lock. */
+    /* The clock, now_ns + owner_ns (saturating; sim_clock_now), in two
+     * counters that only rise. owner_ns is moved by one thread only, the
+     * clock's owner: the first thread that advanced it (tp_sim_advance),
+     * with a plain load and store -- a replay steps the clock at nearly
+     * every event, and a locked compare-exchange there cost an eighth of
+     * its pool stage. now_ns is moved by every other thread's step and by
+     * the raises of host waits (under the lock), with compare-exchange.
+     * Each counter only rises, so their sum only rises, and steps taken
+     * side by side all count. Read without the lock. */
     _Atomic uint64_t now_ns;
+    _Atomic uint64_t owner_ns;
+    _Atomic uintptr_t owner; /* the owner's pthread_self(); 0: none yet */
 
     sim_stream streams[SIM_MAX_STREAMS];
 
@@ -137,18 +145,42 @@ enum { NODE_KERNEL = 1, NODE_GRAPH = 2 }; /* topology tokens */
 
 static inline sim_device *sim_of(tp_device *device) { return (sim_device *)device->impl; }
 
-/* The clock moves to at least t_ns. */
-static inline void sim_clock_raise(sim_device *sim, uint64_t t_ns) {
-    uint64_t now = atomic_load_explicit(&sim->now_ns, memory_order_relaxed);
-    while (now < t_ns && !atomic_compare_exchange_weak_explicit(&sim->now_ns, &now, t_ns, memory_order_relaxed,
-                                                                 memory_order_relaxed)) {}
+/* The clock now. */
+static inline uint64_t sim_clock_now(sim_device *sim) {
+    uint64_t owned = atomic_load_explicit(&sim->owner_ns, memory_order_relaxed);
+    uint64_t shared = atomic_load_explicit(&sim->now_ns, memory_order_relaxed);
+    return owned > UINT64_MAX - shared ? UINT64_MAX : owned + shared;
 }
 
-/* The clock moves on by ns (saturating). */
+/* The clock moves to at least t_ns (by the shared counter: a step the
+ * owner takes meanwhile adds to it). */
+static inline void sim_clock_raise(sim_device *sim, uint64_t t_ns) {
+    uint64_t shared = atomic_load_explicit(&sim->now_ns, memory_order_relaxed);
+    for (;;) {
+        uint64_t owned = atomic_load_explicit(&sim->owner_ns, memory_order_relaxed);
+        if (owned > UINT64_MAX - shared || owned + shared >= t_ns) return;
+        if (atomic_compare_exchange_weak_explicit(&sim->now_ns, &shared, t_ns - owned, memory_order_relaxed,
+                                                  memory_order_relaxed))
+            return;
+    }
+}
+
+/* The clock moves on by ns (saturating): the owner's counter if the caller
+ * owns the clock (or is the first to step it), else the shared one. */
 static inline void sim_clock_add(sim_device *sim, uint64_t ns) {
-    uint64_t now = atomic_load_explicit(&sim->now_ns, memory_order_relaxed), next;
-    do next = ns > UINT64_MAX - now ? UINT64_MAX : now + ns;
-    while (!atomic_compare_exchange_weak_explicit(&sim->now_ns, &now, next, memory_order_relaxed,
+    _Static_assert(sizeof(pthread_t) <= sizeof(uintptr_t), "pthread_t fits a word");
+    uintptr_t self = (uintptr_t)pthread_self(), owner = atomic_load_explicit(&sim->owner, memory_order_relaxed);
+    if (owner == self ||
+        (owner == 0 && atomic_compare_exchange_strong_explicit(&sim->owner, &owner, self, memory_order_relaxed,
+                                                               memory_order_relaxed))) {
+        uint64_t owned = atomic_load_explicit(&sim->owner_ns, memory_order_relaxed);
+        atomic_store_explicit(&sim->owner_ns, ns > UINT64_MAX - owned ? UINT64_MAX : owned + ns,
+                              memory_order_relaxed);
+        return;
+    }
+    uint64_t shared = atomic_load_explicit(&sim->now_ns, memory_order_relaxed), next;
+    do next = ns > UINT64_MAX - shared ? UINT64_MAX : shared + ns;
+    while (!atomic_compare_exchange_weak_explicit(&sim->now_ns, &shared, next, memory_order_relaxed,
                                                   memory_order_relaxed));
 }
 

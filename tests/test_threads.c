@@ -667,6 +667,69 @@ static void the_simulated_clock_loses_no_step(void) {
     pthread_mutex_destroy(&c.lock);
 }
 
+/* The clock in two counters (sim_internal.h): the first thread that steps
+ * it owns one, every other thread's steps and the host waits' raises go to
+ * the other. Turn by turn, each move must land exactly: steps of both kinds
+ * add up, a synchronize raises the sum to the kernel's end (not the shared
+ * counter alone), and the sum saturates at 2^64 - 1 instead of wrapping. */
+typedef struct clock_step {
+    tp_device *dev;
+    uint64_t ns;
+    tp_status status;
+} clock_step;
+
+static void *clock_step_main(void *arg) {
+    clock_step *step = arg;
+    step->status = tp_sim_advance(step->dev, step->ns);
+    return NULL;
+}
+
+/* One step by a thread of its own (never the clock's owner). */
+static void step_on_another_thread(tp_device *dev, uint64_t ns) {
+    clock_step step = {dev, ns, TP_ERR_INVALID_ARGUMENT};
+    pthread_t thread;
+    REQUIRE(pthread_create(&thread, NULL, clock_step_main, &step) == 0);
+    pthread_join(thread, NULL);
+    CHECK_OK(step.status);
+}
+
+static uint64_t sim_clock(tp_device *dev) {
+    uint64_t now = 0;
+    CHECK_OK(tp_sim_now(dev, &now));
+    return now;
+}
+
+static void the_simulated_clock_adds_its_owners_and_the_others_steps(void) {
+    tp_device *dev = NULL;
+    tp_stream stream = NULL;
+    REQUIRE(tp_device_open("sim:1GiB", NULL, &dev) == TP_OK);
+    REQUIRE(tp_stream_create(dev, &stream) == TP_OK);
+    uint64_t start = sim_clock(dev);
+    CHECK_OK(tp_sim_advance(dev, 100)); /* this thread owns the clock from here */
+    step_on_another_thread(dev, 50);
+    CHECK_EQ_U64(sim_clock(dev) - start, 150);
+    CHECK_OK(tp_sim_launch(dev, stream, 1000, NULL, 0));
+    CHECK_OK(tp_stream_synchronize(dev, stream)); /* raised to the kernel's end */
+    CHECK_EQ_U64(sim_clock(dev) - start, 1150);
+    CHECK_OK(tp_stream_synchronize(dev, stream)); /* nothing left: no move */
+    CHECK_EQ_U64(sim_clock(dev) - start, 1150);
+    CHECK_OK(tp_sim_advance(dev, 10));
+    step_on_another_thread(dev, 5);
+    CHECK_EQ_U64(sim_clock(dev) - start, 1165);
+    /* Saturation: the owner's counter at its top, the other's above 0. */
+    CHECK_OK(tp_sim_advance(dev, UINT64_MAX));
+    CHECK_EQ_U64(sim_clock(dev), UINT64_MAX);
+    step_on_another_thread(dev, 1);
+    CHECK_EQ_U64(sim_clock(dev), UINT64_MAX);
+    CHECK_OK(tp_sim_advance(dev, 1));
+    CHECK_EQ_U64(sim_clock(dev), UINT64_MAX);
+    CHECK_OK(tp_stream_synchronize(dev, stream));
+    CHECK_EQ_U64(sim_clock(dev), UINT64_MAX);
+    CHECK_STATUS(tp_sim_launch(dev, stream, 1, NULL, 0), TP_ERR_INVALID_ARGUMENT); /* would end past 2^64 - 1 */
+    CHECK_OK(tp_stream_destroy(dev, stream));
+    CHECK_OK(tp_device_close(dev));
+}
+
 static void stats_trim_and_check_while_threads_hit_vmm(void) { stats_trim_and_check_while_threads_hit(TP_POOL_VMM); }
 static void stats_trim_and_check_while_threads_hit_segment(void) { stats_trim_and_check_while_threads_hit(TP_POOL_SEGMENT); }
 static void forget_streams_while_threads_hit_vmm(void) { forget_streams_while_threads_hit(TP_POOL_VMM); }
@@ -865,6 +928,7 @@ static const test_case tests[] = {
     TEST_CASE(captures_beside_other_threads_vmm),
     TEST_CASE(captures_beside_other_threads_segment),
     TEST_CASE(the_simulated_clock_loses_no_step),
+    TEST_CASE(the_simulated_clock_adds_its_owners_and_the_others_steps),
     TEST_CASE(threads_share_the_last_freed_slot),
     TEST_CASE(the_last_freed_block_is_resized_without_the_pool_lock),
     TEST_CASE(one_stream_resizes_beside_stats_check_trim_and_tick),
