@@ -738,6 +738,7 @@ static const tpi_backing_ops vmm_ops = {
     .claim = vmm_claim,
     .release_block = vmm_release_block,
     .resize_block = vmm_resize_block,
+    .places_without_device = true, /* (moving is ignored; without growth: no map, no wait) */
     .destroy = vmm_destroy,
     .check = vmm_check,
     .free_figures = vmm_free_figures,

@@ -63,6 +63,7 @@ tp_status tpi_front_init(tpi_front *f, tpi_core *core, tpi_backing *backing, uin
     f->hazard_checker = core->device->hazard_checker;
     f->hazard_work = f->hazard_checker ? core->device->hazard_work : NULL;
     f->slot_resizes = backing->ops->resize_block != NULL;
+    f->hit_places = backing->ops->places_without_device;
     atomic_init(&f->slot_word, TPI_FRONT_SLOT_EMPTY);
     for (size_t i = 0; i < TPI_FRONT_SETS * TPI_FRONT_WAYS; i++) {
         atomic_init(&f->lookup[i].key, 0);
@@ -380,6 +381,24 @@ bool tpi_front_hit_resize_slot(tpi_front *f, tpi_front_stream *fs, uint64_t size
     f->world_epoch++; /* the range allocator moved: what hits found out before is stale */
     *out = (tpi_live_entry){f->slot_offset, bytes, size, node, 0};
     return true;
+}
+
+bool tpi_front_hit_place(tpi_front *f, tpi_front_stream *fs, uint64_t size, uint64_t bytes, tpi_live_entry *out) {
+    slot_release(f);
+    f->world_epoch++; /* the range allocator moves (or may have): what hits found out before is stale */
+    tpi_backing *b = f->backing;
+    uint32_t node;
+    uint64_t need = 0;
+    if (b->ops->try_alloc(b, size, fs->slot, false, false, &node, &need) != TP_OK) return false;
+    const tpi_ra_node *n = tpi_ra_node_at(&f->core->ra, node);
+    *out = (tpi_live_entry){n->offset, bytes, n->size, node, 0};
+    return true;
+}
+
+void tpi_front_hit_park_slot_over(tpi_front *f, tpi_front_stream *fs, const tpi_live_entry *e) {
+    slot_release(f);
+    f->world_epoch++;
+    tpi_front_hit_park_slot(f, fs, e); /* (empty now, and no other stream's hit can fill it) */
 }
 
 static bool chain_step(uint64_t freed_bytes, uint64_t size) { return freed_bytes < size && size - freed_bytes <= size / 16; }

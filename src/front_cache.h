@@ -66,10 +66,17 @@
  * under its stream lock alone. That is safe because the world waits for
  * that lock and no other hit reads either of them: a hit reads the range
  * allocator only to take the slot's block, while the word names its own
- * stream, and never reads the units' state (the clock only). The hit path
- * takes exactly one stream lock and nothing after it but the device's (the
- * hazard checker). One exception: a missed
- * hit may keep its stream lock while it tries (never waits for) the mutex;
+ * stream, and never reads the units' state (the clock only). A second
+ * exception: while the pool has one front stream and has only ever known
+ * that stream (tpi_front_hit_alone), that stream's hit is the only one
+ * there is and the world waits for its lock, so it may do the world's work
+ * where it asks the device nothing: place a large block the slot did not
+ * serve in memory already mapped (tpi_front_hit_place), and give the
+ * slot's block back to park a large free in its place
+ * (tpi_front_hit_park_slot_over): the locked path's own steps, so its
+ * decisions. The hit path takes exactly one stream lock and nothing after
+ * it but the device's (the hazard checker). One exception: a missed hit
+ * may keep its stream lock while it tries (never waits for) the mutex;
  * holding both, it raises the gate and waits for the other stream locks
  * (tpi_front_world_enter's held), whose holders are hits that wait for
  * nothing or missed hits that let go when their try fails. A stream lock
@@ -170,6 +177,7 @@ typedef struct tpi_front {
     unsigned size_shift;      /* the range allocator's unit */
     bool hazard_checker;      /* the device checks every block handed out */
     bool slot_resizes;        /* the backing can resize the slot's block where it lies (resize_block) */
+    bool hit_places;          /* the backing places without the device (places_without_device) */
     bool slot_in_limit;       /* the slot's block counts against its stream's limit_bytes */
     /* With hazard_checker: the device's count that is 0 while a check would
      * find nothing (tp_device.hazard_work); NULL: check every hand-out. */
@@ -510,6 +518,30 @@ static inline void tpi_front_hit_slot_emptied(tpi_front *f) {
     atomic_store_explicit(&f->slot_word, TPI_FRONT_SLOT_EMPTY, memory_order_release);
 }
 
+/* May this hit do the world's work on the range allocator, the units and
+ * the last-freed slot -- place a block, release the slot's? Yes while the
+ * pool has one front stream (fs, whose lock the caller holds: the world
+ * waits for that lock, and no other hit runs) and has only ever known that
+ * stream (slot 1 alone: every tag in the pool is clean or its own, so
+ * placement asks the device nothing), on a backing that places without
+ * the device (hit_places). (Read under the stream lock; written under the
+ * world lock, which no hit runs beside.) */
+static inline bool tpi_front_hit_alone(const tpi_front *f) {
+    return f->hit_places && f->stream_count == 1 && f->core->order.stream_count == 2;
+}
+
+/* Place (calls the backing; tpi_front_hit_alone): for a block above
+ * max_block_bytes that the slot did not serve, what the locked path does
+ * (tpi_front_pop, then the ladder's first try): the slot's block released,
+ * then room for size bytes found in memory already mapped (try_alloc
+ * without growth), into *out. False when that room would need new device
+ * memory (or host memory ran out): the slot is released and nothing else
+ * changed, so the locked path finds the same state and decides the same
+ * way. Raises world_epoch. The caller gives the block a record
+ * (tpi_pool_blocks_fit_nodes_locked) and works out when upkeep is due:
+ * the units' idle bytes may have moved. */
+bool tpi_front_hit_place(tpi_front *f, tpi_front_stream *fs, uint64_t size, uint64_t bytes, tpi_live_entry *out);
+
 /* Record (no call): the block taken, live on the stream and counted. */
 static inline void tpi_front_hit_record(tpi_front_stream *fs, const tpi_live_entry *block) {
     tpi_stats_local *st = &fs->stats;
@@ -590,6 +622,13 @@ static inline bool tpi_front_hit_park_slot(tpi_front *f, tpi_front_stream *fs, c
     atomic_store_explicit(&f->slot_word, ((uint64_t)fs->slot << 32) | e->node, memory_order_release);
     return true;
 }
+
+/* Park in the slot over the block there (calls the backing;
+ * tpi_front_hit_alone, and the word names fs, not FILLING): that block
+ * released, as the locked path's tpi_front_push releases it, then e parked
+ * in its place. Raises world_epoch. The caller works out when upkeep is
+ * due (the released block's units may be idle now). */
+void tpi_front_hit_park_slot_over(tpi_front *f, tpi_front_stream *fs, const tpi_live_entry *e);
 
 /* Freed (no call): the parked block counted and out of the live map. */
 static inline void tpi_front_hit_freed(tpi_front_stream *fs, tpi_live_entry *e) {

@@ -428,6 +428,36 @@ static inline tp_status alloc_recorded(tp_pool *pool, tpi_front_stream *fs, cons
     return calls ? check_after_hit(pool) : TP_OK;
 }
 
+/* A block too large for the bins that the last-freed slot did not serve,
+ * placed by the hit itself (tpi_front_hit_alone: the world's work, done
+ * the world's way) when it fits in mapped memory; else the locked path,
+ * which finds the same state (the slot released) and goes on from there. */
+TPI_NOINLINE static tp_status alloc_placed(tp_pool *pool, tpi_front_stream *fs, uint64_t size, size_t bytes,
+                                           void **out_ptr) {
+    tpi_core *core = &pool->core;
+    tpi_live_entry block;
+    bool placed = tpi_front_hit_place(&pool->front, fs, size, bytes, &block);
+    if (placed && !tpi_pool_blocks_fit_nodes_locked(core)) { /* (as ladder_alloc_locked gives it back) */
+        tpi_ra_node_at(&core->ra, block.node)->owner = tpi_order_pending_tag(&core->order, fs->slot);
+        pool->backing->ops->release_block(pool->backing, block.node, 0);
+        placed = false;
+    }
+    atomic_store_explicit(&pool->upkeep_due_ns, upkeep_due_locked(pool), memory_order_relaxed);
+    if (!placed) return alloc_after_miss(pool, fs, size, bytes, fs->handle, out_ptr);
+    core->stats.last_device_status = TP_OK; /* (as the ladder's first try sets it) */
+    return alloc_recorded(pool, fs, &block, out_ptr, true);
+}
+
+/* The hit's last step for a block too large for the bins that the slot
+ * did not serve: placed by the hit if it may (alloc_placed), else the
+ * locked path. (Live map room: the pick's test, made again.) */
+static inline tp_status alloc_unparked(tp_pool *pool, tpi_front_stream *fs, uint64_t size, size_t bytes,
+                                       void **out_ptr) {
+    if (tpi_front_hit_alone(&pool->front) && 4 * (fs->live.count + 1) <= fs->live.capacity)
+        return alloc_placed(pool, fs, size, bytes, out_ptr);
+    return alloc_after_miss(pool, fs, size, bytes, fs->handle, out_ptr);
+}
+
 /* The last-freed slot picked on fs (its word): taken if in place, or, a
  * block of another size, resized where it is if it can be. A resize may
  * leave pages idle: when upkeep is due is worked out again, as the world
@@ -439,10 +469,10 @@ TPI_NOINLINE static tp_status alloc_slot(tp_pool *pool, tpi_front_stream *fs, ui
     tpi_live_entry block;
     if (pool->front.slot_size == size) {
         if (!tpi_front_hit_take_slot(&pool->front, size, bytes, word, &block))
-            return alloc_after_miss(pool, fs, size, bytes, fs->handle, out_ptr);
+            return alloc_unparked(pool, fs, size, bytes, out_ptr);
     } else {
         if (!tpi_front_hit_resize_slot(&pool->front, fs, size, bytes, word, &block))
-            return alloc_after_miss(pool, fs, size, bytes, fs->handle, out_ptr);
+            return alloc_unparked(pool, fs, size, bytes, out_ptr);
         atomic_store_explicit(&pool->upkeep_due_ns, upkeep_due_locked(pool), memory_order_relaxed);
         tpi_front_hit_slot_emptied(&pool->front);
     }
@@ -458,9 +488,11 @@ static TPI_ALWAYS_INLINE tp_status alloc_from(tp_pool *pool, tpi_front_stream *f
     uint64_t word;
     /* (The observer is read under the stream lock and written under the
      * world lock, which no hit runs beside: no race.) */
-    if ((calls && pool->core.stats.observer.fn) ||
-        !tpi_front_hit_pick(&pool->front, fs, size, bytes, &block, &word))
+    if (calls && pool->core.stats.observer.fn) return alloc_after_miss(pool, fs, size, bytes, fs->handle, out_ptr);
+    if (!tpi_front_hit_pick(&pool->front, fs, size, bytes, &block, &word)) {
+        if (size > pool->front.max_block_bytes) return alloc_unparked(pool, fs, size, bytes, out_ptr);
         return alloc_after_miss(pool, fs, size, bytes, fs->handle, out_ptr);
+    }
     if (word != TPI_FRONT_SLOT_EMPTY) return alloc_slot(pool, fs, size, bytes, out_ptr, word);
     return alloc_recorded(pool, fs, &block, out_ptr, calls);
 }
@@ -604,7 +636,15 @@ static inline tp_status free_hit_done(tp_pool *pool, tpi_front_stream *fs, tpi_l
 
 /* e, found on fs, parked in the last-freed slot if it is empty. */
 TPI_NOINLINE static tp_status free_slot(tp_pool *pool, tpi_front_stream *fs, tpi_live_entry *e) {
-    if (!tpi_front_hit_park_slot(&pool->front, fs, e)) return free_after_miss(pool, fs, e->offset, fs->handle);
+    if (!tpi_front_hit_park_slot(&pool->front, fs, e)) {
+        /* Occupied: its block goes back as the locked path would give it
+         * back, by the hit where it may (alone, the word fs's own). */
+        uint64_t word = atomic_load_explicit(&pool->front.slot_word, memory_order_relaxed);
+        if (!tpi_front_hit_alone(&pool->front) || word >= TPI_FRONT_SLOT_FILLING || (uint32_t)(word >> 32) != fs->slot)
+            return free_after_miss(pool, fs, e->offset, fs->handle);
+        tpi_front_hit_park_slot_over(&pool->front, fs, e);
+        atomic_store_explicit(&pool->upkeep_due_ns, upkeep_due_locked(pool), memory_order_relaxed);
+    }
     return free_hit_done(pool, fs, e, true);
 }
 

@@ -94,6 +94,11 @@ typedef struct tpi_backing_ops {
      * it cannot tell that placement would. */
     bool (*resize_block)(tpi_backing *backing, uint32_t node, uint64_t size, tpi_tag tag, uint32_t slot,
                          uint64_t idle_since_ns);
+    /* try_alloc with may_grow false asks the device nothing while every
+     * tag in the pool is clean or slot's own, and places the same whatever
+     * moving says: the hit path of a pool with one stream may then place a
+     * block itself (front_cache.h, tpi_front_hit_alone). */
+    bool places_without_device;
     /* Returns all device memory and frees the backing. */
     void (*destroy)(tpi_backing *backing);
     /* Backing-specific invariants. */

@@ -166,6 +166,100 @@ static void run(tp_pool_kind kind, unsigned long long seed, int ops, int stream_
 
 static int stress_ops(void) { return getenv("TP_STRESS_OPS") ? atoi(getenv("TP_STRESS_OPS")) : 30000; }
 
+/* The hit path decides as the locked path: two pools, on two devices of
+ * the same kind, get the same seeded calls on one stream, temporaries
+ * freed at once and blocks kept a while, small and large (bins, the
+ * last-freed slot in place or resized, and blocks the hit itself places
+ * or parks over the slot's: tpi_front_hit_alone), with the clock moving
+ * so that idle memory ages and goes back. The second pool has an observer,
+ * which keeps every call on the locked path. Every call must return the
+ * same status and address from both, and the statistics and the device's
+ * counters must agree at the end. (No kernels: hand-outs ask the device
+ * nothing either way.) */
+static void nothing_observed(void *user, const tp_pool_event *event) {
+    (void)user;
+    (void)event;
+}
+
+static void hits_decide_as_the_locked_path(tp_pool_kind kind, unsigned long long seed, int ops) {
+    tp_pool_config pc = {.kind = kind, .limit_bytes = 1536 * TEST_MiB, .idle_release_ns = 2000000};
+    fixture f[2];
+    const char *spec = kind == TP_POOL_VMM ? "sim:4GiB" : "sim:4GiB,novmm";
+    for (int i = 0; i < 2; i++) fixture_open_with(&f[i], spec, kind, &pc, false);
+    CHECK_OK(tp_pool_set_observer(f[1].pool, nothing_observed, NULL));
+    enum { LIVE = 48 };
+    void *live[2][LIVE];
+    int count = 0, allocs = 0, ooms = 0;
+    test_rng rng = {seed * 104729 + (unsigned long long)kind};
+    for (int op = 0; op < ops && check_failures < 5; op++) {
+        unsigned roll = (unsigned)rng_below(&rng, 100);
+        if (roll < 50 && count < LIVE) {
+            bool large = rng_below(&rng, 2) == 0;
+            uint64_t bytes = large ? rng_log_uniform(&rng, 64 * 1024, 96 * TEST_MiB) : rng_log_uniform(&rng, 1, 64 * 1024);
+            bool temporary = rng_below(&rng, 3) == 0;
+            void *p[2] = {NULL, NULL};
+            tp_status st[2];
+            for (int i = 0; i < 2; i++) st[i] = tp_pool_alloc(f[i].pool, bytes, TP_STREAM_DEFAULT, &p[i]);
+            CHECK_EQ_I64(st[0], st[1]);
+            CHECK_MSG(p[0] == p[1], "op %d: %llu bytes at %p with hits, %p on the locked path", op,
+                      (unsigned long long)bytes, p[0], p[1]);
+            if (st[0] != TP_OK) {
+                ooms++;
+                continue;
+            }
+            allocs++;
+            if (temporary) {
+                for (int i = 0; i < 2; i++) CHECK_OK(tp_pool_free(f[i].pool, p[i], TP_STREAM_DEFAULT));
+            } else {
+                live[0][count] = p[0];
+                live[1][count++] = p[1];
+            }
+        } else if (roll < 90 && count) {
+            int k = rng_below(&rng, 2) ? count - 1 : (int)rng_below(&rng, (unsigned long long)count);
+            for (int i = 0; i < 2; i++) {
+                CHECK_OK(tp_pool_free(f[i].pool, live[i][k], TP_STREAM_DEFAULT));
+                live[i][k] = live[i][count - 1];
+            }
+            count--;
+        } else if (roll < 99) {
+            uint64_t ns = rng_below(&rng, 800000);
+            for (int i = 0; i < 2; i++) CHECK_OK(tp_sim_advance(f[i].dev, ns));
+        } else {
+            for (int i = 0; i < 2; i++) CHECK_OK(tp_pool_tick(f[i].pool));
+        }
+    }
+    tp_pool_stats st[2];
+    tp_sim_counters c[2];
+    for (int i = 0; i < 2; i++) {
+        CHECK_OK(tp_pool_get_stats(f[i].pool, &st[i]));
+        CHECK_OK(tp_sim_get_counters(f[i].dev, &c[i]));
+    }
+    CHECK_EQ_U64(st[0].reserved_bytes.current, st[1].reserved_bytes.current);
+    CHECK_EQ_U64(st[0].reserved_bytes.peak, st[1].reserved_bytes.peak);
+    CHECK_EQ_U64(st[0].allocated_bytes.peak, st[1].allocated_bytes.peak);
+    CHECK_EQ_U64(st[0].cached_bytes.current, st[1].cached_bytes.current);
+    CHECK_EQ_U64(st[0].device_allocs, st[1].device_allocs);
+    CHECK_EQ_U64(st[0].device_frees, st[1].device_frees);
+    CHECK_EQ_U64(st[0].cache_hits, st[1].cache_hits);
+    CHECK_EQ_U64(c[0].calls[TP_SIM_OP_ANY], c[1].calls[TP_SIM_OP_ANY]);
+    CHECK_EQ_U64(c[0].physical_peak_bytes, c[1].physical_peak_bytes);
+    printf("  %s seed %llu: %d ops, %d allocs, %d OOMs, %llu device calls, peak reserved %.1f MiB\n",
+           kind == TP_POOL_VMM ? "vmm" : "segment", seed, ops, allocs, ooms,
+           (unsigned long long)c[0].calls[TP_SIM_OP_ANY], st[0].reserved_bytes.peak / (double)TEST_MiB);
+    CHECK_GT_I64(allocs, ops / 4);
+    for (int i = 0; i < 2; i++) {
+        for (int k = 0; k < count; k++) CHECK_OK(tp_pool_free(f[i].pool, live[i][k], TP_STREAM_DEFAULT));
+        fixture_close(&f[i]);
+    }
+}
+
+static void hits_decide_as_the_locked_path_vmm(void) {
+    for (unsigned long long seed = 1; seed <= 3; seed++) hits_decide_as_the_locked_path(TP_POOL_VMM, seed, stress_ops());
+}
+static void hits_decide_as_the_locked_path_segment(void) {
+    for (unsigned long long seed = 1; seed <= 3; seed++) hits_decide_as_the_locked_path(TP_POOL_SEGMENT, seed, stress_ops());
+}
+
 #define STRESS_TEST(kind, name, seed) \
     static void stress_##name##_seed##seed(void) { run(kind, seed, stress_ops(), MAX_STREAMS); }
 #define STRESS_TEST_ONE_STREAM(kind, name, seed) \
@@ -183,6 +277,7 @@ static const test_case tests[] = {
     TEST_CASE(stress_vmm_seed1), TEST_CASE(stress_segment_seed1), TEST_CASE(stress_vmm_seed2),
     TEST_CASE(stress_segment_seed2), TEST_CASE(stress_vmm_seed3), TEST_CASE(stress_segment_seed3),
     TEST_CASE(stress_vmm_one_stream_seed1), TEST_CASE(stress_vmm_one_stream_seed2),
+    TEST_CASE(hits_decide_as_the_locked_path_vmm), TEST_CASE(hits_decide_as_the_locked_path_segment),
 };
 
 int main(int argc, char **argv) { return TEST_MAIN("test_pool_stress", tests, argc, argv); }

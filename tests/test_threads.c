@@ -744,16 +744,20 @@ typedef struct held_alloc {
     tp_stream stream;
     uint64_t bytes;
     void *ptr;
+    void *to_free; /* not NULL: the call is the free of this block */
     tp_status status;
     atomic_int done;
 } held_alloc;
 
 static void *held_alloc_main(void *arg) {
     held_alloc *a = arg;
-    a->status = tp_pool_alloc(a->pool, a->bytes, a->stream, &a->ptr);
+    a->status = a->to_free ? tp_pool_free(a->pool, a->to_free, a->stream)
+                           : tp_pool_alloc(a->pool, a->bytes, a->stream, &a->ptr);
     atomic_store(&a->done, 1);
     return NULL;
 }
+
+static bool calls_beside_the_held_mutex(held_alloc *a, int wait_ms);
 
 /* Whether the allocation of `bytes` on `stream`, made on a thread of its
  * own while this thread holds the pool's mutex, finishes within wait_ms;
@@ -761,6 +765,17 @@ static void *held_alloc_main(void *arg) {
 static bool allocates_beside_the_held_mutex(tp_pool *pool, tp_stream stream, uint64_t bytes, int wait_ms,
                                             held_alloc *a) {
     *a = (held_alloc){.pool = pool, .stream = stream, .bytes = bytes};
+    return calls_beside_the_held_mutex(a, wait_ms);
+}
+
+/* ... the free of ptr. */
+static bool frees_beside_the_held_mutex(tp_pool *pool, tp_stream stream, void *ptr, int wait_ms, held_alloc *a) {
+    *a = (held_alloc){.pool = pool, .stream = stream, .to_free = ptr};
+    return calls_beside_the_held_mutex(a, wait_ms);
+}
+
+static bool calls_beside_the_held_mutex(held_alloc *a, int wait_ms) {
+    tp_pool *pool = a->pool;
     pthread_t thread;
     pthread_mutex_lock(&pool->lock);
     if (pthread_create(&thread, NULL, held_alloc_main, a) != 0) {
@@ -817,6 +832,57 @@ static void the_last_freed_block_is_resized_without_the_pool_lock(void) {
     CHECK_FALSE(allocates_beside_the_held_mutex(pool, other, 4 << 20, 200, &a));
     CHECK_OK(a.status); /* (once the mutex was let go) */
     CHECK_OK(tp_pool_free(pool, a.ptr, other));
+    expect_pool_consistent(pool);
+    CHECK_OK(tp_pool_forget_stream(pool, other));
+    CHECK_OK(tp_stream_destroy(dev, other));
+    fixture_close(&f);
+}
+
+/* A pool that has only ever seen one stream: a large allocation that the
+ * last-freed slot cannot serve is placed by the hit itself when it fits in
+ * memory already mapped, and a large free finding the slot taken gives the
+ * block there back and parks itself: neither waits for the pool's mutex
+ * (tpi_front_hit_alone). An allocation that needs new device memory does,
+ * and so does the same placement once a second stream has used the pool. */
+static void a_lone_stream_places_large_blocks_without_the_pool_lock(void) {
+    fixture f;
+    fixture_open_with(&f, "sim:8GiB", TP_POOL_VMM, NULL, false);
+    tp_device *dev = f.dev;
+    tp_pool *pool = f.pool;
+    const tp_stream s = TP_STREAM_DEFAULT;
+    void *a = NULL, *b = NULL, *c = NULL;
+    CHECK_OK(tp_pool_alloc(pool, 16 << 20, s, &a));
+    CHECK_OK(tp_pool_alloc(pool, 8 << 20, s, &b));
+    CHECK_OK(tp_pool_alloc(pool, 32 << 20, s, &c));
+    CHECK_OK(tp_pool_free(pool, c, s)); /* parked in the slot */
+    held_alloc h;
+    /* The slot taken (c): a's free gives c back (mapped, idle) and parks a. */
+    CHECK_MSG(frees_beside_the_held_mutex(pool, s, a, 2000, &h), "the free over the slot's block waited for the mutex");
+    CHECK_OK(h.status);
+    expect_pool_consistent(pool);
+    /* 24 MiB: a (16 MiB, b right after it) cannot be resized to it, so the
+     * hit gives a back and places the request in c's idle memory. */
+    CHECK_MSG(allocates_beside_the_held_mutex(pool, s, 24 << 20, 2000, &h), "the placement waited for the mutex");
+    CHECK_OK(h.status);
+    CHECK_EQ_PTR(h.ptr, c);
+    void *placed = h.ptr;
+    expect_pool_consistent(pool);
+    /* Nothing mapped fits 1 GiB: the locked path, after the mutex. */
+    CHECK_FALSE(allocates_beside_the_held_mutex(pool, s, 1ull << 30, 200, &h));
+    CHECK_OK(h.status);
+    CHECK_OK(tp_pool_free(pool, h.ptr, s));
+    CHECK_OK(tp_pool_free(pool, placed, s));
+    expect_pool_consistent(pool);
+    /* A second stream: the hit no longer places. */
+    tp_stream other;
+    REQUIRE(tp_stream_create(dev, &other) == TP_OK);
+    void *theirs = NULL;
+    CHECK_OK(tp_pool_alloc(pool, 4096, other, &theirs));
+    CHECK_OK(tp_pool_free(pool, theirs, other));
+    CHECK_FALSE(allocates_beside_the_held_mutex(pool, s, 40 << 20, 200, &h));
+    CHECK_OK(h.status);
+    CHECK_OK(tp_pool_free(pool, h.ptr, s));
+    CHECK_OK(tp_pool_free(pool, b, s));
     expect_pool_consistent(pool);
     CHECK_OK(tp_pool_forget_stream(pool, other));
     CHECK_OK(tp_stream_destroy(dev, other));
@@ -931,6 +997,7 @@ static const test_case tests[] = {
     TEST_CASE(the_simulated_clock_adds_its_owners_and_the_others_steps),
     TEST_CASE(threads_share_the_last_freed_slot),
     TEST_CASE(the_last_freed_block_is_resized_without_the_pool_lock),
+    TEST_CASE(a_lone_stream_places_large_blocks_without_the_pool_lock),
     TEST_CASE(one_stream_resizes_beside_stats_check_trim_and_tick),
     TEST_CASE(three_streams_resize_beside_stats_check_trim_and_tick),
 };
