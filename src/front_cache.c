@@ -401,6 +401,15 @@ void tpi_front_hit_park_slot_over(tpi_front *f, tpi_front_stream *fs, const tpi_
     tpi_front_hit_park_slot(f, fs, e); /* (empty now, and no other stream's hit can fill it) */
 }
 
+void tpi_front_hit_release(tpi_front *f, tpi_front_stream *fs, const tpi_live_entry *e) {
+    tpi_core *core = f->core;
+    tpi_ra_node_at(&core->ra, e->node)->owner = tpi_order_note_free(&core->order, fs->slot);
+    *tpi_block_at(core, e->node) = (tpi_block){0};
+    f->backing->ops->release_block(f->backing, e->node, 0);
+    fs->released_bytes = e->size; /* (tpi_front_continues_chain) */
+    f->world_epoch++;
+}
+
 static bool chain_step(uint64_t freed_bytes, uint64_t size) { return freed_bytes < size && size - freed_bytes <= size / 16; }
 
 bool tpi_front_continues_chain(const tpi_front *f, uint64_t size, uint32_t slot) {

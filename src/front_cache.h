@@ -70,11 +70,12 @@
  * exception: while the pool has one front stream and has only ever known
  * that stream (tpi_front_hit_alone), that stream's hit is the only one
  * there is and the world waits for its lock, so it may do the world's work
- * where it asks the device nothing: place a large block the slot did not
- * serve in memory already mapped (tpi_front_hit_place), and give the
- * slot's block back to park a large free in its place
- * (tpi_front_hit_park_slot_over): the locked path's own steps, so its
- * decisions. The hit path takes exactly one stream lock and nothing after
+ * where it asks the device nothing: place a block that no parked one
+ * served in memory already mapped (tpi_front_hit_place), give the slot's
+ * block back to park a large free in its place
+ * (tpi_front_hit_park_slot_over), and give a small free that the bins
+ * cannot take back to the backing (tpi_front_hit_release): the locked
+ * path's own steps, so its decisions. The hit path takes exactly one stream lock and nothing after
  * it but the device's (the hazard checker). One exception: a missed hit
  * may keep its stream lock while it tries (never waits for) the mutex;
  * holding both, it raises the gate and waits for the other stream locks
@@ -519,7 +520,7 @@ static inline void tpi_front_hit_slot_emptied(tpi_front *f) {
 }
 
 /* May this hit do the world's work on the range allocator, the units and
- * the last-freed slot -- place a block, release the slot's? Yes while the
+ * the last-freed slot -- place a block, give one back? Yes while the
  * pool has one front stream (fs, whose lock the caller holds: the world
  * waits for that lock, and no other hit runs) and has only ever known that
  * stream (slot 1 alone: every tag in the pool is clean or its own, so
@@ -530,11 +531,11 @@ static inline bool tpi_front_hit_alone(const tpi_front *f) {
     return f->hit_places && f->stream_count == 1 && f->core->order.stream_count == 2;
 }
 
-/* Place (calls the backing; tpi_front_hit_alone): for a block above
- * max_block_bytes that the slot did not serve, what the locked path does
- * (tpi_front_pop, then the ladder's first try): the slot's block released,
- * then room for size bytes found in memory already mapped (try_alloc
- * without growth), into *out. False when that room would need new device
+/* Place (calls the backing; tpi_front_hit_alone): for an allocation no
+ * parked block served (the bins' miss, or a large one the slot did not
+ * serve), what the locked path does (tpi_front_pop, then the ladder's
+ * first try): the slot's block released, then room for size bytes found
+ * in memory already mapped (try_alloc without growth), into *out. False when that room would need new device
  * memory (or host memory ran out): the slot is released and nothing else
  * changed, so the locked path finds the same state and decides the same
  * way. Raises world_epoch. The caller gives the block a record
@@ -629,6 +630,13 @@ static inline bool tpi_front_hit_park_slot(tpi_front *f, tpi_front_stream *fs, c
  * in its place. Raises world_epoch. The caller works out when upkeep is
  * due (the released block's units may be idle now). */
 void tpi_front_hit_park_slot_over(tpi_front *f, tpi_front_stream *fs, const tpi_live_entry *e);
+
+/* Give back (calls the backing; tpi_front_hit_alone): a block the bins
+ * cannot take (full, or over limit_bytes) released to the backing as the
+ * locked path releases it, tagged with the free. Raises world_epoch. The
+ * caller counts it freed (tpi_front_hit_freed) and works out when upkeep
+ * is due. */
+void tpi_front_hit_release(tpi_front *f, tpi_front_stream *fs, const tpi_live_entry *e);
 
 /* Freed (no call): the parked block counted and out of the live map. */
 static inline void tpi_front_hit_freed(tpi_front_stream *fs, tpi_live_entry *e) {

@@ -428,7 +428,7 @@ static inline tp_status alloc_recorded(tp_pool *pool, tpi_front_stream *fs, cons
     return calls ? check_after_hit(pool) : TP_OK;
 }
 
-/* A block too large for the bins that the last-freed slot did not serve,
+/* A block no parked one served (the bins', or the last-freed slot's),
  * placed by the hit itself (tpi_front_hit_alone: the world's work, done
  * the world's way) when it fits in mapped memory; else the locked path,
  * which finds the same state (the slot released) and goes on from there. */
@@ -448,9 +448,9 @@ TPI_NOINLINE static tp_status alloc_placed(tp_pool *pool, tpi_front_stream *fs, 
     return alloc_recorded(pool, fs, &block, out_ptr, true);
 }
 
-/* The hit's last step for a block too large for the bins that the slot
- * did not serve: placed by the hit if it may (alloc_placed), else the
- * locked path. (Live map room: the pick's test, made again.) */
+/* The hit's last step for an allocation no parked block served: placed by
+ * the hit if it may (alloc_placed), else the locked path. (Live map room:
+ * the pick's test, made again.) */
 static inline tp_status alloc_unparked(tp_pool *pool, tpi_front_stream *fs, uint64_t size, size_t bytes,
                                        void **out_ptr) {
     if (tpi_front_hit_alone(&pool->front) && 4 * (fs->live.count + 1) <= fs->live.capacity)
@@ -489,10 +489,8 @@ static TPI_ALWAYS_INLINE tp_status alloc_from(tp_pool *pool, tpi_front_stream *f
     /* (The observer is read under the stream lock and written under the
      * world lock, which no hit runs beside: no race.) */
     if (calls && pool->core.stats.observer.fn) return alloc_after_miss(pool, fs, size, bytes, fs->handle, out_ptr);
-    if (!tpi_front_hit_pick(&pool->front, fs, size, bytes, &block, &word)) {
-        if (size > pool->front.max_block_bytes) return alloc_unparked(pool, fs, size, bytes, out_ptr);
-        return alloc_after_miss(pool, fs, size, bytes, fs->handle, out_ptr);
-    }
+    if (!tpi_front_hit_pick(&pool->front, fs, size, bytes, &block, &word))
+        return alloc_unparked(pool, fs, size, bytes, out_ptr);
     if (word != TPI_FRONT_SLOT_EMPTY) return alloc_slot(pool, fs, size, bytes, out_ptr, word);
     return alloc_recorded(pool, fs, &block, out_ptr, calls);
 }
@@ -648,6 +646,15 @@ TPI_NOINLINE static tp_status free_slot(tp_pool *pool, tpi_front_stream *fs, tpi
     return free_hit_done(pool, fs, e, true);
 }
 
+/* e, found on fs, which the bins cannot take: given back to the backing by
+ * the hit where it may (tpi_front_hit_alone), as the locked path would. */
+TPI_NOINLINE static tp_status free_unparked(tp_pool *pool, tpi_front_stream *fs, tpi_live_entry *e) {
+    if (!tpi_front_hit_alone(&pool->front)) return free_after_miss(pool, fs, e->offset, fs->handle);
+    tpi_front_hit_release(&pool->front, fs, e);
+    atomic_store_explicit(&pool->upkeep_due_ns, upkeep_due_locked(pool), memory_order_relaxed);
+    return free_hit_done(pool, fs, e, true);
+}
+
 TPI_NOINLINE static tp_status free_entered(tp_pool *pool, tpi_front_stream *fs, uint64_t address);
 
 /* The free on fs, its lock held (so stream is fs->handle): the hit, else
@@ -672,7 +679,7 @@ static TPI_ALWAYS_INLINE tp_status free_from(tp_pool *pool, tpi_front_stream *fs
         upkeep_due || (calls && pool->core.stats.observer.fn) ? NULL : tpi_front_hit_free_find(fs, address);
     if (!e) return free_after_miss(pool, fs, address, fs->handle);
     if (e->size > pool->front.max_block_bytes) return free_slot(pool, fs, e);
-    if (!tpi_front_hit_park_bins(&pool->front, fs, e)) return free_after_miss(pool, fs, address, fs->handle);
+    if (!tpi_front_hit_park_bins(&pool->front, fs, e)) return free_unparked(pool, fs, e);
     return free_hit_done(pool, fs, e, calls);
 }
 

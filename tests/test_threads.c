@@ -838,13 +838,15 @@ static void the_last_freed_block_is_resized_without_the_pool_lock(void) {
     fixture_close(&f);
 }
 
-/* A pool that has only ever seen one stream: a large allocation that the
- * last-freed slot cannot serve is placed by the hit itself when it fits in
- * memory already mapped, and a large free finding the slot taken gives the
- * block there back and parks itself: neither waits for the pool's mutex
- * (tpi_front_hit_alone). An allocation that needs new device memory does,
- * and so does the same placement once a second stream has used the pool. */
-static void a_lone_stream_places_large_blocks_without_the_pool_lock(void) {
+/* A pool that has only ever seen one stream: an allocation no parked block
+ * serves (the bins' miss, or a large one the last-freed slot cannot serve)
+ * is placed by the hit itself when it fits in memory already mapped; a
+ * large free finding the slot taken gives the block there back and parks
+ * itself; a small free the full bins cannot take goes back to the backing.
+ * None of them waits for the pool's mutex (tpi_front_hit_alone). An
+ * allocation that needs new device memory does, and so does the same
+ * placement once a second stream has used the pool. */
+static void a_lone_stream_places_and_gives_back_blocks_without_the_pool_lock(void) {
     fixture f;
     fixture_open_with(&f, "sim:8GiB", TP_POOL_VMM, NULL, false);
     tp_device *dev = f.dev;
@@ -866,6 +868,21 @@ static void a_lone_stream_places_large_blocks_without_the_pool_lock(void) {
     CHECK_OK(h.status);
     CHECK_EQ_PTR(h.ptr, c);
     void *placed = h.ptr;
+    expect_pool_consistent(pool);
+    /* Small blocks: bins empty for 8 KiB, so each allocation is placed;
+     * the fifth free finds its bin full (TPI_FRONT_DEPTH 4) and gives the
+     * block back. */
+    void *small[16];
+    for (int i = 0; i < 16; i++) CHECK_OK(tp_pool_alloc(pool, 4096, s, &small[i])); /* (the live map grows: a locked call) */
+    for (int i = 0; i < 16; i++) CHECK_OK(tp_pool_free(pool, small[i], s));
+    for (int i = 0; i < 5; i++) {
+        CHECK_MSG(allocates_beside_the_held_mutex(pool, s, 8192, 2000, &h), "small placement %d waited", i);
+        CHECK_OK(h.status);
+        small[i] = h.ptr;
+    }
+    for (int i = 0; i < 4; i++) CHECK_OK(tp_pool_free(pool, small[i], s));
+    CHECK_MSG(frees_beside_the_held_mutex(pool, s, small[4], 2000, &h), "the give-back of a small block waited");
+    CHECK_OK(h.status);
     expect_pool_consistent(pool);
     /* Nothing mapped fits 1 GiB: the locked path, after the mutex. */
     CHECK_FALSE(allocates_beside_the_held_mutex(pool, s, 1ull << 30, 200, &h));
@@ -997,7 +1014,7 @@ static const test_case tests[] = {
     TEST_CASE(the_simulated_clock_adds_its_owners_and_the_others_steps),
     TEST_CASE(threads_share_the_last_freed_slot),
     TEST_CASE(the_last_freed_block_is_resized_without_the_pool_lock),
-    TEST_CASE(a_lone_stream_places_large_blocks_without_the_pool_lock),
+    TEST_CASE(a_lone_stream_places_and_gives_back_blocks_without_the_pool_lock),
     TEST_CASE(one_stream_resizes_beside_stats_check_trim_and_tick),
     TEST_CASE(three_streams_resize_beside_stats_check_trim_and_tick),
 };
