@@ -400,8 +400,11 @@ static tp_status alloc_locked(tp_pool *pool, uint64_t size, size_t bytes, tp_str
  * upkeep's clock) or has extras (an observer, the hazard checker, the
  * checks after every call) it goes on in a function of its own (*_waiting,
  * *_slot, *_entered below), which makes the calls and looks at each extra;
- * a miss goes on in the locked path. The steps are front_cache.h's, in the
- * same order whichever function makes them. */
+ * a miss goes on in the locked path -- or, in a pool that has only ever
+ * seen one stream, in the hit's own placement or give-back (*_placed,
+ * *_unparked: tpi_front_hit_alone), the locked path's steps without its
+ * lock. The steps are front_cache.h's, in the same order whichever
+ * function makes them. */
 
 /* The locked path of an allocation the hit path did not serve (fs: the
  * stream lock it kept, or NULL). *out_ptr is NULL from here unless it
