@@ -238,7 +238,7 @@ bool tpi_front_live_add(tpi_front *f, uint32_t slot, uint64_t offset, uint64_t r
                         uint32_t node) {
     tpi_live_map *m = &f->streams[slot]->live;
     /* Keep room for one more, so that a hit finds it without growing. */
-    while (4 * (m->count + 2) > m->capacity)
+    while (!tpi_live_has_room(m, 2))
         if (!tpi_live_grow(f->core->host, m)) return false;
     tpi_live_insert_(m, &(tpi_live_entry){offset, requested, size, node, 0});
     return true;

@@ -330,6 +330,13 @@ static inline uint32_t tpi_live_home_(const tpi_live_map *m, uint64_t offset) {
     return (uint32_t)((offset * 0x9E3779B97F4A7C15ull) >> m->shift);
 }
 
+/* Is there room for `more` blocks beyond count, the table kept at most a
+ * quarter full? (A hit needs room for its one block: growing is the
+ * locked path's.) */
+static inline bool tpi_live_has_room(const tpi_live_map *m, uint32_t more) {
+    return 4 * (m->count + more) <= m->capacity;
+}
+
 /* (No block starts at UINT64_MAX, the empty marker: a caller's pointer of
  * all ones must not find an empty entry.) */
 static inline tpi_live_entry *tpi_live_find(tpi_live_map *m, uint64_t offset) {
@@ -455,7 +462,7 @@ static inline const tpi_front_entry *tpi_front_bin_take(const tpi_front *f, tpi_
  * if it can. */
 static inline bool tpi_front_hit_pick(tpi_front *f, tpi_front_stream *fs, uint64_t size, uint64_t bytes,
                                       tpi_live_entry *out, uint64_t *out_word) {
-    if (4 * (fs->live.count + 1) > fs->live.capacity) return false; /* the live map must grow: the locked path */
+    if (!tpi_live_has_room(&fs->live, 1)) return false; /* the live map must grow: the locked path */
     /* (Read before the size test although a bin's hit ignores it: so gcc
      * keeps one register fewer in tp_pool_alloc, a push and a pop a call.) */
     uint64_t word = atomic_load_explicit(&f->slot_word, memory_order_acquire);

@@ -456,7 +456,7 @@ TPI_NOINLINE static tp_status alloc_placed(tp_pool *pool, tpi_front_stream *fs, 
  * the pick's test, made again.) */
 static inline tp_status alloc_unparked(tp_pool *pool, tpi_front_stream *fs, uint64_t size, size_t bytes,
                                        void **out_ptr) {
-    if (tpi_front_hit_alone(&pool->front) && 4 * (fs->live.count + 1) <= fs->live.capacity)
+    if (tpi_front_hit_alone(&pool->front) && tpi_live_has_room(&fs->live, 1))
         return alloc_placed(pool, fs, size, bytes, out_ptr);
     return alloc_after_miss(pool, fs, size, bytes, fs->handle, out_ptr);
 }
