@@ -757,23 +757,9 @@ static void *held_alloc_main(void *arg) {
     return NULL;
 }
 
-static bool calls_beside_the_held_mutex(held_alloc *a, int wait_ms);
-
-/* Whether the allocation of `bytes` on `stream`, made on a thread of its
- * own while this thread holds the pool's mutex, finishes within wait_ms;
- * the mutex is then let go and the thread joined (*a says how it went). */
-static bool allocates_beside_the_held_mutex(tp_pool *pool, tp_stream stream, uint64_t bytes, int wait_ms,
-                                            held_alloc *a) {
-    *a = (held_alloc){.pool = pool, .stream = stream, .bytes = bytes};
-    return calls_beside_the_held_mutex(a, wait_ms);
-}
-
-/* ... the free of ptr. */
-static bool frees_beside_the_held_mutex(tp_pool *pool, tp_stream stream, void *ptr, int wait_ms, held_alloc *a) {
-    *a = (held_alloc){.pool = pool, .stream = stream, .to_free = ptr};
-    return calls_beside_the_held_mutex(a, wait_ms);
-}
-
+/* Whether a's call (held_alloc_main), made on a thread of its own while
+ * this thread holds the pool's mutex, finishes within wait_ms; the mutex
+ * is then let go and the thread joined (*a says how it went). */
 static bool calls_beside_the_held_mutex(held_alloc *a, int wait_ms) {
     tp_pool *pool = a->pool;
     pthread_t thread;
@@ -791,6 +777,20 @@ static bool calls_beside_the_held_mutex(held_alloc *a, int wait_ms) {
     pthread_join(thread, NULL);
     return finished;
 }
+
+/* ... the allocation of `bytes` on `stream`. */
+static bool allocates_beside_the_held_mutex(tp_pool *pool, tp_stream stream, uint64_t bytes, int wait_ms,
+                                            held_alloc *a) {
+    *a = (held_alloc){.pool = pool, .stream = stream, .bytes = bytes};
+    return calls_beside_the_held_mutex(a, wait_ms);
+}
+
+/* ... the free of ptr. */
+static bool frees_beside_the_held_mutex(tp_pool *pool, tp_stream stream, void *ptr, int wait_ms, held_alloc *a) {
+    *a = (held_alloc){.pool = pool, .stream = stream, .to_free = ptr};
+    return calls_beside_the_held_mutex(a, wait_ms);
+}
+
 
 /* The block in the last-freed slot, asked for again in another size on
  * the stream that freed it, is resized where it lies on the hit path: the
