@@ -534,9 +534,9 @@ def summarize(results, baseline_mode):
         steps_s, steps = step_median_sum(rs)
         # time_calls=on: the allocator's own calls inside generate(), a run's
         # milliseconds and their share of its generate() time
-        calls = [r["tp_calls_in_generate_ms"] for r in rs if r.get("tp_calls_in_generate_ms") is not None]
-        shares = [r["tp_calls_in_generate_ms"] / 1000.0 / r["gen_s"] for r in rs
-                  if r.get("tp_calls_in_generate_ms") is not None]
+        timed = [r for r in rs if r.get("tp_calls_in_generate_ms") is not None]
+        calls = [r["tp_calls_in_generate_ms"] for r in timed]
+        shares = [r["tp_calls_in_generate_ms"] / 1000.0 / r["gen_s"] for r in timed]
         rows.append(dict(scenario=scen, mode=mode, runs=len(rs), gen_median_s=median(gen), gen_min_s=min(gen),
                          gen_max_s=max(gen), wall_median_s=median(wall), steps=steps, steps_s=steps_s,
                          calls_ms_median=median(calls), calls_share_median=median(shares),
