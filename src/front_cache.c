@@ -316,7 +316,7 @@ static void slot_release(tpi_front *f) {
 /* The slot's bytes when its block is slot's stream's, else 0. */
 static uint64_t slot_bytes_of(const tpi_front *f, uint32_t slot) {
     uint64_t word = atomic_load_explicit(&f->slot_word, memory_order_relaxed);
-    return word != TPI_FRONT_SLOT_EMPTY && (uint32_t)(word >> 32) == slot ? f->slot_size : 0;
+    return tpi_front_slot_word_names(word, slot) ? f->slot_size : 0;
 }
 
 bool tpi_front_push(tpi_front *f, uint32_t slot, uint32_t node, uint64_t offset, uint64_t size, tpi_tag tag) {
@@ -353,7 +353,7 @@ uint32_t tpi_front_pop(tpi_front *f, uint64_t size, uint32_t slot) {
     uint64_t word = atomic_load_explicit(&f->slot_word, memory_order_relaxed);
     if (size > f->max_block_bytes) {
         uint32_t node = (uint32_t)word;
-        if (word != TPI_FRONT_SLOT_EMPTY && (uint32_t)(word >> 32) == slot &&
+        if (tpi_front_slot_word_names(word, slot) &&
             ((f->slot_size == size && tpi_ra_release_lands_in_place(&f->core->ra, node, size)) ||
              (f->slot_size != size && (word != f->resize_failed_word || size != f->resize_failed_size) &&
               slot_resize(f, node, size, slot)))) {
@@ -417,7 +417,7 @@ bool tpi_front_continues_chain(const tpi_front *f, uint64_t size, uint32_t slot)
     if (!fs || fs->live.newest.offset == UINT64_MAX || !chain_step(fs->live.newest.size, size)) return false;
     if (chain_step(fs->released_bytes, size)) return true;
     uint64_t word = atomic_load_explicit(&f->slot_word, memory_order_relaxed);
-    if (word < TPI_FRONT_SLOT_FILLING && (uint32_t)(word >> 32) == slot && chain_step(f->slot_size, size)) return true;
+    if (tpi_front_slot_word_names(word, slot) && chain_step(f->slot_size, size)) return true;
     uint32_t bin = tpi_ra_bin_of_units(size >> f->size_shift);
     for (uint32_t b = bin ? bin - 1 : 0; b <= bin && b < f->bin_count; b++)
         if (fs->counts[b] && chain_step(fs->bins[b][fs->counts[b] - 1].size, size)) return true;

@@ -110,6 +110,11 @@
 /* The slot's state word: (stream slot << 32) | node, or one of these. */
 #define TPI_FRONT_SLOT_EMPTY UINT64_MAX
 #define TPI_FRONT_SLOT_FILLING (UINT64_MAX - 1) /* a hit free is writing it */
+/* Whether a slot word names stream slot `slot`'s parked block: neither
+ * EMPTY nor FILLING (whose high halves, all ones, name no stream either). */
+static inline bool tpi_front_slot_word_names(uint64_t word, uint32_t slot) {
+    return word < TPI_FRONT_SLOT_FILLING && (uint32_t)(word >> 32) == slot;
+}
 /* Every this many frees on a stream the pool looks at the clock. */
 #define TPI_FRONT_UPKEEP_FREES 256
 
@@ -468,8 +473,7 @@ static inline bool tpi_front_hit_pick(tpi_front *f, tpi_front_stream *fs, uint64
     uint64_t word = atomic_load_explicit(&f->slot_word, memory_order_acquire);
     if (size > f->max_block_bytes) {
         *out_word = word;
-        return word < TPI_FRONT_SLOT_FILLING && (uint32_t)(word >> 32) == fs->slot &&
-               (f->slot_size == size || f->slot_resizes);
+        return tpi_front_slot_word_names(word, fs->slot) && (f->slot_size == size || f->slot_resizes);
     }
     *out_word = TPI_FRONT_SLOT_EMPTY; /* a bin's block, whatever the slot holds: no placement, so it may stay */
     const tpi_front_entry *e = tpi_front_bin_take(f, fs, size);
@@ -596,7 +600,7 @@ static inline bool tpi_front_hit_park_bins(tpi_front *f, tpi_front_stream *fs, c
     if (f->slot_in_limit) {
         uint64_t word = atomic_load_explicit(&f->slot_word, memory_order_acquire);
         if (word == TPI_FRONT_SLOT_FILLING) return false;
-        if (word != TPI_FRONT_SLOT_EMPTY && (uint32_t)(word >> 32) == fs->slot) slot_bytes = f->slot_size;
+        if (tpi_front_slot_word_names(word, fs->slot)) slot_bytes = f->slot_size;
     }
     if (fs->parked_bytes + slot_bytes + size > f->limit_bytes) return false;
     uint32_t b = tpi_ra_bin_of_units(size >> f->size_shift);

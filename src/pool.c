@@ -445,8 +445,9 @@ TPI_NOINLINE static tp_status alloc_placed(tp_pool *pool, tpi_front_stream *fs, 
         pool->backing->ops->release_block(pool->backing, block.node, 0);
         placed = false;
     }
-    atomic_store_explicit(&pool->upkeep_due_ns, upkeep_due_locked(pool), memory_order_relaxed);
+    /* (The locked path works out when upkeep is due as it leaves.) */
     if (!placed) return alloc_after_miss(pool, fs, size, bytes, fs->handle, out_ptr);
+    atomic_store_explicit(&pool->upkeep_due_ns, upkeep_due_locked(pool), memory_order_relaxed);
     core->stats.last_device_status = TP_OK; /* (as the ladder's first try sets it) */
     return alloc_recorded(pool, fs, &block, out_ptr, true);
 }
@@ -641,7 +642,7 @@ TPI_NOINLINE static tp_status free_slot(tp_pool *pool, tpi_front_stream *fs, tpi
         /* Occupied: its block goes back as the locked path would give it
          * back, by the hit where it may (alone, the word fs's own). */
         uint64_t word = atomic_load_explicit(&pool->front.slot_word, memory_order_relaxed);
-        if (!tpi_front_hit_alone(&pool->front) || word >= TPI_FRONT_SLOT_FILLING || (uint32_t)(word >> 32) != fs->slot)
+        if (!tpi_front_hit_alone(&pool->front) || !tpi_front_slot_word_names(word, fs->slot))
             return free_after_miss(pool, fs, e->offset, fs->handle);
         tpi_front_hit_park_slot_over(&pool->front, fs, e);
         atomic_store_explicit(&pool->upkeep_due_ns, upkeep_due_locked(pool), memory_order_relaxed);
