@@ -75,8 +75,19 @@ milliseconds of its time inside generate() were spent in them
 (tp_calls_in_generate_ms; the summary prints their median and their share
 of generate()): what the allocator's own host work can account for, apart
 from the host's spells. PyTorch's allocators have no such figure.
+--gpus N runs each round's modes side by side instead of one after the
+other: all at once, each in its own process that sees one GPU
+(CUDA_VISIBLE_DEVICES), mode i of round r on GPU (i + r) mod N, so that
+over N rounds every mode runs on every GPU once. Runs of one round share
+the host at the same moment, so a slow spell of the host slows them all;
+the summary then also gives, per allocator, the median over rounds of its
+generate() seconds over the fastest PyTorch allocator's in the same round
+("side by side / fastest torch"), a ratio the spells drop out of. It needs
+a GPU per mode (a machine with four for the four default modes) and takes
+a round's time as long as its slowest run, not the sum of them.
 """
 import argparse
+import concurrent.futures
 import hashlib
 import importlib.util
 import json
@@ -408,8 +419,12 @@ def worker(args):
 
 # --------------------------------------------------------------- the parent
 
-def run_one(args, scenario, mode, kwargs):
+def run_one(args, scenario, mode, kwargs, gpu=None):
+    """One (workload, allocator) run in a fresh process; gpu: the one GPU it
+    may see (CUDA_VISIBLE_DEVICES), None: as this process sees them."""
     env = dict(os.environ)
+    if gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = str(gpu)
     env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
     env.pop("TIDEPOOL_TORCH_CONF", None)
     # PYTHONHASHSEED: set and dict iteration orders (and with them anything
@@ -449,6 +464,8 @@ def run_one(args, scenario, mode, kwargs):
         res = dict(scenario=scenario, mode=mode, kwargs=kwargs, error="no result (rc %s)" % rc)
     res["rc"] = rc
     res["elapsed_s"] = round(time.perf_counter() - t0, 1)
+    if gpu is not None:
+        res["gpu"] = gpu
     if rc != 0:
         res["stderr_tail"] = err[-3000:]
     # tidepool's warnings (out-of-memory reports and the like) are worth keeping.
@@ -456,6 +473,14 @@ def run_one(args, scenario, mode, kwargs):
     if tp_lines:
         res["tidepool_log"] = tp_lines[-20:]
     return res
+
+
+def round_gpus(mode_count, rnd, gpus):
+    """Side by side: the GPU of each of mode_count modes in round rnd, all
+    different; mode i on GPU (i + rnd) mod gpus, so that over gpus rounds
+    every mode runs on every GPU once (one GPU a little faster than another
+    then favours no allocator)."""
+    return [(i + rnd) % gpus for i in range(mode_count)]
 
 
 def write_out(path, t0, results):
@@ -553,7 +578,30 @@ def summarize(results, baseline_mode):
                       and b["runs"] == row["runs"] and b["steps"] == row["steps"]]
         row["steps_vs_fastest_torch"] = (row["steps_s"] / min(torch_sums)
                                          if row["steps_s"] and torch_sums else None)
+        row["paired_vs_fastest_torch"], row["paired_rounds"] = paired_ratio(results, row["scenario"], row["mode"])
     return rows
+
+
+def paired_ratio(results, scenario, mode):
+    """Side by side (--gpus): in each round where every allocator's run
+    succeeded, mode's generate() seconds over the fastest PyTorch
+    allocator's in that round (runs of one round ran at the same moment on
+    the same host, so a spell of the host slows them alike); the median of
+    those ratios and the number of rounds. (None, 0) for runs made one after
+    the other."""
+    rounds = {}
+    for r in results:
+        if r["scenario"] == scenario and r.get("side_by_side"):
+            rounds.setdefault(r["round"], []).append(r)
+    ratios = []
+    for runs in rounds.values():
+        if any(r.get("rc") != 0 or r.get("error") or not r.get("gen_s") for r in runs):
+            continue
+        own = [r["gen_s"] for r in runs if r["mode"] == mode]
+        torch_gen = [r["gen_s"] for r in runs if not r["mode"].startswith("tp-")]
+        if len(own) == 1 and torch_gen:
+            ratios.append(own[0] / min(torch_gen))
+    return median(ratios), len(ratios)
 
 
 def step_median_sum(runs):
@@ -587,9 +635,11 @@ def print_summary(results, baseline_mode):
         steps = ("  steps %s s (%d) / fastest torch %s" % (fmt(row["steps_s"], "%.2f"), row["steps"],
                                                           fmt(row["steps_vs_fastest_torch"], "%.3f"))
                  if row["steps_s"] else "")
-        print("  %-18s %-11s runs %d  generate %s s (%s-%s)  wall %s s  ratio %s%s" % (
+        paired = ("  side by side / fastest torch %s (median of %d rounds)" % (
+            fmt(row["paired_vs_fastest_torch"], "%.3f"), row["paired_rounds"]) if row["paired_rounds"] else "")
+        print("  %-18s %-11s runs %d  generate %s s (%s-%s)  wall %s s  ratio %s%s%s" % (
             row["scenario"], row["mode"], row["runs"], fmt(row["gen_median_s"]), fmt(row["gen_min_s"]),
-            fmt(row["gen_max_s"]), fmt(row["wall_median_s"]), fmt(row["gen_vs_baseline"], "%.3f"), steps))
+            fmt(row["gen_max_s"]), fmt(row["wall_median_s"]), fmt(row["gen_vs_baseline"], "%.3f"), steps, paired))
         if row["calls_ms_median"] is not None:
             print("  %-18s %-11s its allocs and frees inside generate(): %s ms a run (median), %s%% of generate() "
                   "(median; at most %s%%)" % (row["scenario"], row["mode"], fmt(row["calls_ms_median"], "%.1f"),
@@ -626,6 +676,10 @@ def main():
                     help="seconds per run (default 150; 420 with --full)")
     ap.add_argument("--rounds", type=int, default=1,
                     help="run the --modes list this many times, interleaved, and print medians (for wall time)")
+    ap.add_argument("--gpus", type=int, default=1,
+                    help="side by side: run each round's --modes at once, one process per GPU (CUDA_VISIBLE_DEVICES), "
+                         "the GPUs rotating from round to round; needs at least as many GPUs as modes (default 1: "
+                         "one run after the other)")
     ap.add_argument("--step-times", action=argparse.BooleanOptionalAction, default=True,
                     help="time every generated step with a streamer, for the per-step medians over rounds "
                          "(default: on)")
@@ -655,6 +709,10 @@ def main():
     if args.rounds < 1:
         ap.error("--rounds must be at least 1")
     modes = [m for m in args.modes.split(",") if m]
+    if args.gpus < 1:
+        ap.error("--gpus must be at least 1")
+    if args.gpus > 1 and len(modes) > args.gpus:
+        ap.error("--gpus %d: side by side needs a GPU for each of the %d modes" % (args.gpus, len(modes)))
     scens = [s for s in args.scenarios.split(",") if s]
     for m in modes:
         if m not in MODES and m not in TP_CONF:
@@ -679,17 +737,27 @@ def main():
         print("[%6.0fs] warm-up: read %.1f GiB of torch/transformers/nvidia files in %.0fs" % (
             time.perf_counter() - t0, nbytes / (1 << 30), secs), flush=True)
     for scen in scens:
-        for mode in modes * args.rounds:  # rounds interleave: A B A B, so drift hits every mode alike
-            r = run_one(args, scen, mode, kwargs[scen])
-            results.append(r)
-            print("[%6.0fs] %-18s %-11s rc=%s %5.0fs  used %s MiB  alloc peak %s MiB  %s tok/s  %s" % (
-                time.perf_counter() - t0, scen, mode, r.get("rc"), r.get("elapsed_s", 0),
-                fmt(r.get("peak_used_mib")), fmt(r.get("alloc_peak_reserved_mib")), fmt(r.get("tok_per_s")),
-                r.get("error") or ""), flush=True)
-            if r.get("rc") != 0 and r.get("stderr_tail"):
-                print("    " + r["stderr_tail"][-1200:].replace("\n", "\n    "), flush=True)
-            if args.out:  # after every run, so that an interrupted comparison keeps what it has
-                write_out(args.out, t0, results)
+        for rnd in range(args.rounds):  # rounds interleave: A B A B, so drift hits every mode alike
+            if args.gpus > 1:
+                gpus = round_gpus(len(modes), rnd, args.gpus)
+                with concurrent.futures.ThreadPoolExecutor(len(modes)) as pool:
+                    futures = [pool.submit(run_one, args, scen, mode, kwargs[scen], gpu)
+                               for mode, gpu in zip(modes, gpus)]
+                    batch = [f.result() for f in futures]
+            else:
+                batch = None
+            for i, mode in enumerate(modes):
+                r = batch[i] if batch else run_one(args, scen, mode, kwargs[scen])
+                r.update(round=rnd, side_by_side=batch is not None)
+                results.append(r)
+                print("[%6.0fs] %-18s %-11s rc=%s %5.0fs  used %s MiB  alloc peak %s MiB  %s tok/s  %s%s" % (
+                    time.perf_counter() - t0, scen, mode, r.get("rc"), r.get("elapsed_s", 0),
+                    fmt(r.get("peak_used_mib")), fmt(r.get("alloc_peak_reserved_mib")), fmt(r.get("tok_per_s")),
+                    "gpu %d  " % r["gpu"] if "gpu" in r else "", r.get("error") or ""), flush=True)
+                if r.get("rc") != 0 and r.get("stderr_tail"):
+                    print("    " + r["stderr_tail"][-1200:].replace("\n", "\n    "), flush=True)
+                if args.out:  # after every run, so that an interrupted comparison keeps what it has
+                    write_out(args.out, t0, results)
     print()
     print_table(results, modes[0])
     if any(n > 1 for n in run_counts(results).values()) or any(r.get("tp_calls_in_generate_ms") is not None

@@ -3,7 +3,8 @@
 """test_compare_summary.py -- compare.py's medians and step sums over rounds,
 without torch or a GPU: summarize() and step_median_sum() on made-up runs,
 the generate() probe, its step clock and its reading of the shim's call
-times on a stand-in model, and the --rounds option's checks."""
+times on a stand-in model, side by side runs (--gpus: the GPUs' rotation,
+the GPU each run sees, the paired ratio), and the options' checks."""
 import os
 import subprocess
 import sys
@@ -147,6 +148,67 @@ check(t["calls_ms_median"] == 10.0 and abs(t["calls_share_median"] - 0.001) < 1e
       and abs(t["calls_share_max"] - 0.003) < 1e-12, "calls figures: %s" % t)
 check(rows["default"]["calls_ms_median"] is None and rows["default"]["calls_share_max"] is None,
       "no calls figures without the timing: %s" % rows["default"])
+
+# Side by side (--gpus): the GPUs rotate so that every mode runs on every
+# GPU once over as many rounds; each run sees only its GPU; the paired
+# ratio is each round's tidepool time over that round's fastest PyTorch one.
+plan = [compare.round_gpus(4, rnd, 4) for rnd in range(4)]
+check(plan[0] == [0, 1, 2, 3] and plan[1] == [1, 2, 3, 0] and all(len(set(p)) == 4 for p in plan)
+      and all(sorted(p[i] for p in plan) == [0, 1, 2, 3] for i in range(4)), "GPU rotation: %s" % plan)
+check(compare.round_gpus(2, 1, 4) == [1, 2], "fewer modes than GPUs: %s" % compare.round_gpus(2, 1, 4))
+
+
+def side(mode, gen_s, rnd, rc=0, scenario="gemma3_mtmd"):
+    r = run(mode, gen_s, gen_s + 1.0, rc=rc, scenario=scenario)
+    r.update(round=rnd, side_by_side=True)
+    return r
+
+
+paired = [side("default", 10.0, 0), side("async", 9.0, 0), side("tp-vmm", 9.9, 0),  # 1.1 of async
+          side("default", 20.0, 1), side("async", 21.0, 1), side("tp-vmm", 20.0, 1),  # 1.0 of default
+          side("default", 10.0, 2), side("async", 10.0, 2), side("tp-vmm", 10.2, 2),  # 1.02
+          side("default", 1.0, 3), side("async", 1.0, 3), side("tp-vmm", 5.0, 3, rc=1)]  # failed: left out
+ratio, rounds = compare.paired_ratio(paired, "gemma3_mtmd", "tp-vmm")
+check(rounds == 3 and abs(ratio - 1.02) < 1e-12, "paired ratio: %s over %s rounds" % (ratio, rounds))
+rows = {r["mode"]: r for r in compare.summarize(paired, "default")}
+check(abs(rows["tp-vmm"]["paired_vs_fastest_torch"] - 1.02) < 1e-12 and rows["tp-vmm"]["paired_rounds"] == 3,
+      "summarize carries the paired ratio: %s" % rows["tp-vmm"])
+check(compare.paired_ratio(results, "decode_growing_kv", "tp-vmm") == (None, 0),
+      "runs one after the other have no paired ratio")
+
+captured = {}
+
+
+def fake_subprocess_run(cmd, env=None, **kw):
+    captured["env"] = env
+    return subprocess.CompletedProcess(cmd, 0, compare.RESULT_TAG + '{"scenario": "s", "mode": "m"}\n', "")
+
+
+class Args:
+    deterministic, tp_conf, workloads, lib, seed, sample_ms, step_times, timeout = False, "", "w", "l", 0, 5.0, True, 9
+
+
+real_run, real_visible = compare.subprocess.run, os.environ.get("CUDA_VISIBLE_DEVICES")
+compare.subprocess.run = fake_subprocess_run
+try:
+    r = compare.run_one(Args, "decode_growing_kv", "default", {}, gpu=3)
+    check(captured["env"].get("CUDA_VISIBLE_DEVICES") == "3" and r.get("gpu") == 3, "a side-by-side run sees GPU 3: %s"
+          % captured["env"].get("CUDA_VISIBLE_DEVICES"))
+    os.environ["CUDA_VISIBLE_DEVICES"] = "7"
+    r = compare.run_one(Args, "decode_growing_kv", "default", {})
+    check(captured["env"].get("CUDA_VISIBLE_DEVICES") == "7" and "gpu" not in r, "one after the other: as it was")
+finally:
+    compare.subprocess.run = real_run
+    if real_visible is None:
+        del os.environ["CUDA_VISIBLE_DEVICES"]
+    else:
+        os.environ["CUDA_VISIBLE_DEVICES"] = real_visible
+
+# More modes than GPUs side by side is a usage error
+p = subprocess.run([sys.executable, os.path.join(HERE, "compare.py"), "--workloads", __file__, "--gpus", "2",
+                    "--modes", "default,async,tp-vmm"], capture_output=True, text=True)
+check(p.returncode == 2 and "needs a GPU for each of the 3 modes" in p.stderr, "--gpus 2, 3 modes: rc %d %s"
+      % (p.returncode, p.stderr))
 
 # --rounds 0 is a usage error (exit 2) before anything runs
 p = subprocess.run([sys.executable, os.path.join(HERE, "compare.py"), "--workloads", __file__, "--rounds", "0"],
