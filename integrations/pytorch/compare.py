@@ -75,16 +75,18 @@ milliseconds of its time inside generate() were spent in them
 (tp_calls_in_generate_ms; the summary prints their median and their share
 of generate()): what the allocator's own host work can account for, apart
 from the host's spells. PyTorch's allocators have no such figure.
---gpus N runs each round's modes side by side instead of one after the
-other: all at once, each in its own process that sees one GPU
-(CUDA_VISIBLE_DEVICES), mode i of round r on GPU (i + r) mod N, so that
-over N rounds every mode runs on every GPU once. Runs of one round share
-the host at the same moment, so a slow spell of the host slows them all;
-the summary then also gives, per allocator, the median over rounds of its
-generate() seconds over the fastest PyTorch allocator's in the same round
-("side by side / fastest torch"), a ratio the spells drop out of. It needs
-a GPU per mode (a machine with four for the four default modes) and takes
-a round's time as long as its slowest run, not the sum of them.
+--side-by-side runs each round's modes at once instead of one after the
+other, each in its own process. Runs of one round share the host at the
+same moment, so a slow spell of the host slows them all; the summary then
+also gives, per allocator, the median over rounds of its generate()
+seconds over the fastest PyTorch allocator's in the same round ("side by
+side / fastest torch"), a ratio the spells drop out of. A round takes as
+long as its slowest run, not the sum of them. With --gpus N each run sees
+one GPU (CUDA_VISIBLE_DEVICES), mode i of round r GPU (i + r) mod N, so
+that over N rounds every mode runs on every GPU once; with fewer GPUs than
+modes the runs share them, and then contend for the GPU as well as the
+host: a mode given twice (default,default,tp-vmm) shows what that alone
+does to the ratio.
 """
 import argparse
 import concurrent.futures
@@ -476,10 +478,10 @@ def run_one(args, scenario, mode, kwargs, gpu=None):
 
 
 def round_gpus(mode_count, rnd, gpus):
-    """Side by side: the GPU of each of mode_count modes in round rnd, all
-    different; mode i on GPU (i + rnd) mod gpus, so that over gpus rounds
+    """Side by side over gpus GPUs: the GPU of each of mode_count modes in
+    round rnd, mode i on GPU (i + rnd) mod gpus, so that over gpus rounds
     every mode runs on every GPU once (one GPU a little faster than another
-    then favours no allocator)."""
+    then favours no allocator); all different when there are enough."""
     return [(i + rnd) % gpus for i in range(mode_count)]
 
 
@@ -583,7 +585,7 @@ def summarize(results, baseline_mode):
 
 
 def paired_ratio(results, scenario, mode):
-    """Side by side (--gpus): in each round where every allocator's run
+    """Side by side: in each round where every allocator's run
     succeeded, mode's generate() seconds over the fastest PyTorch
     allocator's in that round (runs of one round ran at the same moment on
     the same host, so a spell of the host slows them alike); the median of
@@ -676,10 +678,12 @@ def main():
                     help="seconds per run (default 150; 420 with --full)")
     ap.add_argument("--rounds", type=int, default=1,
                     help="run the --modes list this many times, interleaved, and print medians (for wall time)")
+    ap.add_argument("--side-by-side", action="store_true",
+                    help="run each round's --modes at once (one process each) instead of one after the other, and "
+                         "give each allocator's median ratio to the fastest PyTorch allocator of the same round")
     ap.add_argument("--gpus", type=int, default=1,
-                    help="side by side: run each round's --modes at once, one process per GPU (CUDA_VISIBLE_DEVICES), "
-                         "the GPUs rotating from round to round; needs at least as many GPUs as modes (default 1: "
-                         "one run after the other)")
+                    help="with --side-by-side: spread each round's runs over this many GPUs, one each "
+                         "(CUDA_VISIBLE_DEVICES), rotating from round to round (default 1: all on the one visible)")
     ap.add_argument("--step-times", action=argparse.BooleanOptionalAction, default=True,
                     help="time every generated step with a streamer, for the per-step medians over rounds "
                          "(default: on)")
@@ -711,8 +715,8 @@ def main():
     modes = [m for m in args.modes.split(",") if m]
     if args.gpus < 1:
         ap.error("--gpus must be at least 1")
-    if args.gpus > 1 and len(modes) > args.gpus:
-        ap.error("--gpus %d: side by side needs a GPU for each of the %d modes" % (args.gpus, len(modes)))
+    if args.gpus > 1 and not args.side_by_side:
+        ap.error("--gpus %d spreads side-by-side runs: it needs --side-by-side" % args.gpus)
     scens = [s for s in args.scenarios.split(",") if s]
     for m in modes:
         if m not in MODES and m not in TP_CONF:
@@ -738,8 +742,8 @@ def main():
             time.perf_counter() - t0, nbytes / (1 << 30), secs), flush=True)
     for scen in scens:
         for rnd in range(args.rounds):  # rounds interleave: A B A B, so drift hits every mode alike
-            if args.gpus > 1:
-                gpus = round_gpus(len(modes), rnd, args.gpus)
+            if args.side_by_side:
+                gpus = round_gpus(len(modes), rnd, args.gpus) if args.gpus > 1 else [None] * len(modes)
                 with concurrent.futures.ThreadPoolExecutor(len(modes)) as pool:
                     futures = [pool.submit(run_one, args, scen, mode, kwargs[scen], gpu)
                                for mode, gpu in zip(modes, gpus)]

@@ -3,8 +3,8 @@
 """test_compare_summary.py -- compare.py's medians and step sums over rounds,
 without torch or a GPU: summarize() and step_median_sum() on made-up runs,
 the generate() probe, its step clock and its reading of the shim's call
-times on a stand-in model, side by side runs (--gpus: the GPUs' rotation,
-the GPU each run sees, the paired ratio), and the options' checks."""
+times on a stand-in model, side by side runs (--side-by-side, --gpus: the GPUs' rotation, the GPU
+each run sees, the paired ratio), and the options' checks."""
 import os
 import subprocess
 import sys
@@ -149,7 +149,7 @@ check(t["calls_ms_median"] == 10.0 and abs(t["calls_share_median"] - 0.001) < 1e
 check(rows["default"]["calls_ms_median"] is None and rows["default"]["calls_share_max"] is None,
       "no calls figures without the timing: %s" % rows["default"])
 
-# Side by side (--gpus): the GPUs rotate so that every mode runs on every
+# Side by side (--side-by-side, --gpus): the GPUs rotate so that every mode runs on every
 # GPU once over as many rounds; each run sees only its GPU; the paired
 # ratio is each round's tidepool time over that round's fastest PyTorch one.
 plan = [compare.round_gpus(4, rnd, 4) for rnd in range(4)]
@@ -204,10 +204,45 @@ finally:
     else:
         os.environ["CUDA_VISIBLE_DEVICES"] = real_visible
 
-# More modes than GPUs side by side is a usage error
-p = subprocess.run([sys.executable, os.path.join(HERE, "compare.py"), "--workloads", __file__, "--gpus", "2",
-                    "--modes", "default,async,tp-vmm"], capture_output=True, text=True)
-check(p.returncode == 2 and "needs a GPU for each of the 3 modes" in p.stderr, "--gpus 2, 3 modes: rc %d %s"
+check(compare.round_gpus(3, 1, 2) == [1, 0, 1], "more modes than GPUs share them: %s" % compare.round_gpus(3, 1, 2))
+
+# main()'s side-by-side loop, with a stand-in for the runs: every round's
+# modes start before any of them ends (each waits for all to have started),
+# on the rotated GPUs, and the results carry their round.
+import threading
+started = threading.Barrier(3, timeout=10)
+calls = []
+
+
+def fake_run_one(args, scenario, mode, kwargs, gpu=None):
+    started.wait()  # a BrokenBarrierError unless all three run at once
+    calls.append((mode, gpu))
+    gen = {"default": 10.0, "async": 9.0, "tp-vmm": 9.45}[mode]
+    return dict(scenario=scenario, mode=mode, kwargs=kwargs, rc=0, error=None, gen_s=gen, wall_s=gen + 1,
+                gpu=gpu)
+
+
+real_main_run, real_argv = compare.run_one, sys.argv
+compare.run_one = fake_run_one
+sys.argv = ["compare.py", "--workloads", __file__, "--lib", __file__, "--warmup", "none", "--scenarios", "gemma3_mtmd",
+            "--modes", "default,async,tp-vmm", "--rounds", "2", "--side-by-side", "--gpus", "3"]
+try:
+    import contextlib
+    import io
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        rc = compare.main()
+finally:
+    compare.run_one, sys.argv = real_main_run, real_argv
+check(rc == 0 and sorted(calls) == sorted([("default", 0), ("async", 1), ("tp-vmm", 2),
+                                           ("default", 1), ("async", 2), ("tp-vmm", 0)]),
+      "side by side: rc %s, runs %s" % (rc, calls))
+check("side by side / fastest torch 1.050 (median of 2 rounds)" in out.getvalue(),
+      "the summary gives the paired ratio: %s" % out.getvalue()[-600:])
+
+# --gpus without --side-by-side is a usage error
+p = subprocess.run([sys.executable, os.path.join(HERE, "compare.py"), "--workloads", __file__, "--gpus", "2"],
+                   capture_output=True, text=True)
+check(p.returncode == 2 and "it needs --side-by-side" in p.stderr, "--gpus 2 alone: rc %d %s"
       % (p.returncode, p.stderr))
 
 # --rounds 0 is a usage error (exit 2) before anything runs
