@@ -86,7 +86,8 @@ one GPU (CUDA_VISIBLE_DEVICES), mode i of round r GPU (i + r) mod N, so
 that over N rounds every mode runs on every GPU once; with fewer GPUs than
 modes the runs share them, and then contend for the GPU as well as the
 host: a mode given twice (default,default,tp-vmm) shows what that alone
-does to the ratio.
+does to the ratio. --pin gives each run of a round its own share of the
+CPUs (sched_setaffinity), the shares rotating from round to round.
 """
 import argparse
 import concurrent.futures
@@ -421,9 +422,10 @@ def worker(args):
 
 # --------------------------------------------------------------- the parent
 
-def run_one(args, scenario, mode, kwargs, gpu=None):
+def run_one(args, scenario, mode, kwargs, gpu=None, cpus=None):
     """One (workload, allocator) run in a fresh process; gpu: the one GPU it
-    may see (CUDA_VISIBLE_DEVICES), None: as this process sees them."""
+    may see (CUDA_VISIBLE_DEVICES), None: as this process sees them; cpus:
+    the CPUs it may run on (sched_setaffinity), None: this process's."""
     env = dict(os.environ)
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = str(gpu)
@@ -452,7 +454,8 @@ def run_one(args, scenario, mode, kwargs, gpu=None):
     cmd.append("--step-times" if args.step_times else "--no-step-times")
     t0 = time.perf_counter()
     try:
-        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+        pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout, preexec_fn=pin)
         rc, out, err = p.returncode, p.stdout, p.stderr
     except subprocess.TimeoutExpired as e:
         rc = "timeout"
@@ -468,6 +471,8 @@ def run_one(args, scenario, mode, kwargs, gpu=None):
     res["elapsed_s"] = round(time.perf_counter() - t0, 1)
     if gpu is not None:
         res["gpu"] = gpu
+    if cpus:
+        res["cpus"] = sorted(cpus)
     if rc != 0:
         res["stderr_tail"] = err[-3000:]
     # tidepool's warnings (out-of-memory reports and the like) are worth keeping.
@@ -483,6 +488,16 @@ def round_gpus(mode_count, rnd, gpus):
     every mode runs on every GPU once (one GPU a little faster than another
     then favours no allocator); all different when there are enough."""
     return [(i + rnd) % gpus for i in range(mode_count)]
+
+
+def round_cpus(cpus, mode_count, rnd):
+    """Side by side with --pin: the CPUs of each of mode_count modes in round
+    rnd, the sorted cpus cut into mode_count groups of equal size (the rest
+    left out), mode i on group (i + rnd) mod mode_count."""
+    cpus = sorted(cpus)
+    size = len(cpus) // mode_count
+    groups = [cpus[g * size:(g + 1) * size] for g in range(mode_count)]
+    return [groups[(i + rnd) % mode_count] for i in range(mode_count)]
 
 
 def write_out(path, t0, results):
@@ -684,6 +699,9 @@ def main():
     ap.add_argument("--gpus", type=int, default=1,
                     help="with --side-by-side: spread each round's runs over this many GPUs, one each "
                          "(CUDA_VISIBLE_DEVICES), rotating from round to round (default 1: all on the one visible)")
+    ap.add_argument("--pin", action="store_true",
+                    help="with --side-by-side: each run on its own share of the CPUs this process may use "
+                         "(sched_setaffinity), the shares rotating from round to round")
     ap.add_argument("--step-times", action=argparse.BooleanOptionalAction, default=True,
                     help="time every generated step with a streamer, for the per-step medians over rounds "
                          "(default: on)")
@@ -717,6 +735,10 @@ def main():
         ap.error("--gpus must be at least 1")
     if args.gpus > 1 and not args.side_by_side:
         ap.error("--gpus %d spreads side-by-side runs: it needs --side-by-side" % args.gpus)
+    if args.pin and not args.side_by_side:
+        ap.error("--pin gives side-by-side runs CPUs of their own: it needs --side-by-side")
+    if args.pin and len(os.sched_getaffinity(0)) < len(modes):
+        ap.error("--pin: %d CPUs cannot give %d runs one each" % (len(os.sched_getaffinity(0)), len(modes)))
     scens = [s for s in args.scenarios.split(",") if s]
     for m in modes:
         if m not in MODES and m not in TP_CONF:
@@ -744,9 +766,11 @@ def main():
         for rnd in range(args.rounds):  # rounds interleave: A B A B, so drift hits every mode alike
             if args.side_by_side:
                 gpus = round_gpus(len(modes), rnd, args.gpus) if args.gpus > 1 else [None] * len(modes)
+                cpus = (round_cpus(os.sched_getaffinity(0), len(modes), rnd) if args.pin
+                        else [None] * len(modes))
                 with concurrent.futures.ThreadPoolExecutor(len(modes)) as pool:
-                    futures = [pool.submit(run_one, args, scen, mode, kwargs[scen], gpu)
-                               for mode, gpu in zip(modes, gpus)]
+                    futures = [pool.submit(run_one, args, scen, mode, kwargs[scen], gpu, cpu_set)
+                               for mode, gpu, cpu_set in zip(modes, gpus, cpus)]
                     batch = [f.result() for f in futures]
             else:
                 batch = None

@@ -3,8 +3,9 @@
 """test_compare_summary.py -- compare.py's medians and step sums over rounds,
 without torch or a GPU: summarize() and step_median_sum() on made-up runs,
 the generate() probe, its step clock and its reading of the shim's call
-times on a stand-in model, side by side runs (--side-by-side, --gpus: the GPUs' rotation, the GPU
-each run sees, the paired ratio), and the options' checks."""
+times on a stand-in model, side by side runs (--side-by-side, --gpus, --pin: the GPUs' and CPUs'
+rotation, the GPU and CPUs each run gets, the paired ratio), and the
+options' checks."""
 import os
 import subprocess
 import sys
@@ -214,7 +215,7 @@ started = threading.Barrier(3, timeout=10)
 calls = []
 
 
-def fake_run_one(args, scenario, mode, kwargs, gpu=None):
+def fake_run_one(args, scenario, mode, kwargs, gpu=None, cpus=None):
     started.wait()  # a BrokenBarrierError unless all three run at once
     calls.append((mode, gpu))
     gen = {"default": 10.0, "async": 9.0, "tp-vmm": 9.45}[mode]
@@ -239,11 +240,43 @@ check(rc == 0 and sorted(calls) == sorted([("default", 0), ("async", 1), ("tp-vm
 check("side by side / fastest torch 1.050 (median of 2 rounds)" in out.getvalue(),
       "the summary gives the paired ratio: %s" % out.getvalue()[-600:])
 
+# --pin: the CPUs cut into equal shares, one a run, rotating; the run's
+# process pins itself before it starts (preexec_fn).
+shares = [compare.round_cpus({7, 0, 1, 2, 3, 4, 5, 6, 8}, 3, rnd) for rnd in range(3)]
+check(shares[0] == [[0, 1, 2], [3, 4, 5], [6, 7, 8]] and shares[1] == [[3, 4, 5], [6, 7, 8], [0, 1, 2]],
+      "CPU shares: %s" % shares)
+check(compare.round_cpus(range(7), 3, 0) == [[0, 1], [2, 3], [4, 5]], "the rest left out: %s"
+      % compare.round_cpus(range(7), 3, 0))
+pinned = {}
+
+
+def fake_pinned_run(cmd, env=None, preexec_fn=None, **kw):
+    pinned["preexec_fn"] = preexec_fn
+    return subprocess.CompletedProcess(cmd, 0, compare.RESULT_TAG + '{"scenario": "s", "mode": "m"}\n', "")
+
+
+compare.subprocess.run = fake_pinned_run
+try:
+    r = compare.run_one(Args, "decode_growing_kv", "default", {}, cpus=[0])
+    check(pinned["preexec_fn"] is not None and r.get("cpus") == [0], "a pinned run: %s" % r)
+    r = compare.run_one(Args, "decode_growing_kv", "default", {})
+    check(pinned["preexec_fn"] is None and "cpus" not in r, "an unpinned run: %s" % r)
+finally:
+    compare.subprocess.run = real_run
+if hasattr(os, "sched_setaffinity"):  # the pinning itself, in a child
+    p = subprocess.run([sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"],
+                       capture_output=True, text=True, preexec_fn=lambda: os.sched_setaffinity(0, {0}))
+    check(p.stdout.strip() == "[0]", "a child pinned to CPU 0 sees %s" % p.stdout.strip())
+
 # --gpus without --side-by-side is a usage error
 p = subprocess.run([sys.executable, os.path.join(HERE, "compare.py"), "--workloads", __file__, "--gpus", "2"],
                    capture_output=True, text=True)
 check(p.returncode == 2 and "it needs --side-by-side" in p.stderr, "--gpus 2 alone: rc %d %s"
       % (p.returncode, p.stderr))
+
+p = subprocess.run([sys.executable, os.path.join(HERE, "compare.py"), "--workloads", __file__, "--pin"],
+                   capture_output=True, text=True)
+check(p.returncode == 2 and "it needs --side-by-side" in p.stderr, "--pin alone: rc %d %s" % (p.returncode, p.stderr))
 
 # --rounds 0 is a usage error (exit 2) before anything runs
 p = subprocess.run([sys.executable, os.path.join(HERE, "compare.py"), "--workloads", __file__, "--rounds", "0"],
