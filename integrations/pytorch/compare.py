@@ -86,7 +86,8 @@ one GPU (CUDA_VISIBLE_DEVICES), mode i of round r GPU (i + r) mod N, so
 that over N rounds every mode runs on every GPU once; with fewer GPUs than
 modes the runs share them, and then contend for the GPU as well as the
 host: a mode given twice (default,default,tp-vmm) shows what that alone
-does to the ratio. --pin gives each run of a round its own share of the
+does to the ratio; and the GPU's memory in use is theirs together, so
+"peak used" is left out (the allocators' own peaks stay). --pin gives each run of a round its own share of the
 CPUs (sched_setaffinity), the shares rotating from round to round.
 """
 import argparse
@@ -772,6 +773,11 @@ def main():
                     futures = [pool.submit(run_one, args, scen, mode, kwargs[scen], gpu, cpu_set)
                                for mode, gpu, cpu_set in zip(modes, gpus, cpus)]
                     batch = [f.result() for f in futures]
+                if args.gpus < len(modes):
+                    # Runs sharing a GPU: its memory in use is theirs together,
+                    # not one allocator's (kept apart, out of the table).
+                    for r in batch:
+                        r["peak_used_shared_gpu_mib"] = r.pop("peak_used_mib", None)
             else:
                 batch = None
             for i, mode in enumerate(modes):

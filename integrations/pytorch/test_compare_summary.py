@@ -6,6 +6,7 @@ the generate() probe, its step clock and its reading of the shim's call
 times on a stand-in model, side by side runs (--side-by-side, --gpus, --pin: the GPUs' and CPUs'
 rotation, the GPU and CPUs each run gets, the paired ratio), and the
 options' checks."""
+import json
 import os
 import subprocess
 import sys
@@ -219,8 +220,11 @@ def fake_run_one(args, scenario, mode, kwargs, gpu=None, cpus=None):
     started.wait()  # a BrokenBarrierError unless all three run at once
     calls.append((mode, gpu))
     gen = {"default": 10.0, "async": 9.0, "tp-vmm": 9.45}[mode]
-    return dict(scenario=scenario, mode=mode, kwargs=kwargs, rc=0, error=None, gen_s=gen, wall_s=gen + 1,
-                gpu=gpu)
+    r = dict(scenario=scenario, mode=mode, kwargs=kwargs, rc=0, error=None, gen_s=gen, wall_s=gen + 1,
+             peak_used_mib=100.0)
+    if gpu is not None:
+        r["gpu"] = gpu
+    return r
 
 
 real_main_run, real_argv = compare.run_one, sys.argv
@@ -239,6 +243,23 @@ check(rc == 0 and sorted(calls) == sorted([("default", 0), ("async", 1), ("tp-vm
       "side by side: rc %s, runs %s" % (rc, calls))
 check("side by side / fastest torch 1.050 (median of 2 rounds)" in out.getvalue(),
       "the summary gives the paired ratio: %s" % out.getvalue()[-600:])
+# Three runs on one GPU: its memory in use is theirs together, kept apart
+# from the table's "peak used".
+calls.clear()
+compare.run_one = fake_run_one
+shared_out = os.path.join(os.environ.get("TMPDIR", "/tmp"), "compare_shared_%d.json" % os.getpid())
+sys.argv = ["compare.py", "--workloads", __file__, "--lib", __file__, "--warmup", "none", "--scenarios", "gemma3_mtmd",
+            "--modes", "default,async,tp-vmm", "--rounds", "1", "--side-by-side", "--out", shared_out]
+try:
+    with contextlib.redirect_stdout(io.StringIO()):
+        compare.main()
+    shared = json.load(open(shared_out))["results"]
+finally:
+    compare.run_one, sys.argv = real_main_run, real_argv
+    if os.path.exists(shared_out):
+        os.remove(shared_out)
+check(all("peak_used_mib" not in r and r["peak_used_shared_gpu_mib"] == 100.0 for r in shared),
+      "runs sharing one GPU keep its memory in use apart: %s" % shared)
 
 # --pin: the CPUs cut into equal shares, one a run, rotating; the run's
 # process pins itself before it starts (preexec_fn).
