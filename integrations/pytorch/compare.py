@@ -87,8 +87,9 @@ that over N rounds every mode runs on every GPU once; with fewer GPUs than
 modes the runs share them, and then contend for the GPU as well as the
 host: a mode given twice (default,default,tp-vmm) shows what that alone
 does to the ratio; and the GPU's memory in use is theirs together, so
-"peak used" is left out (the allocators' own peaks stay). --pin gives each run of a round its own share of the
-CPUs (sched_setaffinity), the shares rotating from round to round.
+"peak used" is left out (the allocators' own peaks stay). --pin gives
+each run of a round its own share of the CPUs (sched_setaffinity), the
+shares rotating from round to round.
 """
 import argparse
 import concurrent.futures
