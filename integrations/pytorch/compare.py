@@ -328,7 +328,15 @@ def warmup_worker(args):
     return 0
 
 
+def pin_to(cpus_text):
+    """This process (and the threads it starts later) on the CPUs of a
+    comma list, e.g. "0,1,2,3" (--pin's share for the run)."""
+    os.sched_setaffinity(0, {int(c) for c in cpus_text.split(",")})
+
+
 def worker(args):
+    if args.cpus:  # first, so that every thread torch and CUDA start inherits it
+        pin_to(args.cpus)
     if args.mode == "warmup":
         return warmup_worker(args)
     kwargs = json.loads(args.kwargs)
@@ -427,7 +435,8 @@ def worker(args):
 def run_one(args, scenario, mode, kwargs, gpu=None, cpus=None):
     """One (workload, allocator) run in a fresh process; gpu: the one GPU it
     may see (CUDA_VISIBLE_DEVICES), None: as this process sees them; cpus:
-    the CPUs it may run on (sched_setaffinity), None: this process's."""
+    the CPUs it may run on (the worker pins itself: --cpus), None: this
+    process's."""
     env = dict(os.environ)
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = str(gpu)
@@ -454,10 +463,11 @@ def run_one(args, scenario, mode, kwargs, gpu=None, cpus=None):
     if args.deterministic:
         cmd.append("--deterministic")
     cmd.append("--step-times" if args.step_times else "--no-step-times")
+    if cpus:  # the worker pins itself (no preexec_fn: runs start from several threads at once)
+        cmd += ["--cpus", ",".join(str(c) for c in sorted(cpus))]
     t0 = time.perf_counter()
     try:
-        pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
-        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout, preexec_fn=pin)
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
         rc, out, err = p.returncode, p.stdout, p.stderr
     except subprocess.TimeoutExpired as e:
         rc = "timeout"
@@ -713,6 +723,7 @@ def main():
     ap.add_argument("--scenario", help=argparse.SUPPRESS)
     ap.add_argument("--mode", help=argparse.SUPPRESS)
     ap.add_argument("--kwargs", default="{}", help=argparse.SUPPRESS)
+    ap.add_argument("--cpus", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         return worker(args)

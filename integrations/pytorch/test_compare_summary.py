@@ -262,7 +262,8 @@ check(all("peak_used_mib" not in r and r["peak_used_shared_gpu_mib"] == 100.0 fo
       "runs sharing one GPU keep its memory in use apart: %s" % shared)
 
 # --pin: the CPUs cut into equal shares, one a run, rotating; the run's
-# process pins itself before it starts (preexec_fn).
+# worker pins itself first thing (--cpus; no preexec_fn, since runs start
+# from several threads at once).
 shares = [compare.round_cpus({7, 0, 1, 2, 3, 4, 5, 6, 8}, 3, rnd) for rnd in range(3)]
 check(shares[0] == [[0, 1, 2], [3, 4, 5], [6, 7, 8]] and shares[1] == [[3, 4, 5], [6, 7, 8], [0, 1, 2]],
       "CPU shares: %s" % shares)
@@ -271,23 +272,25 @@ check(compare.round_cpus(range(7), 3, 0) == [[0, 1], [2, 3], [4, 5]], "the rest 
 pinned = {}
 
 
-def fake_pinned_run(cmd, env=None, preexec_fn=None, **kw):
-    pinned["preexec_fn"] = preexec_fn
+def fake_pinned_run(cmd, env=None, **kw):
+    pinned["cmd"] = cmd
     return subprocess.CompletedProcess(cmd, 0, compare.RESULT_TAG + '{"scenario": "s", "mode": "m"}\n', "")
 
 
 compare.subprocess.run = fake_pinned_run
 try:
-    r = compare.run_one(Args, "decode_growing_kv", "default", {}, cpus=[0])
-    check(pinned["preexec_fn"] is not None and r.get("cpus") == [0], "a pinned run: %s" % r)
+    r = compare.run_one(Args, "decode_growing_kv", "default", {}, cpus=[2, 0])
+    check(pinned["cmd"][-2:] == ["--cpus", "0,2"] and r.get("cpus") == [0, 2], "a pinned run: %s %s"
+          % (r, pinned["cmd"][-2:]))
     r = compare.run_one(Args, "decode_growing_kv", "default", {})
-    check(pinned["preexec_fn"] is None and "cpus" not in r, "an unpinned run: %s" % r)
+    check("--cpus" not in pinned["cmd"] and "cpus" not in r, "an unpinned run: %s" % r)
 finally:
     compare.subprocess.run = real_run
-if hasattr(os, "sched_setaffinity"):  # the pinning itself, in a child
-    p = subprocess.run([sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"],
-                       capture_output=True, text=True, preexec_fn=lambda: os.sched_setaffinity(0, {0}))
-    check(p.stdout.strip() == "[0]", "a child pinned to CPU 0 sees %s" % p.stdout.strip())
+if hasattr(os, "sched_setaffinity"):  # the pinning itself, as a worker does it, in a child
+    p = subprocess.run([sys.executable, "-c", "import os, sys; sys.path.insert(0, %r); from script_checks import "
+                        "load_script; load_script('compare.py').pin_to('0'); print(sorted(os.sched_getaffinity(0)))"
+                        % HERE], capture_output=True, text=True)
+    check(p.stdout.strip() == "[0]", "a child pinned to CPU 0 sees %s (%s)" % (p.stdout.strip(), p.stderr[-300:]))
 
 # --gpus without --side-by-side is a usage error
 p = subprocess.run([sys.executable, os.path.join(HERE, "compare.py"), "--workloads", __file__, "--gpus", "2"],
