@@ -750,6 +750,8 @@ def main():
         ap.error("--gpus %d spreads side-by-side runs: it needs --side-by-side" % args.gpus)
     if args.pin and not args.side_by_side:
         ap.error("--pin gives side-by-side runs CPUs of their own: it needs --side-by-side")
+    if args.pin and not hasattr(os, "sched_setaffinity"):
+        ap.error("--pin needs sched_setaffinity, which this system's Python has not")
     if args.pin and len(os.sched_getaffinity(0)) < len(modes):
         ap.error("--pin: %d CPUs cannot give %d runs one each" % (len(os.sched_getaffinity(0)), len(modes)))
     scens = [s for s in args.scenarios.split(",") if s]
