@@ -85,11 +85,13 @@ long as its slowest run, not the sum of them. With --gpus N each run sees
 one GPU (CUDA_VISIBLE_DEVICES), mode i of round r GPU (i + r) mod N, so
 that over N rounds every mode runs on every GPU once; with fewer GPUs than
 modes the runs share them, and then contend for the GPU as well as the
-host: a mode given twice (default,default,tp-vmm) shows what that alone
-does to the ratio; and the GPU's memory in use is theirs together, so
-"peak used" is left out (the allocators' own peaks stay). --pin gives
-each run of a round its own share of the CPUs (sched_setaffinity), the
-shares rotating from round to round.
+host; and the GPU's memory in use is theirs together, so "peak used" is
+left out (the allocators' own peaks stay). A mode given twice
+(default,async,tp-vmm,default) is a control: the summary's "control" line
+gives its second run's time over its first's in each round, how far two
+identical runs at the same moment differ. --pin gives each run of a round
+its own share of the CPUs (sched_setaffinity), the shares rotating from
+round to round.
 """
 import argparse
 import concurrent.futures
@@ -633,6 +635,22 @@ def paired_ratio(results, scenario, mode):
     return median(ratios), len(ratios)
 
 
+def control_ratios(results):
+    """Side by side, a mode given twice in a round (the control): per
+    (workload, mode), the ratios of its second run's generate() seconds to
+    its first's in each round where both succeeded -- how far two identical
+    runs at the same moment differ."""
+    rounds = {}
+    for r in results:
+        if r.get("side_by_side"):
+            rounds.setdefault((r["scenario"], r["mode"], r["round"]), []).append(r)
+    ratios = {}
+    for (scen, mode, _), runs in sorted(rounds.items()):
+        if len(runs) == 2 and all(r.get("rc") == 0 and not r.get("error") and r.get("gen_s") for r in runs):
+            ratios.setdefault((scen, mode), []).append(runs[1]["gen_s"] / runs[0]["gen_s"])
+    return ratios
+
+
 def step_median_sum(runs):
     """The seconds of every generated step, each step's median over the
     runs, summed over the steps, and the number of steps; (None, None)
@@ -674,6 +692,10 @@ def print_summary(results, baseline_mode):
                   "(median; at most %s%%)" % (row["scenario"], row["mode"], fmt(row["calls_ms_median"], "%.1f"),
                                               fmt(100.0 * row["calls_share_median"], "%.3f"),
                                               fmt(100.0 * row["calls_share_max"], "%.3f")))
+    for (scen, mode), ratios in control_ratios(results).items():
+        print("  %-18s %-11s control: its second run / its first in the same round, median %s (%s-%s) over %d "
+              "rounds" % (scen, mode, fmt(median(ratios), "%.3f"), fmt(min(ratios), "%.3f"), fmt(max(ratios), "%.3f"),
+                          len(ratios)))
 
 
 def main():

@@ -178,6 +178,14 @@ check(abs(rows["tp-vmm"]["paired_vs_fastest_torch"] - 1.02) < 1e-12 and rows["tp
 check(compare.paired_ratio(results, "decode_growing_kv", "tp-vmm") == (None, 0),
       "runs one after the other have no paired ratio")
 
+# The control: a mode given twice in a round, its second run over its first.
+control = paired + [side("default", 11.0, 0), side("default", 18.0, 1), side("default", 10.5, 2),
+                    side("default", 1.0, 3, rc=1)]
+ratios = compare.control_ratios(control)
+check(list(ratios) == [("gemma3_mtmd", "default")] and [round(x, 3) for x in ratios[("gemma3_mtmd", "default")]]
+      == [1.1, 0.9, 1.05], "control ratios (the failed round left out): %s" % ratios)
+check(compare.control_ratios(paired) == {}, "no mode twice in a round: no control")
+
 captured = {}
 
 
