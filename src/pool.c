@@ -127,8 +127,14 @@ static uint64_t upkeep_due_locked(const tp_pool *pool) {
     return pool->last_upkeep_ns + core->config.idle_release_ns / 2;
 }
 
-void tpi_pool_unlock(tp_pool *pool) {
+/* upkeep_due_locked's answer where the hit path reads it, without a lock
+ * (a hit free compares the clock with it to skip its upkeep). */
+static inline void upkeep_due_publish_locked(tp_pool *pool) {
     atomic_store_explicit(&pool->upkeep_due_ns, upkeep_due_locked(pool), memory_order_relaxed);
+}
+
+void tpi_pool_unlock(tp_pool *pool) {
+    upkeep_due_publish_locked(pool);
     tpi_front_world_leave(&pool->front);
     pthread_mutex_unlock(&pool->lock);
 }
@@ -327,6 +333,17 @@ static inline tp_status check_after_hit(tp_pool *pool) {
     return TP_OK;
 }
 
+/* Node, just placed for slot, has room for its record in the block table;
+ * false when the table cannot grow: the node is then given back, tagged
+ * with slot's pending work (there is no record to clear). */
+static bool node_has_record_locked(tp_pool *pool, uint32_t node, uint32_t slot) {
+    tpi_core *core = &pool->core;
+    if (tpi_pool_blocks_fit_nodes_locked(core)) return true;
+    tpi_ra_node_at(&core->ra, node)->owner = tpi_order_pending_tag(&core->order, slot);
+    pool->backing->ops->release_block(pool->backing, node, 0);
+    return false;
+}
+
 /* A block found by the ladder. */
 static tp_status ladder_alloc_locked(tp_pool *pool, uint64_t size, size_t bytes, uint32_t slot, bool moving,
                                      uint32_t *out_node) {
@@ -340,12 +357,7 @@ static tp_status ladder_alloc_locked(tp_pool *pool, uint64_t size, size_t bytes,
     tp_status st = tpi_ladder_alloc_locked(&pool->ladder, size, bytes, slot, moving, out_node);
     if (st != TP_OK) return st;
     if (core->stats.pub.device_allocs == device_allocs) core->stats.pub.cache_hits++;
-    if (!tpi_pool_blocks_fit_nodes_locked(core)) { /* (no block record to clear: the table is short) */
-        tpi_ra_node_at(&core->ra, *out_node)->owner = tpi_order_pending_tag(&core->order, slot);
-        pool->backing->ops->release_block(pool->backing, *out_node, 0);
-        return TP_ERR_HOST_OUT_OF_MEMORY;
-    }
-    return TP_OK;
+    return node_has_record_locked(pool, *out_node, slot) ? TP_OK : TP_ERR_HOST_OUT_OF_MEMORY;
 }
 
 static tp_status alloc_locked(tp_pool *pool, uint64_t size, size_t bytes, tp_stream stream, void **out_ptr) {
@@ -437,18 +449,13 @@ static inline tp_status alloc_recorded(tp_pool *pool, tpi_front_stream *fs, cons
  * which finds the same state (the slot released) and goes on from there. */
 TPI_NOINLINE static tp_status alloc_placed(tp_pool *pool, tpi_front_stream *fs, uint64_t size, size_t bytes,
                                            void **out_ptr) {
-    tpi_core *core = &pool->core;
     tpi_live_entry block;
-    bool placed = tpi_front_hit_place(&pool->front, fs, size, bytes, &block);
-    if (placed && !tpi_pool_blocks_fit_nodes_locked(core)) { /* (as ladder_alloc_locked gives it back) */
-        tpi_ra_node_at(&core->ra, block.node)->owner = tpi_order_pending_tag(&core->order, fs->slot);
-        pool->backing->ops->release_block(pool->backing, block.node, 0);
-        placed = false;
-    }
     /* (The locked path works out when upkeep is due as it leaves.) */
-    if (!placed) return alloc_after_miss(pool, fs, size, bytes, fs->handle, out_ptr);
-    atomic_store_explicit(&pool->upkeep_due_ns, upkeep_due_locked(pool), memory_order_relaxed);
-    core->stats.last_device_status = TP_OK; /* (as the ladder's first try sets it) */
+    if (!tpi_front_hit_place(&pool->front, fs, size, bytes, &block) ||
+        !node_has_record_locked(pool, block.node, fs->slot))
+        return alloc_after_miss(pool, fs, size, bytes, fs->handle, out_ptr);
+    upkeep_due_publish_locked(pool);
+    pool->core.stats.last_device_status = TP_OK; /* (as the ladder's first try sets it) */
     return alloc_recorded(pool, fs, &block, out_ptr, true);
 }
 
@@ -477,7 +484,7 @@ TPI_NOINLINE static tp_status alloc_slot(tp_pool *pool, tpi_front_stream *fs, ui
     } else {
         if (!tpi_front_hit_resize_slot(&pool->front, fs, size, bytes, word, &block))
             return alloc_unparked(pool, fs, size, bytes, out_ptr);
-        atomic_store_explicit(&pool->upkeep_due_ns, upkeep_due_locked(pool), memory_order_relaxed);
+        upkeep_due_publish_locked(pool);
         tpi_front_hit_slot_emptied(&pool->front);
     }
     return alloc_recorded(pool, fs, &block, out_ptr, true);
@@ -645,7 +652,7 @@ TPI_NOINLINE static tp_status free_slot(tp_pool *pool, tpi_front_stream *fs, tpi
         if (!tpi_front_hit_alone(&pool->front) || !tpi_front_slot_word_names(word, fs->slot))
             return free_after_miss(pool, fs, e->offset, fs->handle);
         tpi_front_hit_park_slot_over(&pool->front, fs, e);
-        atomic_store_explicit(&pool->upkeep_due_ns, upkeep_due_locked(pool), memory_order_relaxed);
+        upkeep_due_publish_locked(pool);
     }
     return free_hit_done(pool, fs, e, true);
 }
@@ -655,7 +662,7 @@ TPI_NOINLINE static tp_status free_slot(tp_pool *pool, tpi_front_stream *fs, tpi
 TPI_NOINLINE static tp_status free_unparked(tp_pool *pool, tpi_front_stream *fs, tpi_live_entry *e) {
     if (!tpi_front_hit_alone(&pool->front)) return free_after_miss(pool, fs, e->offset, fs->handle);
     tpi_front_hit_release(&pool->front, fs, e);
-    atomic_store_explicit(&pool->upkeep_due_ns, upkeep_due_locked(pool), memory_order_relaxed);
+    upkeep_due_publish_locked(pool);
     return free_hit_done(pool, fs, e, true);
 }
 
