@@ -296,9 +296,10 @@ void tpi_front_live_sums(const tpi_front *f, uint64_t *out_allocated, uint64_t *
 
 /* -------------------------------------------------------- parked blocks */
 
-/* A parked block leaves the cache for good: its tag into the node's owner
+/* A parked block leaves the cache for good (or a live one, freed, goes
+ * straight back: tpi_front_hit_release): its tag into the node's owner
  * word, back to the backing; units it leaves idle count as idle since
- * idle_since_ns. */
+ * idle_since_ns (0: now). */
 static void release_parked(tpi_front *f, uint32_t node, tpi_tag tag, uint64_t idle_since_ns) {
     tpi_core *core = f->core;
     tpi_ra_node_at(&core->ra, node)->owner = tag;
@@ -402,10 +403,8 @@ void tpi_front_hit_park_slot_over(tpi_front *f, tpi_front_stream *fs, const tpi_
 }
 
 void tpi_front_hit_release(tpi_front *f, tpi_front_stream *fs, const tpi_live_entry *e) {
-    tpi_core *core = f->core;
-    tpi_ra_node_at(&core->ra, e->node)->owner = tpi_order_note_free(&core->order, fs->slot);
-    *tpi_block_at(core, e->node) = (tpi_block){0};
-    f->backing->ops->release_block(f->backing, e->node, 0);
+    /* (Its block record is zero, as every live block's: pool_core.h.) */
+    release_parked(f, e->node, tpi_order_note_free(&f->core->order, fs->slot), 0);
     fs->released_bytes = e->size; /* (tpi_front_continues_chain) */
     f->world_epoch++;
 }
