@@ -574,6 +574,20 @@ def median(values):
     return v[mid] if len(v) % 2 else (v[mid - 1] + v[mid]) / 2.0
 
 
+def run_succeeded(r):
+    """A run that ended well and timed its generate() calls."""
+    return r.get("rc") == 0 and not r.get("error") and bool(r.get("gen_s"))
+
+
+def side_by_side_rounds(results):
+    """Side-by-side runs by (workload, round), each round's in mode order."""
+    rounds = {}
+    for r in results:
+        if r.get("side_by_side"):
+            rounds.setdefault((r["scenario"], r["round"]), []).append(r)
+    return rounds
+
+
 def summarize(results, baseline_mode):
     """Per workload and allocator, over its successful runs: the number of
     runs, the median, min and max of the seconds inside generate() and of the
@@ -581,7 +595,7 @@ def summarize(results, baseline_mode):
     baseline mode's (1.02 = 2% slower)."""
     groups = {}
     for r in results:
-        if r.get("rc") == 0 and not r.get("error") and r.get("gen_s"):
+        if run_succeeded(r):
             groups.setdefault((r["scenario"], r["mode"]), []).append(r)
     rows = []
     for (scen, mode), rs in groups.items():
@@ -620,13 +634,9 @@ def paired_ratio(results, scenario, mode):
     the same host, so a spell of the host slows them alike); the median of
     those ratios and the number of rounds. (None, 0) for runs made one after
     the other."""
-    rounds = {}
-    for r in results:
-        if r["scenario"] == scenario and r.get("side_by_side"):
-            rounds.setdefault(r["round"], []).append(r)
     ratios = []
-    for runs in rounds.values():
-        if any(r.get("rc") != 0 or r.get("error") or not r.get("gen_s") for r in runs):
+    for (scen, _), runs in side_by_side_rounds(results).items():
+        if scen != scenario or not all(run_succeeded(r) for r in runs):
             continue
         own = [r["gen_s"] for r in runs if r["mode"] == mode]
         torch_gen = [r["gen_s"] for r in runs if not r["mode"].startswith("tp-")]
@@ -640,14 +650,12 @@ def control_ratios(results):
     (workload, mode), the ratios of its second run's generate() seconds to
     its first's in each round where both succeeded -- how far two identical
     runs at the same moment differ."""
-    rounds = {}
-    for r in results:
-        if r.get("side_by_side"):
-            rounds.setdefault((r["scenario"], r["mode"], r["round"]), []).append(r)
     ratios = {}
-    for (scen, mode, _), runs in sorted(rounds.items()):
-        if len(runs) == 2 and all(r.get("rc") == 0 and not r.get("error") and r.get("gen_s") for r in runs):
-            ratios.setdefault((scen, mode), []).append(runs[1]["gen_s"] / runs[0]["gen_s"])
+    for (scen, _), runs in sorted(side_by_side_rounds(results).items()):
+        for mode in dict.fromkeys(r["mode"] for r in runs):
+            twins = [r for r in runs if r["mode"] == mode]
+            if len(twins) == 2 and all(run_succeeded(r) for r in twins):
+                ratios.setdefault((scen, mode), []).append(twins[1]["gen_s"] / twins[0]["gen_s"])
     return ratios
 
 
