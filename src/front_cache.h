@@ -75,12 +75,13 @@
  * block back to park a large free in its place
  * (tpi_front_hit_park_slot_over), and give a small free that the bins
  * cannot take back to the backing (tpi_front_hit_release): the locked
- * path's own steps, so its decisions. The hit path takes exactly one stream lock and nothing after
- * it but the device's (the hazard checker). One exception: a missed hit
- * may keep its stream lock while it tries (never waits for) the mutex;
- * holding both, it raises the gate and waits for the other stream locks
- * (tpi_front_world_enter's held), whose holders are hits that wait for
- * nothing or missed hits that let go when their try fails. A stream lock
+ * path's own steps, so its decisions. The hit path takes exactly one
+ * stream lock and nothing after it but the device's (the hazard checker).
+ * One exception: a missed hit may keep its stream lock while it tries
+ * (never waits for) the mutex; holding both, it raises the gate and
+ * waits for the other stream locks (tpi_front_world_enter's held), whose
+ * holders are hits that wait for nothing or missed hits that let go when
+ * their try fails. A stream lock
  * is a spin lock (one exchange to take it, one store to give it back) that
  * backs off to sched_yield and then to short sleeps when held long; the
  * world waits for one the same way.
@@ -546,12 +547,12 @@ static inline bool tpi_front_hit_alone(const tpi_front *f) {
  * parked block served (the bins' miss, or a large one the slot did not
  * serve), what the locked path does (tpi_front_pop, then the ladder's
  * first try): the slot's block released, then room for size bytes found
- * in memory already mapped (try_alloc without growth), into *out. False when that room would need new device
- * memory (or host memory ran out): the slot is released and nothing else
- * changed, so the locked path finds the same state and decides the same
- * way. Raises world_epoch. The caller gives the block a record
- * (tpi_pool_blocks_fit_nodes_locked) and works out when upkeep is due:
- * the units' idle bytes may have moved. */
+ * in memory already mapped (try_alloc without growth), into *out. False
+ * when that room would need new device memory (or host memory ran out):
+ * the slot is released and nothing else changed, so the locked path finds
+ * the same state and decides the same way. Raises world_epoch. The caller
+ * gives the block a record (pool.c: node_has_record_locked) and works out
+ * when upkeep is due: the units' idle bytes may have moved. */
 bool tpi_front_hit_place(tpi_front *f, tpi_front_stream *fs, uint64_t size, uint64_t bytes, tpi_live_entry *out);
 
 /* Record (no call): the block taken, live on the stream and counted. */
