@@ -92,6 +92,19 @@ gives its second run's time over its first's in each round, how far two
 identical runs at the same moment differ. --pin gives each run of a round
 its own share of the CPUs (sched_setaffinity), the shares rotating from
 round to round.
+--gpu-time puts PyTorch's profiler (CUDA activity only, through CUPTI)
+around every generate() call and reports the GPU's own time in it: the
+kernels' durations summed, the copies' and memsets', and the time the GPU
+was busy with either (overlaps counted once), with the number of kernels.
+That is what an allocator can change on the device -- where its memory
+lies, how it is mapped and in what pages -- apart from the host, whose
+spells move the time inside generate() by tens of percent: the same
+kernels run in every mode (their count says so), and their durations come
+from the GPU's clock. The summary gives each allocator's median over the
+rounds and its ratio to the fastest PyTorch allocator's. The profiler costs
+host time at every launch, so generate() seconds of such runs compare only
+with other --gpu-time runs. Runs sharing a GPU slow each other's kernels:
+with --side-by-side it needs a GPU a run (--gpus).
 """
 import argparse
 import concurrent.futures
@@ -208,7 +221,62 @@ class StepClock:
         pass
 
 
-def install_generate_probe(torch, cls, record, models, step_times=False, call_ns=None):
+def gpu_time_summary(events):
+    """The GPU's own time in a list of (name, start_ns, duration_ns) of
+    its activities: kernel_ns, the kernels' durations summed; copy_ns, the
+    copies' and memsets' (names starting Memcpy or Memset, as the profiler
+    calls them); busy_ns, the time covered by any of them, overlaps counted
+    once; and the counts of kernels and copies."""
+    kernel_ns = copy_ns = busy_ns = kernels = copies = 0
+    intervals = []
+    for name, start_ns, duration_ns in events:
+        if name.startswith("Memcpy") or name.startswith("Memset"):
+            copy_ns += duration_ns
+            copies += 1
+        else:
+            kernel_ns += duration_ns
+            kernels += 1
+        intervals.append((start_ns, start_ns + duration_ns))
+    end_ns = None
+    for start_ns, stop_ns in sorted(intervals):
+        if end_ns is None or start_ns >= end_ns:
+            busy_ns += stop_ns - start_ns
+            end_ns = stop_ns
+        elif stop_ns > end_ns:
+            busy_ns += stop_ns - end_ns
+            end_ns = stop_ns
+    return dict(kernel_ns=kernel_ns, copy_ns=copy_ns, busy_ns=busy_ns, kernels=kernels, copies=copies)
+
+
+class GpuTimer:
+    """PyTorch's profiler, CUDA activity only, around one generate() call
+    (a context manager); events() gives the GPU's activities as (name,
+    start_ns, duration_ns)."""
+
+    def __init__(self, torch):
+        self.torch = torch
+        self.prof = None
+
+    def __enter__(self):
+        self.prof = self.torch.profiler.profile(activities=[self.torch.profiler.ProfilerActivity.CUDA])
+        self.prof.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.prof.__exit__(*exc)
+        return False
+
+    def events(self):
+        device_type = getattr(self.torch.profiler, "DeviceType", None) or self.torch.autograd.DeviceType
+        cuda = device_type.CUDA
+        results = getattr(self.prof.profiler, "kineto_results", None)
+        if results is not None:  # the raw events: no per-event Python objects built beyond these
+            return [(e.name(), e.start_ns(), e.duration_ns()) for e in results.events() if e.device_type() == cuda]
+        return [(e.name, int(e.time_range.start * 1000), int(e.time_range.elapsed_us() * 1000))
+                for e in self.prof.events() if e.device_type == cuda]
+
+
+def install_generate_probe(torch, cls, record, models, step_times=False, call_ns=None, gpu_timer=None):
     """Wraps cls.generate: counts new tokens, times the calls, hashes the
     generated ids (output_hash) and, to tell where a difference comes from,
     the prompts and pixel values (inputs_hash). Keeps the models in `models`
@@ -218,7 +286,10 @@ def install_generate_probe(torch, cls, record, models, step_times=False, call_ns
     number of steps goes to record["step_calls"]. call_ns, if given, returns
     the nanoseconds the allocator has spent in its calls so far (tidepool's
     shim with time_calls=on); what a generate() call adds goes to
-    record["calls_ns"], read outside the timed part."""
+    record["calls_ns"], read outside the timed part. gpu_timer, if given,
+    makes a context manager (GpuTimer) entered before the timed part and
+    left after it, the generated ids on the host: the GPU's time in each
+    call (gpu_time_summary) adds up in record["gpu"]."""
     orig = cls.generate
     out_digest, in_digest = hashlib.sha256(), hashlib.sha256()
 
@@ -229,13 +300,24 @@ def install_generate_probe(torch, cls, record, models, step_times=False, call_ns
         if step_times and kwargs.get("streamer") is None:
             kwargs["streamer"] = StepClock(record["step_s"])
         ns_before = call_ns() if call_ns else None
-        t0 = time.perf_counter()
-        out = orig(self, *args, **kwargs)
-        if step_times:
-            record["step_calls"].append(len(record["step_s"]) - steps_before)
-        seqs = out if torch.is_tensor(out) else out.sequences
-        ids = seqs.tolist()  # waits for the device
-        record["gen_s"] += time.perf_counter() - t0
+        timer = gpu_timer() if gpu_timer else None
+        if timer:
+            timer.__enter__()
+        try:
+            t0 = time.perf_counter()
+            out = orig(self, *args, **kwargs)
+            if step_times:
+                record["step_calls"].append(len(record["step_s"]) - steps_before)
+            seqs = out if torch.is_tensor(out) else out.sequences
+            ids = seqs.tolist()  # waits for the device
+            record["gen_s"] += time.perf_counter() - t0
+        finally:
+            if timer:
+                timer.__exit__(None, None, None)
+        if timer:
+            total = record.setdefault("gpu", dict(kernel_ns=0, copy_ns=0, busy_ns=0, kernels=0, copies=0))
+            for key, value in gpu_time_summary(timer.events()).items():
+                total[key] += value
         if ns_before is not None:
             record["calls_ns"] = record.get("calls_ns", 0) + call_ns() - ns_before
         inp = kwargs.get("input_ids", args[0] if args else None)
@@ -374,7 +456,8 @@ def worker(args):
     record = dict(calls=0, new_tokens=0, gen_s=0.0, hash=None, inputs_hash=None, step_s=[], step_calls=[])
     models = []
     install_generate_probe(torch, getattr(transformers, GENERATE_CLASS[args.scenario]), record, models,
-                           step_times=args.step_times, call_ns=shim_call_ns(lib) if lib is not None else None)
+                           step_times=args.step_times, call_ns=shim_call_ns(lib) if lib is not None else None,
+                           gpu_timer=(lambda: GpuTimer(torch)) if args.gpu_time else None)
 
     sampler.start()
     t0 = time.perf_counter()
@@ -398,6 +481,7 @@ def worker(args):
                baseline_used_mib=round(baseline / MiB, 1),
                peak_used_mib=round((sampler.peak - baseline) / MiB, 1),
                timeline_mib=[(t, round((v - baseline) / MiB, 1)) for t, v in sampler.timeline],
+               gpu_time=gpu_time_result(record.get("gpu")) if args.gpu_time else None,
                torch=torch.__version__, transformers=transformers.__version__,
                device=torch.cuda.get_device_name(0))
     if lib is None:
@@ -430,6 +514,15 @@ def worker(args):
     # figure is out. (The shim's exit report is skipped too; its stats are in
     # the result above.)
     os._exit(0 if error is None else 3)
+
+
+def gpu_time_result(gpu):
+    """--gpu-time's figures of a run, in seconds, from the probe's sums
+    (None: no generate() call ran)."""
+    if not gpu:
+        return None
+    return dict(kernel_s=gpu["kernel_ns"] / 1e9, copy_s=gpu["copy_ns"] / 1e9, busy_s=gpu["busy_ns"] / 1e9,
+                kernels=gpu["kernels"], copies=gpu["copies"])
 
 
 # --------------------------------------------------------------- the parent
@@ -465,6 +558,8 @@ def run_one(args, scenario, mode, kwargs, gpu=None, cpus=None):
     if args.deterministic:
         cmd.append("--deterministic")
     cmd.append("--step-times" if args.step_times else "--no-step-times")
+    if args.gpu_time:
+        cmd.append("--gpu-time")
     if cpus:  # the worker pins itself (no preexec_fn: runs start from several threads at once)
         cmd += ["--cpus", ",".join(str(c) for c in sorted(cpus))]
     t0 = time.perf_counter()
@@ -607,10 +702,19 @@ def summarize(results, baseline_mode):
         timed = [r for r in rs if r.get("tp_calls_in_generate_ms") is not None]
         calls = [r["tp_calls_in_generate_ms"] for r in timed]
         shares = [r["tp_calls_in_generate_ms"] / 1000.0 / r["gen_s"] for r in timed]
+        # --gpu-time: the GPU's own time inside generate()
+        gpu = [r["gpu_time"] for r in rs if r.get("gpu_time")]
+        kernel_s = [g["kernel_s"] for g in gpu]
         rows.append(dict(scenario=scen, mode=mode, runs=len(rs), gen_median_s=median(gen), gen_min_s=min(gen),
                          gen_max_s=max(gen), wall_median_s=median(wall), steps=steps, steps_s=steps_s,
                          calls_ms_median=median(calls), calls_share_median=median(shares),
-                         calls_share_max=max(shares) if shares else None))
+                         calls_share_max=max(shares) if shares else None,
+                         gpu_runs=len(gpu), gpu_kernel_median_s=median(kernel_s),
+                         gpu_kernel_min_s=min(kernel_s) if gpu else None,
+                         gpu_kernel_max_s=max(kernel_s) if gpu else None,
+                         gpu_busy_median_s=median([g["busy_s"] for g in gpu]),
+                         gpu_copy_median_s=median([g["copy_s"] for g in gpu]),
+                         gpu_kernel_counts=sorted({g["kernels"] for g in gpu})))
     for row in rows:
         same_scen = [b for b in rows if b["scenario"] == row["scenario"]]
         base = next((b for b in same_scen if b["mode"] == baseline_mode), None)
@@ -624,6 +728,17 @@ def summarize(results, baseline_mode):
         row["steps_vs_fastest_torch"] = (row["steps_s"] / min(torch_sums)
                                          if row["steps_s"] and torch_sums else None)
         row["paired_vs_fastest_torch"], row["paired_rounds"] = paired_ratio(results, row["scenario"], row["mode"])
+        # The GPU's time against the fastest PyTorch allocator's (medians),
+        # and whether every allocator's runs of the workload ran as many
+        # kernels (the same work).
+        timed_gpu = [b for b in same_scen if b["gpu_runs"]]
+        for key in ("kernel", "busy"):
+            torch_gpu = [b["gpu_%s_median_s" % key] for b in timed_gpu if not b["mode"].startswith("tp-")]
+            row["gpu_%s_vs_fastest_torch" % key] = (row["gpu_%s_median_s" % key] / min(torch_gpu)
+                                                    if row["gpu_runs"] and torch_gpu and min(torch_gpu) > 0
+                                                    else None)
+        row["gpu_same_kernels"] = (len({n for b in timed_gpu for n in b["gpu_kernel_counts"]}) == 1
+                                   if row["gpu_runs"] else None)
     return rows
 
 
@@ -700,6 +815,15 @@ def print_summary(results, baseline_mode):
                   "(median; at most %s%%)" % (row["scenario"], row["mode"], fmt(row["calls_ms_median"], "%.1f"),
                                               fmt(100.0 * row["calls_share_median"], "%.3f"),
                                               fmt(100.0 * row["calls_share_max"], "%.3f")))
+        if row["gpu_runs"]:
+            print("  %-18s %-11s GPU inside generate(): kernels %s s (%s-%s; %s kernels%s), busy %s s, copies %s s; "
+                  "kernels / fastest torch %s, busy / fastest torch %s" % (
+                      row["scenario"], row["mode"], fmt(row["gpu_kernel_median_s"], "%.3f"),
+                      fmt(row["gpu_kernel_min_s"], "%.3f"), fmt(row["gpu_kernel_max_s"], "%.3f"),
+                      "/".join(str(n) for n in row["gpu_kernel_counts"]),
+                      "" if row["gpu_same_kernels"] else ", NOT the same count in every run",
+                      fmt(row["gpu_busy_median_s"], "%.3f"), fmt(row["gpu_copy_median_s"], "%.3f"),
+                      fmt(row["gpu_kernel_vs_fastest_torch"], "%.4f"), fmt(row["gpu_busy_vs_fastest_torch"], "%.4f")))
     for (scen, mode), ratios in control_ratios(results).items():
         print("  %-18s %-11s control: its second run / its first in the same round, median %s (%s-%s) over %d "
               "rounds" % (scen, mode, fmt(median(ratios), "%.3f"), fmt(min(ratios), "%.3f"), fmt(max(ratios), "%.3f"),
@@ -747,6 +871,9 @@ def main():
     ap.add_argument("--step-times", action=argparse.BooleanOptionalAction, default=True,
                     help="time every generated step with a streamer, for the per-step medians over rounds "
                          "(default: on)")
+    ap.add_argument("--gpu-time", action="store_true",
+                    help="profile every generate() call (CUDA activity only) and report the GPU's own time in it: "
+                         "kernels, copies, busy (see above); generate() seconds then include the profiler's cost")
     ap.add_argument("--out", help="write the results as JSON here")
     # internal: one run
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -778,6 +905,9 @@ def main():
         ap.error("--gpus must be at least 1")
     if args.gpus > 1 and not args.side_by_side:
         ap.error("--gpus %d spreads side-by-side runs: it needs --side-by-side" % args.gpus)
+    if args.gpu_time and args.side_by_side and args.gpus < len(modes):
+        ap.error("--gpu-time with --side-by-side needs a GPU a run (--gpus %d or more): runs sharing a GPU slow "
+                 "each other's kernels" % len(modes))
     if args.pin and not args.side_by_side:
         ap.error("--pin gives side-by-side runs CPUs of their own: it needs --side-by-side")
     if args.pin and not hasattr(os, "sched_setaffinity"):
@@ -838,8 +968,8 @@ def main():
                     write_out(args.out, t0, results)
     print()
     print_table(results, modes[0])
-    if any(n > 1 for n in run_counts(results).values()) or any(r.get("tp_calls_in_generate_ms") is not None
-                                                                 for r in results):
+    if any(n > 1 for n in run_counts(results).values()) or any(
+            r.get("tp_calls_in_generate_ms") is not None or r.get("gpu_time") for r in results):
         print()
         print_summary(results, modes[0])
     print("\npeak used = device memory in use (%s) at its peak minus before the model was built; "

@@ -4,8 +4,9 @@
 without torch or a GPU: summarize() and step_median_sum() on made-up runs,
 the generate() probe, its step clock and its reading of the shim's call
 times on a stand-in model, side by side runs (--side-by-side, --gpus, --pin: the GPUs' and CPUs'
-rotation, the GPU and CPUs each run gets, the paired ratio), and the
-options' checks."""
+rotation, the GPU and CPUs each run gets, the paired ratio), the GPU's own
+time (--gpu-time: the activities summed, the probe's timer, the medians
+and ratios), and the options' checks."""
 import json
 import os
 import subprocess
@@ -151,6 +152,156 @@ check(t["calls_ms_median"] == 10.0 and abs(t["calls_share_median"] - 0.001) < 1e
 check(rows["default"]["calls_ms_median"] is None and rows["default"]["calls_share_max"] is None,
       "no calls figures without the timing: %s" % rows["default"])
 
+# --gpu-time: the GPU's own time from the profiler's activities. Kernels and
+# copies summed apart; busy time counts overlaps once (two kernels on two
+# streams at once) and the gaps not at all.
+events = [("gemm", 100, 50), ("Memcpy HtoD (Pageable -> Device)", 120, 10), ("softmax", 200, 20),
+          ("Memset (Device)", 300, 5), ("norm", 210, 30)]
+g = compare.gpu_time_summary(events)
+check(g == dict(kernel_ns=100, copy_ns=15, busy_ns=50 + 40 + 5, kernels=3, copies=2), "gpu_time_summary: %s" % g)
+check(compare.gpu_time_summary([]) == dict(kernel_ns=0, copy_ns=0, busy_ns=0, kernels=0, copies=0),
+      "no activity: zeros")
+check(compare.gpu_time_summary([("a", 0, 100), ("b", 10, 20), ("c", 40, 10)])["busy_ns"] == 100,
+      "activities inside another count once")
+
+# The probe enters the timer before the call and leaves it only once the
+# ids are on the host (the profiler keeps what the GPU did up to there);
+# every call's figures add up; a call that raises still stops the profiler.
+order = []
+
+
+class FakeTimer:
+    def __enter__(self):
+        order.append("enter")
+        return self
+
+    def __exit__(self, *exc):
+        order.append("exit")
+        return False
+
+    def events(self):
+        return [("k", 0, 7), ("Memcpy DtoH", 10, 2)]
+
+
+class OrderedTensor(FakeTensor):
+    def tolist(self):
+        order.append("ids")
+        return FakeTensor.tolist(self)
+
+
+class OrderedModel(FakeModel):
+    def generate(self, input_ids=None, streamer=None, new=3, fail=False):
+        order.append("call")
+        if fail:
+            raise RuntimeError("out of memory")
+        return OrderedTensor(FakeModel.generate(self, input_ids=input_ids, streamer=streamer, new=new))
+
+
+record = dict(calls=0, new_tokens=0, gen_s=0.0, hash=None, inputs_hash=None, step_s=[], step_calls=[])
+compare.install_generate_probe(FakeTorch, OrderedModel, record, [], gpu_timer=FakeTimer)
+OrderedModel().generate(input_ids=FakeTensor([[1, 2]]), new=1)
+OrderedModel().generate(input_ids=FakeTensor([[1, 2]]), new=2)
+check(order == ["enter", "call", "ids", "exit"] * 2, "timer around the call and the ids' copy: %s" % order)
+check(record["gpu"] == dict(kernel_ns=14, copy_ns=4, busy_ns=18, kernels=2, copies=2),
+      "two calls' GPU time added: %s" % record.get("gpu"))
+order.clear()
+try:
+    OrderedModel().generate(input_ids=FakeTensor([[1]]), fail=True)
+except RuntimeError:
+    pass
+check(order == ["enter", "call", "exit"], "a call that raises leaves the profiler: %s" % order)
+record = dict(calls=0, new_tokens=0, gen_s=0.0, hash=None, inputs_hash=None, step_s=[], step_calls=[])
+compare.install_generate_probe(FakeTorch, FakeModel, record, [])
+FakeModel().generate(input_ids=FakeTensor([[1, 2]]), new=1)
+check("gpu" not in record, "no timer, no GPU figures: %s" % record)
+check(compare.gpu_time_result(None) is None and compare.gpu_time_result(
+    dict(kernel_ns=2e9, copy_ns=1e6, busy_ns=2.5e9, kernels=9, copies=1)) == dict(
+        kernel_s=2.0, copy_s=0.001, busy_s=2.5, kernels=9, copies=1), "gpu_time_result in seconds")
+
+
+# GpuTimer reads the profiler's raw events and keeps the GPU's only (a
+# stand-in for torch's profiler: the CPU-side launch is left out).
+class FakeKinetoEvent:
+    def __init__(self, name, device, start_ns, duration_ns):
+        self._v = (name, device, start_ns, duration_ns)
+
+    def name(self):
+        return self._v[0]
+
+    def device_type(self):
+        return self._v[1]
+
+    def start_ns(self):
+        return self._v[2]
+
+    def duration_ns(self):
+        return self._v[3]
+
+
+class FakeProfile:
+    def __init__(self, activities):
+        self.activities = activities
+        self.profiler = self
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.kineto_results = self
+        return False
+
+    def events(self):
+        return [FakeKinetoEvent("cudaLaunchKernel", "CPU", 5, 3), FakeKinetoEvent("gemm", "CUDA", 9, 40)]
+
+
+class ProfilingTorch:
+    class profiler:
+        profile = FakeProfile
+
+        class ProfilerActivity:
+            CUDA = "cuda-activity"
+
+    class autograd:
+        class DeviceType:
+            CUDA = "CUDA"
+
+
+with compare.GpuTimer(ProfilingTorch) as timer:
+    pass
+check(timer.prof.activities == ["cuda-activity"] and timer.events() == [("gemm", 9, 40)],
+      "GpuTimer: CUDA activity only, the GPU's events: %s" % timer.events())
+
+
+def gpu_run(mode, kernel_s, kernels=100, busy_s=None, scenario="qwen2vl_dynres"):
+    r = run(mode, 10.0, 11.0, scenario=scenario)
+    r["gpu_time"] = dict(kernel_s=kernel_s, copy_s=0.01, busy_s=busy_s or kernel_s + 0.01, kernels=kernels,
+                         copies=3)
+    return r
+
+
+gpu_runs = [gpu_run("default", 5.0), gpu_run("async", 4.9), gpu_run("tp-vmm", 4.95),
+            gpu_run("default", 5.2), gpu_run("async", 5.0), gpu_run("tp-vmm", 5.05),
+            gpu_run("default", 5.1), gpu_run("async", 4.8), gpu_run("tp-vmm", 9.0),
+            gpu_run("default", 3.0, scenario="gemma3_mtmd")]
+rows = {(r["scenario"], r["mode"]): r for r in compare.summarize(gpu_runs, "default")}
+t = rows[("qwen2vl_dynres", "tp-vmm")]
+check(t["gpu_runs"] == 3 and t["gpu_kernel_median_s"] == 5.05 and t["gpu_kernel_min_s"] == 4.95
+      and t["gpu_kernel_max_s"] == 9.0 and abs(t["gpu_busy_median_s"] - 5.06) < 1e-12, "GPU medians: %s" % t)
+check(abs(t["gpu_kernel_vs_fastest_torch"] - 5.05 / 4.9) < 1e-12
+      and abs(t["gpu_busy_vs_fastest_torch"] - 5.06 / 4.91) < 1e-12,
+      "against the fastest PyTorch allocator's median (async's): %s" % t)
+check(t["gpu_same_kernels"] is True and rows[("gemma3_mtmd", "default")]["gpu_kernel_vs_fastest_torch"] == 1.0,
+      "same kernel counts; workloads kept apart")
+check(rows[("qwen2vl_dynres", "default")]["gpu_kernel_counts"] == [100], "kernel counts")
+gpu_runs.append(gpu_run("tp-vmm", 5.0, kernels=101))
+rows = {(r["scenario"], r["mode"]): r for r in compare.summarize(gpu_runs, "default")}
+check(rows[("qwen2vl_dynres", "default")]["gpu_same_kernels"] is False
+      and rows[("qwen2vl_dynres", "tp-vmm")]["gpu_kernel_counts"] == [100, 101],
+      "a run with other kernels is flagged for the whole workload")
+rows = {r["mode"]: r for r in compare.summarize(results, "default") if r["scenario"] == "decode_growing_kv"}
+check(rows["tp-vmm"]["gpu_runs"] == 0 and rows["tp-vmm"]["gpu_kernel_vs_fastest_torch"] is None
+      and rows["tp-vmm"]["gpu_same_kernels"] is None, "no GPU figures without --gpu-time: %s" % rows["tp-vmm"])
+
 # Side by side (--side-by-side, --gpus): the GPUs rotate so that every mode runs on every
 # GPU once over as many rounds; each run sees only its GPU; the paired
 # ratio is each round's tidepool time over that round's fastest PyTorch one.
@@ -196,6 +347,7 @@ def fake_subprocess_run(cmd, env=None, **kw):
 
 class Args:
     deterministic, tp_conf, workloads, lib, seed, sample_ms, step_times, timeout = False, "", "w", "l", 0, 5.0, True, 9
+    gpu_time = False
 
 
 real_run, real_visible = compare.subprocess.run, os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -309,6 +461,12 @@ check(p.returncode == 2 and "it needs --side-by-side" in p.stderr, "--gpus 2 alo
 p = subprocess.run([sys.executable, os.path.join(HERE, "compare.py"), "--workloads", __file__, "--pin"],
                    capture_output=True, text=True)
 check(p.returncode == 2 and "it needs --side-by-side" in p.stderr, "--pin alone: rc %d %s" % (p.returncode, p.stderr))
+
+# --gpu-time side by side on fewer GPUs than runs is a usage error
+p = subprocess.run([sys.executable, os.path.join(HERE, "compare.py"), "--workloads", __file__, "--gpu-time",
+                    "--side-by-side", "--modes", "default,tp-vmm"], capture_output=True, text=True)
+check(p.returncode == 2 and "needs a GPU a run (--gpus 2 or more)" in p.stderr, "--gpu-time side by side: rc %d %s"
+      % (p.returncode, p.stderr))
 
 # --rounds 0 is a usage error (exit 2) before anything runs
 p = subprocess.run([sys.executable, os.path.join(HERE, "compare.py"), "--workloads", __file__, "--rounds", "0"],
