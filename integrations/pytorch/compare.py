@@ -101,7 +101,9 @@ lies, how it is mapped and in what pages -- apart from the host, whose
 spells move the time inside generate() by tens of percent: the same
 kernels run in every mode (their count says so), and their durations come
 from the GPU's clock. The summary gives each allocator's median over the
-rounds and its ratio to the fastest PyTorch allocator's. The profiler costs
+rounds and its ratio to the fastest PyTorch allocator's, and for tidepool
+the five kernels (by name) whose time exceeds that allocator's the most;
+the JSON keeps each run's 40 longest (gpu_time.top). The profiler costs
 host time at every launch, so generate() seconds of such runs compare only
 with other --gpu-time runs. Runs sharing a GPU slow each other's kernels:
 with --side-by-side it needs a GPU a run (--gpus).
@@ -226,9 +228,11 @@ def gpu_time_summary(events):
     its activities: kernel_ns, the kernels' durations summed; copy_ns, the
     copies' and memsets' (names starting Memcpy or Memset, as the profiler
     calls them); busy_ns, the time covered by any of them, overlaps counted
-    once; and the counts of kernels and copies."""
+    once; the counts of kernels and copies; and by_name, each name's
+    [count, nanoseconds]."""
     kernel_ns = copy_ns = busy_ns = kernels = copies = 0
     intervals = []
+    by_name = {}
     for name, start_ns, duration_ns in events:
         if name.startswith("Memcpy") or name.startswith("Memset"):
             copy_ns += duration_ns
@@ -237,6 +241,9 @@ def gpu_time_summary(events):
             kernel_ns += duration_ns
             kernels += 1
         intervals.append((start_ns, start_ns + duration_ns))
+        entry = by_name.setdefault(name, [0, 0])
+        entry[0] += 1
+        entry[1] += duration_ns
     end_ns = None
     for start_ns, stop_ns in sorted(intervals):
         if end_ns is None or start_ns >= end_ns:
@@ -245,7 +252,8 @@ def gpu_time_summary(events):
         elif stop_ns > end_ns:
             busy_ns += stop_ns - end_ns
             end_ns = stop_ns
-    return dict(kernel_ns=kernel_ns, copy_ns=copy_ns, busy_ns=busy_ns, kernels=kernels, copies=copies)
+    return dict(kernel_ns=kernel_ns, copy_ns=copy_ns, busy_ns=busy_ns, kernels=kernels, copies=copies,
+                by_name=by_name)
 
 
 class GpuTimer:
@@ -289,7 +297,7 @@ def install_generate_probe(torch, cls, record, models, step_times=False, call_ns
     record["calls_ns"], read outside the timed part. gpu_timer, if given,
     makes a context manager (GpuTimer) entered before the timed part and
     left after it, the generated ids on the host: the GPU's time in each
-    call (gpu_time_summary) adds up in record["gpu"]."""
+    call (gpu_time_summary) adds up in record["gpu"], per name too."""
     orig = cls.generate
     out_digest, in_digest = hashlib.sha256(), hashlib.sha256()
 
@@ -315,9 +323,16 @@ def install_generate_probe(torch, cls, record, models, step_times=False, call_ns
             if timer:
                 timer.__exit__(None, None, None)
         if timer:
-            total = record.setdefault("gpu", dict(kernel_ns=0, copy_ns=0, busy_ns=0, kernels=0, copies=0))
+            total = record.setdefault("gpu", dict(kernel_ns=0, copy_ns=0, busy_ns=0, kernels=0, copies=0,
+                                                  by_name={}))
             for key, value in gpu_time_summary(timer.events()).items():
-                total[key] += value
+                if key == "by_name":
+                    for name, (count, ns) in value.items():
+                        entry = total["by_name"].setdefault(name, [0, 0])
+                        entry[0] += count
+                        entry[1] += ns
+                else:
+                    total[key] += value
         if ns_before is not None:
             record["calls_ns"] = record.get("calls_ns", 0) + call_ns() - ns_before
         inp = kwargs.get("input_ids", args[0] if args else None)
@@ -516,13 +531,19 @@ def worker(args):
     os._exit(0 if error is None else 3)
 
 
+GPU_TOP_NAMES = 40
+
+
 def gpu_time_result(gpu):
     """--gpu-time's figures of a run, in seconds, from the probe's sums
-    (None: no generate() call ran)."""
+    (None: no generate() call ran), with the GPU_TOP_NAMES activities that
+    took the most time: [name, count, seconds] each, the longest first."""
     if not gpu:
         return None
+    top = sorted(gpu.get("by_name", {}).items(), key=lambda item: (-item[1][1], item[0]))[:GPU_TOP_NAMES]
     return dict(kernel_s=gpu["kernel_ns"] / 1e9, copy_s=gpu["copy_ns"] / 1e9, busy_s=gpu["busy_ns"] / 1e9,
-                kernels=gpu["kernels"], copies=gpu["copies"])
+                kernels=gpu["kernels"], copies=gpu["copies"],
+                top=[[name, count, ns / 1e9] for name, (count, ns) in top])
 
 
 # --------------------------------------------------------------- the parent
@@ -739,7 +760,33 @@ def summarize(results, baseline_mode):
                                                     else None)
         row["gpu_same_kernels"] = (len({n for b in timed_gpu for n in b["gpu_kernel_counts"]}) == 1
                                    if row["gpu_runs"] else None)
+        torch_timed = [b for b in timed_gpu if not b["mode"].startswith("tp-")]
+        fastest = min(torch_timed, key=lambda b: b["gpu_kernel_median_s"]) if torch_timed else None
+        row["gpu_fastest_torch_mode"] = fastest["mode"] if fastest and row["gpu_runs"] else None
     return rows
+
+
+def gpu_name_medians(runs):
+    """--gpu-time: per activity name among the runs' longest (top), its
+    seconds' median over the runs that list it."""
+    seconds = {}
+    for r in runs:
+        for name, _, secs in (r.get("gpu_time") or {}).get("top", []):
+            seconds.setdefault(name, []).append(secs)
+    return {name: median(v) for name, v in seconds.items()}
+
+
+def gpu_name_excess(results, scenario, mode, reference_mode, count=5):
+    """--gpu-time: the activities whose time (median over the runs) mode's
+    runs of scenario exceed reference_mode's by the most, as (name, mode's
+    seconds, reference's seconds), the largest excess first; only names
+    both list among their longest."""
+    def runs_of(m):
+        return [r for r in results if r["scenario"] == scenario and r["mode"] == m and run_succeeded(r)]
+    own, ref = gpu_name_medians(runs_of(mode)), gpu_name_medians(runs_of(reference_mode))
+    both = [(name, own[name], ref[name]) for name in own if name in ref]
+    both.sort(key=lambda item: (item[2] - item[1], item[0]))
+    return both[:count]
 
 
 def paired_ratio(results, scenario, mode):
@@ -824,6 +871,12 @@ def print_summary(results, baseline_mode):
                       "" if row["gpu_same_kernels"] else ", NOT the same count in every run",
                       fmt(row["gpu_busy_median_s"], "%.3f"), fmt(row["gpu_copy_median_s"], "%.3f"),
                       fmt(row["gpu_kernel_vs_fastest_torch"], "%.4f"), fmt(row["gpu_busy_vs_fastest_torch"], "%.4f")))
+            reference = row["gpu_fastest_torch_mode"]
+            if row["mode"].startswith("tp-") and reference:
+                for name, own_s, ref_s in gpu_name_excess(results, row["scenario"], row["mode"], reference, 5):
+                    print("  %-18s %-11s   %+8.3f ms (%.3f against %s's %.3f ms): %s" % (
+                        row["scenario"], row["mode"], (own_s - ref_s) * 1e3, own_s * 1e3, reference, ref_s * 1e3,
+                        name[:100]))
     for (scen, mode), ratios in control_ratios(results).items():
         print("  %-18s %-11s control: its second run / its first in the same round, median %s (%s-%s) over %d "
               "rounds" % (scen, mode, fmt(median(ratios), "%.3f"), fmt(min(ratios), "%.3f"), fmt(max(ratios), "%.3f"),

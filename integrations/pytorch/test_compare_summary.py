@@ -7,6 +7,8 @@ times on a stand-in model, side by side runs (--side-by-side, --gpus, --pin: the
 rotation, the GPU and CPUs each run gets, the paired ratio), the GPU's own
 time (--gpu-time: the activities summed, the probe's timer, the medians
 and ratios), and the options' checks."""
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -158,8 +160,11 @@ check(rows["default"]["calls_ms_median"] is None and rows["default"]["calls_shar
 events = [("gemm", 100, 50), ("Memcpy HtoD (Pageable -> Device)", 120, 10), ("softmax", 200, 20),
           ("Memset (Device)", 300, 5), ("norm", 210, 30)]
 g = compare.gpu_time_summary(events)
-check(g == dict(kernel_ns=100, copy_ns=15, busy_ns=50 + 40 + 5, kernels=3, copies=2), "gpu_time_summary: %s" % g)
-check(compare.gpu_time_summary([]) == dict(kernel_ns=0, copy_ns=0, busy_ns=0, kernels=0, copies=0),
+check(g == dict(kernel_ns=100, copy_ns=15, busy_ns=50 + 40 + 5, kernels=3, copies=2,
+               by_name={"gemm": [1, 50], "Memcpy HtoD (Pageable -> Device)": [1, 10], "softmax": [1, 20],
+                        "Memset (Device)": [1, 5], "norm": [1, 30]}), "gpu_time_summary: %s" % g)
+check(compare.gpu_time_summary([("k", 0, 3), ("k", 5, 4)])["by_name"] == {"k": [2, 7]}, "a name's count and time")
+check(compare.gpu_time_summary([]) == dict(kernel_ns=0, copy_ns=0, busy_ns=0, kernels=0, copies=0, by_name={}),
       "no activity: zeros")
 check(compare.gpu_time_summary([("a", 0, 100), ("b", 10, 20), ("c", 40, 10)])["busy_ns"] == 100,
       "activities inside another count once")
@@ -202,8 +207,9 @@ compare.install_generate_probe(FakeTorch, OrderedModel, record, [], gpu_timer=Fa
 OrderedModel().generate(input_ids=FakeTensor([[1, 2]]), new=1)
 OrderedModel().generate(input_ids=FakeTensor([[1, 2]]), new=2)
 check(order == ["enter", "call", "ids", "exit"] * 2, "timer around the call and the ids' copy: %s" % order)
-check(record["gpu"] == dict(kernel_ns=14, copy_ns=4, busy_ns=18, kernels=2, copies=2),
-      "two calls' GPU time added: %s" % record.get("gpu"))
+check(record["gpu"] == dict(kernel_ns=14, copy_ns=4, busy_ns=18, kernels=2, copies=2,
+                            by_name={"k": [2, 14], "Memcpy DtoH": [2, 4]}),
+      "two calls' GPU time added, per name too: %s" % record.get("gpu"))
 order.clear()
 try:
     OrderedModel().generate(input_ids=FakeTensor([[1]]), fail=True)
@@ -215,8 +221,15 @@ compare.install_generate_probe(FakeTorch, FakeModel, record, [])
 FakeModel().generate(input_ids=FakeTensor([[1, 2]]), new=1)
 check("gpu" not in record, "no timer, no GPU figures: %s" % record)
 check(compare.gpu_time_result(None) is None and compare.gpu_time_result(
-    dict(kernel_ns=2e9, copy_ns=1e6, busy_ns=2.5e9, kernels=9, copies=1)) == dict(
-        kernel_s=2.0, copy_s=0.001, busy_s=2.5, kernels=9, copies=1), "gpu_time_result in seconds")
+    dict(kernel_ns=2e9, copy_ns=1e6, busy_ns=2.5e9, kernels=9, copies=1,
+         by_name={"b": [3, 1e9], "a": [6, 1e9], "Memcpy": [1, 1e6]})) == dict(
+        kernel_s=2.0, copy_s=0.001, busy_s=2.5, kernels=9, copies=1,
+        top=[["a", 6, 1.0], ["b", 3, 1.0], ["Memcpy", 1, 0.001]]),
+      "gpu_time_result in seconds, the longest activities first (ties by name)")
+many = {"k%03d" % i: [1, i] for i in range(100)}
+top = compare.gpu_time_result(dict(kernel_ns=1, copy_ns=0, busy_ns=1, kernels=100, copies=0, by_name=many))["top"]
+check(len(top) == compare.GPU_TOP_NAMES and top[0][0] == "k099" and top[-1][0] == "k%03d" % (100 - compare.GPU_TOP_NAMES),
+      "only the longest %d kept" % compare.GPU_TOP_NAMES)
 
 
 # GpuTimer reads the profiler's raw events and keeps the GPU's only (a
@@ -293,6 +306,38 @@ check(abs(t["gpu_kernel_vs_fastest_torch"] - 5.05 / 4.9) < 1e-12
 check(t["gpu_same_kernels"] is True and rows[("gemma3_mtmd", "default")]["gpu_kernel_vs_fastest_torch"] == 1.0,
       "same kernel counts; workloads kept apart")
 check(rows[("qwen2vl_dynres", "default")]["gpu_kernel_counts"] == [100], "kernel counts")
+check(t["gpu_fastest_torch_mode"] == "async" and rows[("qwen2vl_dynres", "default")]["gpu_fastest_torch_mode"] == "async",
+      "the fastest PyTorch allocator by GPU kernel time: %s" % t["gpu_fastest_torch_mode"])
+
+# Per kernel name: tidepool's runs against the fastest PyTorch allocator's,
+# the largest excess first, names only one side lists left out.
+def named(mode, top):
+    r = run(mode, 10.0, 11.0, scenario="decode_growing_kv")
+    r["gpu_time"] = dict(kernel_s=1.0, copy_s=0.0, busy_s=1.0, kernels=3, copies=0, top=top)
+    return r
+
+
+named_runs = [named("tp-vmm", [["gemv", 10, 0.50], ["norm", 10, 0.20], ["cat", 5, 0.10], ["only_tp", 1, 0.3]]),
+              named("tp-vmm", [["gemv", 10, 0.52], ["norm", 10, 0.21], ["cat", 5, 0.10]]),
+              named("tp-vmm", [["gemv", 10, 0.90], ["norm", 10, 0.22], ["cat", 5, 0.10]]),
+              named("default", [["gemv", 10, 0.50], ["norm", 10, 0.20], ["cat", 5, 0.12], ["only_torch", 1, 0.1]]),
+              named("default", [["gemv", 10, 0.50], ["norm", 10, 0.20], ["cat", 5, 0.12]])]
+check(compare.gpu_name_medians(named_runs[:3]) == {"gemv": 0.52, "norm": 0.21, "cat": 0.10, "only_tp": 0.3},
+      "per-name medians: %s" % compare.gpu_name_medians(named_runs[:3]))
+excess = compare.gpu_name_excess(named_runs, "decode_growing_kv", "tp-vmm", "default", 2)
+check([e[0] for e in excess] == ["gemv", "norm"] and abs(excess[0][1] - 0.52) < 1e-12 and excess[0][2] == 0.5,
+      "the largest excesses first: %s" % excess)
+check([e[0] for e in compare.gpu_name_excess(named_runs, "decode_growing_kv", "tp-vmm", "default", 9)]
+      == ["gemv", "norm", "cat"], "every name both list, a shortfall last")
+printed = io.StringIO()
+with contextlib.redirect_stdout(printed):
+    compare.print_summary(named_runs, "default")
+lines = printed.getvalue().splitlines()
+gemv = [l for l in lines if l.endswith(": gemv")]
+check(len(gemv) == 1 and "+20.000 ms (520.000 against default's 500.000 ms)" in gemv[0]
+      and any("GPU inside generate(): kernels 1.000 s" in l and "tp-vmm" in l for l in lines),
+      "the summary prints the GPU lines and the excess per name: %s" % lines)
+
 gpu_runs.append(gpu_run("tp-vmm", 5.0, kernels=101))
 rows = {(r["scenario"], r["mode"]): r for r in compare.summarize(gpu_runs, "default")}
 check(rows[("qwen2vl_dynres", "default")]["gpu_same_kernels"] is False
