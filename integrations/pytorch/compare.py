@@ -14,6 +14,9 @@ Every (workload, allocator) pair runs in a fresh python3 process:
   tp-segment   ... kind=segment
   tp-vmm-pages ... kind=vmm,max_chunk=2MiB: every page its own physical
                allocation, as before chunks (not in the default list)
+  tp-MODE:ITEM+ITEM...  a tidepool mode with TIDEPOOL_TORCH_CONF items of
+               its own, e.g. tp-vmm:page=32MiB or tp-vmm:page=8MiB+max_chunk=64MiB
+               (a mode of its own in every table: several settings side by side)
 and reports
   peak used    device memory in use (NVML, or torch.cuda.mem_get_info when
                pynvml is missing), sampled by a background thread every
@@ -130,6 +133,19 @@ GENERATE_CLASS = {
 }
 RESULT_TAG = "@@COMPARE_RESULT "
 MiB = 1024.0 * 1024.0
+
+
+def tp_conf_of(mode):
+    """TIDEPOOL_TORCH_CONF's items for a tidepool mode: TP_CONF's for its
+    name, then those after a colon, joined by '+' (tp-vmm:page=32MiB);
+    None for a mode that is not one, or an item that is not NAME=VALUE."""
+    base, colon, extra = mode.partition(":")
+    if base not in TP_CONF:
+        return None
+    items = extra.split("+") if colon else []
+    if any(not item.partition("=")[0] or not item.partition("=")[2] for item in items):
+        return None
+    return ",".join([TP_CONF[base]] + items)
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 
@@ -569,7 +585,7 @@ def run_one(args, scenario, mode, kwargs, gpu=None, cpus=None):
     elif mode == "async":
         env["PYTORCH_CUDA_ALLOC_CONF"] = "backend:cudaMallocAsync"
     elif mode.startswith("tp-"):
-        conf = [TP_CONF[mode], "log=warn"]
+        conf = [tp_conf_of(mode), "log=warn"]
         if args.tp_conf:
             conf.append(args.tp_conf)
         env["TIDEPOOL_TORCH_CONF"] = ",".join(conf)
@@ -969,8 +985,16 @@ def main():
         ap.error("--pin: %d CPUs cannot give %d runs one each" % (len(os.sched_getaffinity(0)), len(modes)))
     scens = [s for s in args.scenarios.split(",") if s]
     for m in modes:
-        if m not in MODES and m not in TP_CONF:
-            ap.error("unknown mode %s" % m)
+        if m not in MODES and tp_conf_of(m) is None:
+            ap.error("unknown mode %s (a tidepool mode with settings of its own reads tp-vmm:NAME=VALUE+NAME=VALUE)"
+                     % m)
+        if tp_conf_of(m) is not None:  # the shim refuses a key given twice
+            keys = [item.partition("=")[0] for item in ",".join(filter(None, [tp_conf_of(m), "log=warn", args.tp_conf]))
+                    .split(",")]
+            twice = sorted({k for k in keys if keys.count(k) > 1})
+            if twice:
+                ap.error("mode %s: %s given twice (the mode's own settings, compare.py's kind= and log=, and --tp-conf "
+                         "must not repeat a key)" % (m, ", ".join(twice)))
     for s in scens:
         if s not in SCENARIOS:
             ap.error("unknown scenario %s" % s)

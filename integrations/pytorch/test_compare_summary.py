@@ -6,7 +6,8 @@ the generate() probe, its step clock and its reading of the shim's call
 times on a stand-in model, side by side runs (--side-by-side, --gpus, --pin: the GPUs' and CPUs'
 rotation, the GPU and CPUs each run gets, the paired ratio), the GPU's own
 time (--gpu-time: the activities summed, the probe's timer, the medians
-and ratios), and the options' checks."""
+and ratios, the kernels by name), tidepool modes with settings of their
+own, and the options' checks."""
 import contextlib
 import io
 import json
@@ -404,6 +405,11 @@ try:
     os.environ["CUDA_VISIBLE_DEVICES"] = "7"
     r = compare.run_one(Args, "decode_growing_kv", "default", {})
     check(captured["env"].get("CUDA_VISIBLE_DEVICES") == "7" and "gpu" not in r, "one after the other: as it was")
+    # A tidepool mode with settings of its own: its run gets them after the kind
+    compare.run_one(Args, "decode_growing_kv", "tp-vmm:page=32MiB+max_chunk=64MiB", {})
+    check(captured["env"].get("TIDEPOOL_TORCH_CONF") == "kind=vmm,page=32MiB,max_chunk=64MiB,log=warn"
+          and "PYTORCH_CUDA_ALLOC_CONF" not in captured["env"],
+          "a mode's own settings: %s" % captured["env"].get("TIDEPOOL_TORCH_CONF"))
 finally:
     compare.subprocess.run = real_run
     if real_visible is None:
@@ -512,6 +518,24 @@ p = subprocess.run([sys.executable, os.path.join(HERE, "compare.py"), "--workloa
                     "--side-by-side", "--modes", "default,tp-vmm"], capture_output=True, text=True)
 check(p.returncode == 2 and "needs a GPU a run (--gpus 2 or more)" in p.stderr, "--gpu-time side by side: rc %d %s"
       % (p.returncode, p.stderr))
+
+# Tidepool modes with settings of their own (tp-vmm:page=32MiB): parsed,
+# refused when malformed, and a key that would reach the shim twice is a
+# usage error before anything runs (the shim refuses one given twice).
+check(compare.tp_conf_of("tp-vmm") == "kind=vmm" and compare.tp_conf_of("tp-segment:align=4096") == "kind=segment,align=4096"
+      and compare.tp_conf_of("tp-vmm:page=8MiB+max_chunk=64MiB") == "kind=vmm,page=8MiB,max_chunk=64MiB",
+      "tp_conf_of: a mode's own items after the kind")
+check(all(compare.tp_conf_of(m) is None for m in ["default", "tp-nope:page=1", "tp-vmm:", "tp-vmm:page", "tp-vmm:=1",
+                                                  "tp-vmm:page=2MiB+", "tp-vmm:page="]),
+      "tp_conf_of: not a tidepool mode, or an item that is not NAME=VALUE")
+lib = os.path.join(HERE, "compare.py")  # any file: the check for the library's path only needs one to exist
+for modes, extra, message in [("default,tp-vmm:page", [], "unknown mode tp-vmm:page"),
+                              ("tp-vmm:kind=segment", [], "kind given twice"),
+                              ("tp-vmm:page=32MiB", ["--tp-conf", "page=8MiB"], "page given twice")]:
+    p = subprocess.run([sys.executable, os.path.join(HERE, "compare.py"), "--workloads", __file__, "--lib", lib,
+                        "--modes", modes] + extra, capture_output=True, text=True)
+    check(p.returncode == 2 and message in p.stderr, "--modes %s %s: rc %d %s" % (modes, extra, p.returncode,
+                                                                                 p.stderr[-300:]))
 
 # --rounds 0 is a usage error (exit 2) before anything runs
 p = subprocess.run([sys.executable, os.path.join(HERE, "compare.py"), "--workloads", __file__, "--rounds", "0"],
