@@ -133,6 +133,8 @@ GENERATE_CLASS = {
 }
 RESULT_TAG = "@@COMPARE_RESULT "
 MiB = 1024.0 * 1024.0
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
 
 
 def tp_conf_of(mode):
@@ -146,8 +148,6 @@ def tp_conf_of(mode):
     if any(not item.partition("=")[0] or not item.partition("=")[2] for item in items):
         return None
     return ",".join([TP_CONF[base]] + items)
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(os.path.dirname(HERE))
 
 
 # --------------------------------------------------------------- the worker
