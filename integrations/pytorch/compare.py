@@ -150,6 +150,12 @@ def tp_conf_of(mode):
     return ",".join([TP_CONF[base]] + items)
 
 
+def tidepool_torch_conf(mode, tp_conf):
+    """TIDEPOOL_TORCH_CONF for a run of tidepool mode: its items
+    (tp_conf_of), log=warn, then --tp-conf's."""
+    return ",".join(filter(None, [tp_conf_of(mode), "log=warn", tp_conf]))
+
+
 # --------------------------------------------------------------- the worker
 
 class MemSampler:
@@ -585,10 +591,7 @@ def run_one(args, scenario, mode, kwargs, gpu=None, cpus=None):
     elif mode == "async":
         env["PYTORCH_CUDA_ALLOC_CONF"] = "backend:cudaMallocAsync"
     elif mode.startswith("tp-"):
-        conf = [tp_conf_of(mode), "log=warn"]
-        if args.tp_conf:
-            conf.append(args.tp_conf)
-        env["TIDEPOOL_TORCH_CONF"] = ",".join(conf)
+        env["TIDEPOOL_TORCH_CONF"] = tidepool_torch_conf(mode, args.tp_conf)
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--scenario", scenario, "--mode", mode,
            "--kwargs", json.dumps(kwargs), "--workloads", args.workloads, "--lib", args.lib,
            "--seed", str(args.seed), "--sample-ms", str(args.sample_ms)]
@@ -769,14 +772,14 @@ def summarize(results, baseline_mode):
         # and whether every allocator's runs of the workload ran as many
         # kernels (the same work).
         timed_gpu = [b for b in same_scen if b["gpu_runs"]]
+        torch_timed = [b for b in timed_gpu if not b["mode"].startswith("tp-")]
         for key in ("kernel", "busy"):
-            torch_gpu = [b["gpu_%s_median_s" % key] for b in timed_gpu if not b["mode"].startswith("tp-")]
+            torch_gpu = [b["gpu_%s_median_s" % key] for b in torch_timed]
             row["gpu_%s_vs_fastest_torch" % key] = (row["gpu_%s_median_s" % key] / min(torch_gpu)
                                                     if row["gpu_runs"] and torch_gpu and min(torch_gpu) > 0
                                                     else None)
         row["gpu_same_kernels"] = (len({n for b in timed_gpu for n in b["gpu_kernel_counts"]}) == 1
                                    if row["gpu_runs"] else None)
-        torch_timed = [b for b in timed_gpu if not b["mode"].startswith("tp-")]
         fastest = min(torch_timed, key=lambda b: b["gpu_kernel_median_s"]) if torch_timed else None
         row["gpu_fastest_torch_mode"] = fastest["mode"] if fastest and row["gpu_runs"] else None
     return rows
@@ -989,8 +992,7 @@ def main():
             ap.error("unknown mode %s (a tidepool mode with settings of its own reads tp-vmm:NAME=VALUE+NAME=VALUE)"
                      % m)
         if tp_conf_of(m) is not None:  # the shim refuses a key given twice
-            keys = [item.partition("=")[0] for item in ",".join(filter(None, [tp_conf_of(m), "log=warn", args.tp_conf]))
-                    .split(",")]
+            keys = [item.partition("=")[0] for item in tidepool_torch_conf(m, args.tp_conf).split(",")]
             twice = sorted({k for k in keys if keys.count(k) > 1})
             if twice:
                 ap.error("mode %s: %s given twice (the mode's own settings, compare.py's kind= and log=, and --tp-conf "
