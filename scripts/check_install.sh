@@ -71,9 +71,13 @@ bash "$root/scripts/check_exports.sh" "$libdir/libtidepool.so.$version" "$prefix
 check_run() { # what, binary
   local out
   out=$("$2") || fail "$1: the consumer failed"
-  echo "$out" | head -1 | grep -qx "tidepool $version (tp_version $(echo "$version" | awk -F. '{print $1*10000 + $2*100 + $3}'), header $version)" \
-    || fail "$1: unexpected version line: $(echo "$out" | head -1)"
-  echo "$out" | grep -q '"allocs":24,"frees":24' || fail "$1: the stats JSON does not count 24 allocs and 24 frees"
+  # Tests on variables, not `echo | head | grep -q`: under pipefail such a
+  # pipeline fails at random when the reader exits before echo's last write
+  # (SIGPIPE; bash writes a multi-line echo one line at a time).
+  local first_line=${out%%$'\n'*}
+  [ "$first_line" = "tidepool $version (tp_version $(awk -F. '{print $1*10000 + $2*100 + $3}' <<<"$version"), header $version)" ] \
+    || fail "$1: unexpected version line: $first_line"
+  [[ $out == *'"allocs":24,"frees":24'* ]] || fail "$1: the stats JSON does not count 24 allocs and 24 frees"
   ok
 }
 for target in tidepool::tidepool tidepool::tidepool_static; do
@@ -85,9 +89,9 @@ for target in tidepool::tidepool tidepool::tidepool_static; do
   check_run "find_package, $target" "$dir/consumer"
   needs=$(objdump -p "$dir/consumer" | awk '$1 == "NEEDED" {print $2}')
   if [ "$target" = tidepool::tidepool ]; then
-    echo "$needs" | grep -qx "libtidepool.so.$major" || fail "the consumer does not load libtidepool.so.$major"
+    grep -qx "libtidepool.so.$major" <<<"$needs" || fail "the consumer does not load libtidepool.so.$major"
   else
-    echo "$needs" | grep -q libtidepool && fail "the static consumer loads libtidepool"
+    grep -q libtidepool <<<"$needs" && fail "the static consumer loads libtidepool"
   fi; ok
 done
 
@@ -98,7 +102,8 @@ PKG_CONFIG_PATH="$libdir/pkgconfig" make -s -C "$work/consumer-pc" >"$work/consu
   || { cat "$work/consumer-pc.log"; fail "consumer build with pkg-config"; }
 check_run "pkg-config" "$work/consumer-pc/consumer"
 [ "$(PKG_CONFIG_PATH="$libdir/pkgconfig" pkg-config --modversion tidepool)" = "$version" ] || fail "pkg-config --modversion"; ok
-PKG_CONFIG_PATH="$libdir/pkgconfig" pkg-config --static --libs tidepool | grep -q -- '-lpthread' || fail "pkg-config --static lacks -lpthread"; ok
+static_libs=$(PKG_CONFIG_PATH="$libdir/pkgconfig" pkg-config --static --libs tidepool)
+grep -q -- '-lpthread' <<<"$static_libs" || fail "pkg-config --static lacks -lpthread"; ok
 
 # ------------------------------------------------ 3. add_subdirectory()
 say "consumer with add_subdirectory(tidepool)"

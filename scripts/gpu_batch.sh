@@ -47,7 +47,7 @@ gzip -dc "$traces/$t.csv.gz" > "$out/$t.csv"
 for f in "$out/$t.csv" "$traces/$t.csv.gz"; do
   for n in 1 4 "$(nproc)"; do
     echo "-- $(basename "$f"), --threads $n"
-    for run in 1 2 3 4 5; do ./build-gpu/tide replay "$f" --threads "$n" | head -1; done | tee "$out/throughput.txt"
+    for run in 1 2 3 4 5; do ./build-gpu/tide replay "$f" --threads "$n" | sed -n 1p; done | tee "$out/throughput.txt"
     echo "median of 5: $(grep -oE '[0-9.]+M events/s' "$out/throughput.txt" | sort -n | sed -n 3p)"
   done
 done
