@@ -16,7 +16,7 @@ lscpu | grep -E "^Model name|^CPU\(s\)" | tee -a "$out/gpu.txt"
 zlib_args=()
 if [ ! -e /usr/include/zlib.h ] && [ -e .carry/zlib/zlib.h ]; then
   # No zlib development files on the image: carried headers, the system's libz.
-  libz=$(ldconfig -p | awk '/libz\.so\.1 .*x86-64/{print $NF; exit}')
+  libz=$(ldconfig -p | awk '/libz\.so\.1 .*x86-64/ && !found {print $NF; found = 1}')
   zlib_args=(-DZLIB_INCLUDE_DIR="$PWD/.carry/zlib" -DZLIB_LIBRARY="$libz")
 fi
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release "${zlib_args[@]}" >"$out/configure.log" 2>&1 && cmake --build build-gpu >"$out/build.log" 2>&1 \
