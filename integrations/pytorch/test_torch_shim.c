@@ -681,11 +681,12 @@ static long long file_size(const char *path) {
 }
 
 /* LeakSanitizer's check at exit is skipped in fork()ed children. Its
- * runtime (clang 14's, Debian's) takes no lock of its own across fork(): a
- * child of a process whose other thread was inside the sanitizer's
- * allocator at the fork hangs in that check for good (LockAllocator, seen
- * with gdb in fork_exit_threads under ASan on a loaded 2-core machine:
- * about one run in ten; none in 40 runs with detect_leaks=0). The shim's
+ * runtime (clang 14's, Debian's) holds none of its own locks across
+ * fork(): a child of a threaded process can wait for good in that check for
+ * a sanitizer lock that was held in the parent at the fork (gdb on a hung
+ * child of fork_exit_threads under ASan, on a loaded 2-core machine: in
+ * __lsan::LockAllocator; about one run in ten; none in 40 runs with
+ * detect_leaks=0). The shim's
  * exit handler, what fork_exit_threads tests, still runs in every child;
  * the parent's leak check stays. __lsan_is_turned_off is the runtime's
  * hook for this: it asks the program before each check. */
