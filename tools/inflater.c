@@ -23,14 +23,19 @@
  *     for its remaining bits (zlib's layout). An entry holds the bits to
  *     consume, its kind (literal, length, end of block, distance, subtable,
  *     invalid), the extra bits that follow and its value (the literal, the
- *     base length or distance, the subtable's index).
+ *     base length or distance, the subtable's index). In a table, a
+ *     length's or a distance's entry counts its extra bits in the bits to
+ *     consume and holds its code's own length where the extra bits' count
+ *     was: one shift passes code and extra bits, and the value is summed
+ *     from the bits as they were before it (entry_value).
  *   - The fast loop: while FAST_IN_MARGIN input bytes (enough for every
  *     refill of one pass) and FAST_OUT_MARGIN bytes of buffer are left, a
  *     refill gives enough bits for up to three literals or one
  *     length/distance pair without a check, and the next entry is looked
- *     up before a match is copied; matches copy 32 bytes and then 16 at a
- *     time, or 8, when the distance allows (writing up to 31 bytes past
- *     the match's end, inside the margin, to be overwritten).
+ *     up before a match is copied; matches copy 64 bytes and then 16 at a
+ *     time, or 8, when the distance allows (writing up to 61 bytes past
+ *     the match's end, inside the margin, to be overwritten; a third of
+ *     a trace's matches are longer than 32 bytes, few longer than 64).
  *   - Near either end, a careful loop decodes one symbol at a time; a
  *     match cut by the buffer's end is kept (match_left, match_dist) and
  *     finished by the next call.
@@ -108,6 +113,16 @@ static const uint8_t PRECODE_ORDER[19] = {16, 17, 18, 0, 8, 7, 9, 6, 10, 5, 11, 
 
 /* --------------------------------------------------------------- tables */
 
+/* Symbol entry e (its bits left out) as the table holds it for a code of
+ * len bits: a literal's or a code without extra bits takes len bits; a
+ * length's or a distance's takes its extra bits with it, and keeps len in
+ * its extra field (entry_value says why). */
+static uint32_t entry_for_code(uint32_t e, unsigned len) {
+    unsigned kind = ENTRY_KIND(e);
+    if (kind == KIND_LENGTH || kind == KIND_DISTANCE) return ENTRY(kind, len, ENTRY_VALUE(e)) | (len + ENTRY_EXTRA(e));
+    return e | len;
+}
+
 /* Builds a decode table for the code lengths lens[0, n) (0: no code),
  * symbol s decoding to entries[s] (the bits it takes added here): the
  * primary table of 2^table_bits entries, subtables after it. False for an
@@ -133,7 +148,7 @@ static bool build_table(uint32_t *table, unsigned capacity, unsigned table_bits,
         for (unsigned i = 0; i < size; i++) table[i] = ENTRY(KIND_INVALID, 0, 0);
         for (unsigned s = 0; s < n; s++) /* one 1-bit code: 0 */
             if (lens[s] == 1)
-                for (unsigned i = 0; i < size; i += 2) table[i] = entries[s] | 1u;
+                for (unsigned i = 0; i < size; i += 2) table[i] = entry_for_code(entries[s], 1);
         return true;
     }
     offset[1] = 0;
@@ -146,7 +161,8 @@ static bool build_table(uint32_t *table, unsigned capacity, unsigned table_bits,
         for (unsigned c = 0; c < count[len]; c++, i++) {
             uint32_t e = entries[sorted[i]];
             if (len <= table_bits) {
-                for (unsigned k = rev; k < size; k += 1u << len) table[k] = e | len;
+                uint32_t coded = entry_for_code(e, len);
+                for (unsigned k = rev; k < size; k += 1u << len) table[k] = coded;
             } else {
                 if ((rev & mask) != prefix) { /* a new subtable: wide enough for the codes it starts (zlib's rule) */
                     prefix = rev & mask;
@@ -166,7 +182,7 @@ static bool build_table(uint32_t *table, unsigned capacity, unsigned table_bits,
                 }
                 unsigned sub_len = len - table_bits;
                 for (unsigned k = rev >> table_bits; k < (1u << sub_bits); k += 1u << sub_len)
-                    table[sub_start + k] = e | sub_len;
+                    table[sub_start + k] = entry_for_code(e, sub_len);
             }
             remaining[len]--;
             /* the next code, its bits reversed: the canonical code plus one */
@@ -271,18 +287,29 @@ static inline bool cut_short(const cursor *c) { return c->overrun && c->overrun 
 /* The code whose primary entry e (table's, primary width table_bits) was
  * looked up from the next bits: its final entry (through its subtable for
  * a long code), its bits consumed. */
-static inline uint32_t finish_entry(cursor *c, const uint32_t *table, unsigned table_bits, uint32_t e) {
+static inline uint32_t finish_entry(cursor *c, const uint32_t *table, unsigned table_bits, uint32_t e,
+                                    uint64_t *out_bits) {
     if (ENTRY_KIND(e) == KIND_SUBTABLE) {
         consume(c, table_bits);
         e = table[ENTRY_VALUE(e) + (c->bits & ((1u << ENTRY_EXTRA(e)) - 1))];
     }
+    *out_bits = c->bits;
     consume(c, ENTRY_BITS(e));
     return e;
 }
 
-/* The entry for the next code in table, its bits consumed. */
-static inline uint32_t decode(cursor *c, const uint32_t *table, unsigned table_bits) {
-    return finish_entry(c, table, table_bits, table[c->bits & ((1u << table_bits) - 1)]);
+/* The entry for the next code in table, its bits consumed (*out_bits: the
+ * buffer before they were). */
+static inline uint32_t decode(cursor *c, const uint32_t *table, unsigned table_bits, uint64_t *out_bits) {
+    return finish_entry(c, table, table_bits, table[c->bits & ((1u << table_bits) - 1)], out_bits);
+}
+
+/* A length's or a distance's value: its base plus the extra bits that
+ * followed its code in bits (the buffer before the entry's bits were
+ * consumed). The extra bits are taken from there, beside the consume,
+ * not after it: one shift less in the chain from one code to the next. */
+static inline uint32_t entry_value(uint32_t e, uint64_t bits) {
+    return ENTRY_VALUE(e) + (uint32_t)((bits & ((1ull << ENTRY_BITS(e)) - 1)) >> ENTRY_EXTRA(e));
 }
 
 /* Copies a match of length bytes from dist back, byte by byte, through
@@ -332,7 +359,8 @@ static const char *read_dynamic_header(inflater *d, cursor *c) {
         return "invalid code lengths set";
     for (unsigned i = 0; i < nlit + ndist;) {
         refill(c); /* a code (7 bits) and its extra bits (7) */
-        unsigned sym = ENTRY_VALUE(decode(c, pre_table, PRE_TABLE_BITS)), repeat, value = 0;
+        uint64_t bits;
+        unsigned sym = ENTRY_VALUE(decode(c, pre_table, PRE_TABLE_BITS, &bits)), repeat, value = 0;
         if (sym < 16) {
             lens[i++] = (uint8_t)sym;
             continue;
@@ -429,7 +457,8 @@ static unsigned char *decode_fast(inflater *d, cursor *cursor_in, unsigned char 
             }
             refill(c); /* e stays: it was looked up with 34 bits or more in */
         }
-        e = finish_entry(c, lit, LIT_TABLE_BITS, e);
+        uint64_t bits;
+        e = finish_entry(c, lit, LIT_TABLE_BITS, e, &bits);
         unsigned kind = ENTRY_KIND(e);
         if (kind == KIND_LITERAL) {
             *out++ = (unsigned char)ENTRY_VALUE(e);
@@ -443,13 +472,13 @@ static unsigned char *decode_fast(inflater *d, cursor *cursor_in, unsigned char 
             break;
         }
         /* length: at most 15 + 5 bits; its distance at most 15 + 13 more */
-        uint32_t length = ENTRY_VALUE(e) + take(c, ENTRY_EXTRA(e));
-        e = decode(c, dist, DIST_TABLE_BITS);
+        uint32_t length = entry_value(e, bits);
+        e = decode(c, dist, DIST_TABLE_BITS, &bits);
         if (ENTRY_KIND(e) != KIND_DISTANCE) {
             *why = "invalid distance code";
             break;
         }
-        uint32_t distance = ENTRY_VALUE(e) + take(c, ENTRY_EXTRA(e));
+        uint32_t distance = entry_value(e, bits);
         size_t here = (size_t)(out - out_begin);
         if (distance > here) {
             if (distance > here + d->history_length) {
@@ -465,11 +494,13 @@ static unsigned char *decode_fast(inflater *d, cursor *cursor_in, unsigned char 
         e = lit[c->bits & lit_mask];
         const unsigned char *src = out - distance;
         unsigned char *end = out + length;
-        if (distance >= 16) { /* 32 bytes, whatever the length: one branch for most matches */
+        if (distance >= 16) { /* 64 bytes, whatever the length: one branch for most matches */
             memcpy(out, src, 16);
             memcpy(out + 16, src + 16, 16);
-            out += 32;
-            src += 32;
+            memcpy(out + 32, src + 32, 16);
+            memcpy(out + 48, src + 48, 16);
+            out += 64;
+            src += 64;
             while (out < end) {
                 memcpy(out, src, 16);
                 out += 16;
@@ -498,7 +529,8 @@ static unsigned char *decode_careful(inflater *d, cursor *c, unsigned char *out_
                                      unsigned char *out_end, const char **why) {
     while (out < out_end) {
         refill(c);
-        uint32_t e = decode(c, d->lit, LIT_TABLE_BITS);
+        uint64_t bits;
+        uint32_t e = decode(c, d->lit, LIT_TABLE_BITS, &bits);
         unsigned kind = ENTRY_KIND(e);
         if (kind == KIND_LITERAL || kind == KIND_END_OF_BLOCK) {
             if (cut_short(c)) {
@@ -516,9 +548,9 @@ static unsigned char *decode_careful(inflater *d, cursor *c, unsigned char *out_
             *why = "invalid literal/length code";
             return out;
         }
-        uint32_t length = ENTRY_VALUE(e) + take(c, ENTRY_EXTRA(e));
-        e = decode(c, d->dist, DIST_TABLE_BITS);
-        uint32_t distance = ENTRY_VALUE(e) + take(c, ENTRY_EXTRA(e));
+        uint32_t length = entry_value(e, bits);
+        e = decode(c, d->dist, DIST_TABLE_BITS, &bits);
+        uint32_t distance = entry_value(e, bits);
         if (cut_short(c)) {
             *why = "cut short";
             return out;
