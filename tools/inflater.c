@@ -4,11 +4,12 @@
  * caller's buffers, a buffer at a time (inflater.h).
  *
  * Why not zlib or libdeflate: zlib's inflate streams but decodes a trace
- * at half this speed; libdeflate decodes as fast but only a whole stream
- * in one call, so the trace's parse could not start before the last byte
- * is out (docs/results.md: "Gzip traces through the trace reader's own
- * inflater"). This decoder takes libdeflate's way of decoding and keeps
- * zlib's way of streaming.
+ * at under half this speed; libdeflate decodes about as fast (a little
+ * slower on the traces, docs/results.md: "The inflater: literal pairs")
+ * but only a whole stream in one call, so the trace's parse could not
+ * start before the last byte is out (docs/results.md: "Gzip traces
+ * through the trace reader's own inflater"). This decoder takes
+ * libdeflate's way of decoding and keeps zlib's way of streaming.
  *
  * Algorithm.
  *   - Bits: a 64-bit buffer, lowest bit first, refilled to at least 56
@@ -27,16 +28,22 @@
  *     length's or a distance's entry counts its extra bits in the bits to
  *     consume and holds its code's own length where the extra bits' count
  *     was: one shift passes code and extra bits, and the value is summed
- *     from the bits as they were before it (entry_value).
+ *     from the bits as they were before it (entry_value). A primary
+ *     literal entry whose index also decides the next code, a literal
+ *     too, holds both bytes (pair_literals): a trace's text is mostly
+ *     matches with a literal or two between them, and a pair takes one
+ *     lookup and one branch instead of two.
  *   - The fast loop: while FAST_IN_MARGIN input bytes (enough for every
  *     refill of one pass) and FAST_OUT_MARGIN bytes of buffer are left, a
- *     refill gives enough bits for up to three literals or one
+ *     refill gives enough bits for up to three literal entries or one
  *     length/distance pair without a check, and the next entry is looked
  *     up before a match is copied; matches copy 64 bytes and then 16 at a
  *     time, or 8, when the distance allows (writing up to 61 bytes past
  *     the match's end, inside the margin, to be overwritten; a third of
  *     a trace's matches are longer than 32 bytes, few longer than 64).
- *   - Near either end, a careful loop decodes one symbol at a time; a
+ *   - Near either end, a careful loop decodes one symbol at a time (the
+ *     first of a pair alone, the second's bits given back, where one byte
+ *     is left or the second's bits lie past the input's end); a
  *     match cut by the buffer's end is kept (match_left, match_dist) and
  *     finished by the next call.
  *   - The window: a match may reach back before this call's buffer, into
@@ -194,6 +201,25 @@ static bool build_table(uint32_t *table, unsigned capacity, unsigned table_bits,
     return true;
 }
 
+/* Pairs literals in a literal/length table's primary part: where an
+ * index's first code is a literal of l1 bits and the code after it, a
+ * literal too, is decided by the index's other bits alone, the entry
+ * becomes both: the two bytes in its value (the first in the low byte),
+ * l1 in its extra field (0 in a single literal's), the bits of both to
+ * consume. Downward, so the single entry at index >> l1 (never above the
+ * index) is read before it is paired. */
+static void pair_literals(uint32_t *table, unsigned table_bits) {
+    for (unsigned i = 1u << table_bits; i-- > 0;) {
+        uint32_t e = table[i];
+        unsigned l1 = ENTRY_BITS(e);
+        if (ENTRY_KIND(e) != KIND_LITERAL || l1 >= table_bits) continue;
+        uint32_t next = table[i >> l1];
+        unsigned l2 = ENTRY_BITS(next);
+        if (ENTRY_KIND(next) != KIND_LITERAL || ENTRY_EXTRA(next) || l2 > table_bits - l1) continue;
+        table[i] = ENTRY(KIND_LITERAL, l1, ENTRY_VALUE(e) | ENTRY_VALUE(next) << 8) | (l1 + l2);
+    }
+}
+
 inflater *inflater_create(void) {
     inflater *d = calloc(1, sizeof *d);
     if (!d) return NULL;
@@ -207,6 +233,7 @@ inflater *inflater_create(void) {
     uint8_t lens[288];
     for (unsigned s = 0; s < 288; s++) lens[s] = s < 144 ? 8 : s < 256 ? 9 : s < 280 ? 7 : 8;
     bool ok = build_table(d->fixed_lit, LIT_TABLE_CAPACITY, LIT_TABLE_BITS, lens, 288, d->lit_entries, false);
+    if (ok) pair_literals(d->fixed_lit, LIT_TABLE_BITS);
     memset(lens, 5, 32);
     ok = ok && build_table(d->fixed_dist, DIST_TABLE_CAPACITY, DIST_TABLE_BITS, lens, 32, d->dist_entries, false);
     if (!ok) { /* (cannot happen: the fixed codes are complete) */
@@ -380,6 +407,7 @@ static const char *read_dynamic_header(inflater *d, cursor *c) {
     if (!lens[256]) return "invalid code -- missing end-of-block";
     if (!build_table(d->lit_table, LIT_TABLE_CAPACITY, LIT_TABLE_BITS, lens, nlit, d->lit_entries, true))
         return "invalid literal/lengths set";
+    pair_literals(d->lit_table, LIT_TABLE_BITS);
     if (!build_table(d->dist_table, DIST_TABLE_CAPACITY, DIST_TABLE_BITS, lens + nlit, ndist, d->dist_entries, true))
         return "invalid distances set";
     d->lit = d->lit_table;
@@ -423,6 +451,14 @@ static const char *read_block_header(inflater *d, cursor *c) {
     return NULL;
 }
 
+/* A primary literal entry's one or two bytes to out (two bytes written
+ * either way: the margin allows it); where the text goes on. */
+static inline unsigned char *put_literals(unsigned char *out, uint32_t e) {
+    out[0] = (unsigned char)ENTRY_VALUE(e);
+    out[1] = (unsigned char)(ENTRY_VALUE(e) >> 8);
+    return out + 1 + (ENTRY_EXTRA(e) != 0);
+}
+
 /* The fast loop (see the top): decodes while FAST_IN_MARGIN input bytes and
  * FAST_OUT_MARGIN bytes of buffer are left. Returns where the text ends;
  * *why set when the data is rejected, the block's end sets d->mode. */
@@ -439,17 +475,17 @@ static unsigned char *decode_fast(inflater *d, cursor *cursor_in, unsigned char 
     refill(c);
     uint32_t e = lit[c->bits & lit_mask];
     while (c->in_end - c->in > FAST_IN_MARGIN && (size_t)(out_end - out) > FAST_OUT_MARGIN) {
-        if (!(e & KIND_MASK)) { /* up to three literals: 3 x 11 bits of the 56 */
+        if (!(e & KIND_MASK)) { /* up to three literal entries: 3 x 11 bits of the 56 */
             consume(c, ENTRY_BITS(e));
-            *out++ = (unsigned char)ENTRY_VALUE(e);
+            out = put_literals(out, e);
             e = lit[c->bits & lit_mask];
             if (!(e & KIND_MASK)) {
                 consume(c, ENTRY_BITS(e));
-                *out++ = (unsigned char)ENTRY_VALUE(e);
+                out = put_literals(out, e);
                 e = lit[c->bits & lit_mask];
                 if (!(e & KIND_MASK)) {
                     consume(c, ENTRY_BITS(e));
-                    *out++ = (unsigned char)ENTRY_VALUE(e);
+                    out = put_literals(out, e);
                     refill(c);
                     e = lit[c->bits & lit_mask];
                     continue;
@@ -532,6 +568,17 @@ static unsigned char *decode_careful(inflater *d, cursor *c, unsigned char *out_
         uint64_t bits;
         uint32_t e = decode(c, d->lit, LIT_TABLE_BITS, &bits);
         unsigned kind = ENTRY_KIND(e);
+        if (kind == KIND_LITERAL && ENTRY_EXTRA(e)) { /* two literals */
+            if (out_end - out >= 2 && !cut_short(c)) {
+                out = put_literals(out, e);
+                continue;
+            }
+            /* The first alone: the second's bits given back. */
+            unsigned first = ENTRY_EXTRA(e);
+            c->bit_count += ENTRY_BITS(e) - first;
+            c->bits = bits >> first;
+            e = ENTRY(KIND_LITERAL, 0, ENTRY_VALUE(e) & 255u) | first;
+        }
         if (kind == KIND_LITERAL || kind == KIND_END_OF_BLOCK) {
             if (cut_short(c)) {
                 *why = "cut short";

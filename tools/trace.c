@@ -11,7 +11,7 @@
  *     read on, bytes after the last member ignored, as gzread does), or
  *     read() for a plain file that cannot be mapped (a pipe). Of a regular
  *     gzip file, the first member -- a trace's whole text, as gzip writes
- *     it -- is decoded by the inflater (inflater.c, twice zlib's speed)
+ *     it -- is decoded by the inflater (inflater.c, 2.8x zlib's speed)
  *     from the file mapped, unless its header is one zlib should read or
  *     TIDE_INFLATE=zlib (trace_open_options.zlib_gzip); later members, a
  *     pipe's, and a first member the inflater rejects are zlib's: zlib then
