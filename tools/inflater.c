@@ -188,8 +188,9 @@ static bool build_table(uint32_t *table, unsigned capacity, unsigned table_bits,
                     next += 1u << bits;
                 }
                 unsigned sub_len = len - table_bits;
+                uint32_t coded = entry_for_code(e, sub_len);
                 for (unsigned k = rev >> table_bits; k < (1u << sub_bits); k += 1u << sub_len)
-                    table[sub_start + k] = entry_for_code(e, sub_len);
+                    table[sub_start + k] = coded;
             }
             remaining[len]--;
             /* the next code, its bits reversed: the canonical code plus one */
@@ -232,8 +233,9 @@ inflater *inflater_create(void) {
         d->dist_entries[s] = s < 30 ? ENTRY(KIND_DISTANCE, DIST_EXTRA[s], DIST_BASE[s]) : ENTRY(KIND_INVALID, 0, 0);
     uint8_t lens[288];
     for (unsigned s = 0; s < 288; s++) lens[s] = s < 144 ? 8 : s < 256 ? 9 : s < 280 ? 7 : 8;
+    /* (Not paired: the fixed code's literals take 8 or 9 bits, so any two
+     * take more than LIT_TABLE_BITS.) */
     bool ok = build_table(d->fixed_lit, LIT_TABLE_CAPACITY, LIT_TABLE_BITS, lens, 288, d->lit_entries, false);
-    if (ok) pair_literals(d->fixed_lit, LIT_TABLE_BITS);
     memset(lens, 5, 32);
     ok = ok && build_table(d->fixed_dist, DIST_TABLE_CAPACITY, DIST_TABLE_BITS, lens, 32, d->dist_entries, false);
     if (!ok) { /* (cannot happen: the fixed codes are complete) */

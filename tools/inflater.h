@@ -4,8 +4,8 @@
  * whole in memory, for the trace reader's gzip files: it writes the text
  * straight into the caller's buffers, a buffer at a time, so the parse
  * workers can follow it, and decodes nearly three times as fast as zlib's
- * inflate (inflater.c says how). It checks nothing beyond the deflate format: the
- * gzip wrapper and its CRC-32 are the caller's.
+ * inflate (inflater.c says how). It checks nothing beyond the deflate
+ * format: the gzip wrapper and its CRC-32 are the caller's.
  *
  * Contract: any data that zlib's inflate rejects, the inflater rejects too
  * (at or before the same symbol, having produced at most the same text);
